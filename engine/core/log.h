@@ -1,0 +1,13 @@
+// Rank-aware logging: log_info prints on rank 0 only, log_warn and log_error on every rank
+// (prefixed with the rank when there is more than one).
+#pragma once
+
+namespace llmt {
+
+void log_set_rank(int rank, int world_size);
+int log_rank();
+void log_info(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_warn(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_error(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+}  // namespace llmt

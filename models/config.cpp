@@ -1,0 +1,243 @@
+#include "models/config.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <map>
+
+#include "engine/core/error.h"
+
+namespace llmt {
+
+namespace {
+
+ModelConfig gpt2(int n_layer, int n_head, int d_model, int vocab = 50257, int ctx = 1024) {
+  ModelConfig c;
+  c.arch = Arch::gpt2;
+  c.vocab_size = vocab;
+  c.max_seq_len = ctx;
+  c.n_layer = n_layer;
+  c.n_head = c.n_kv_head = n_head;
+  c.d_model = d_model;
+  c.d_ff = 4 * d_model;
+  c.norm_eps = 1e-5f;
+  c.tied_embeddings = true;
+  c.bos_token_id = c.eos_token_id = vocab == 50257 ? 50256 : -1;
+  return c;
+}
+
+ModelConfig llama(int n_layer, int n_head, int n_kv_head, int d_model, int d_ff, int ctx, float eps,
+                  int vocab = 32000) {
+  ModelConfig c;
+  c.arch = Arch::llama;
+  c.vocab_size = vocab;
+  c.max_seq_len = ctx;
+  c.n_layer = n_layer;
+  c.n_head = n_head;
+  c.n_kv_head = n_kv_head;
+  c.d_model = d_model;
+  c.d_ff = d_ff;
+  c.norm_eps = eps;
+  c.rope_theta = 10000.0f;
+  c.tied_embeddings = false;
+  if (vocab == 32000) c.bos_token_id = 1, c.eos_token_id = 2;
+  return c;
+}
+
+// Sizes from the published Hugging Face config.json files of each model.
+const std::map<std::string, ModelConfig>& presets() {
+  static const std::map<std::string, ModelConfig> p = {
+      {"gpt2", gpt2(12, 12, 768)},
+      {"gpt2-medium", gpt2(24, 16, 1024)},
+      {"gpt2-large", gpt2(36, 20, 1280)},
+      {"gpt2-xl", gpt2(48, 25, 1600)},
+      {"llama-7b", llama(32, 32, 32, 4096, 11008, 2048, 1e-6f)},
+      {"llama-13b", llama(40, 40, 40, 5120, 13824, 2048, 1e-6f)},
+      {"llama2-7b", llama(32, 32, 32, 4096, 11008, 4096, 1e-5f)},
+      // tiny sizes for tests and the quickstart (byte-level vocabulary of 256)
+      {"gpt2-tiny", gpt2(2, 4, 64, 256, 256)},
+      {"gpt2-small-byte", gpt2(4, 4, 128, 256, 256)},
+      {"llama-tiny", llama(2, 4, 2, 64, 176, 256, 1e-5f, 256)},
+  };
+  return p;
+}
+
+template <typename T>
+T get_required(const nlohmann::json& j, const char* key, const std::string& source) {
+  LLMT_CHECK(j.contains(key), "%s: missing key \"%s\"", source.c_str(), key);
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("%s: key \"%s\" has the wrong type (%s)", source.c_str(), key, e.what());
+  }
+}
+
+template <typename T>
+T get_optional(const nlohmann::json& j, const char* key, T fallback, const std::string& source) {
+  if (!j.contains(key) || j.at(key).is_null()) return fallback;
+  return get_required<T>(j, key, source);
+}
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace
+
+std::string ModelConfig::describe() const {
+  std::string s = strformat("%s: %d layers, d_model %d, %d heads", arch_name(), n_layer, d_model, n_head);
+  if (n_kv_head != n_head) s += strformat(" (%d kv heads)", n_kv_head);
+  s += strformat(", d_ff %d, vocab %d, context %d", d_ff, vocab_size, max_seq_len);
+  if (arch == Arch::llama) s += strformat(", rope_theta %g%s", rope_theta, tied_embeddings ? ", tied" : "");
+  return s;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (auto& kv : presets()) names.push_back(kv.first);
+  return names;
+}
+
+ModelConfig config_from_preset(const std::string& name) {
+  auto it = presets().find(name);
+  if (it == presets().end()) {
+    std::string all;
+    for (auto& n : preset_names()) all += (all.empty() ? "" : ", ") + n;
+    fail("unknown model preset \"%s\" (presets: %s; or give a config.json path)", name.c_str(), all.c_str());
+  }
+  return it->second;
+}
+
+void validate_config(const ModelConfig& c, const std::string& source) {
+  LLMT_CHECK(c.vocab_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.d_model > 0 && c.d_ff > 0 && c.max_seq_len > 0,
+             "%s: sizes must be positive (vocab %d, layers %d, heads %d, d_model %d, d_ff %d, context %d)",
+             source.c_str(), c.vocab_size, c.n_layer, c.n_head, c.d_model, c.d_ff, c.max_seq_len);
+  LLMT_CHECK(c.d_model % c.n_head == 0, "%s: hidden size %d is not divisible by %d heads", source.c_str(), c.d_model,
+             c.n_head);
+  LLMT_CHECK(c.n_kv_head > 0 && c.n_head % c.n_kv_head == 0, "%s: %d attention heads do not group over %d kv heads",
+             source.c_str(), c.n_head, c.n_kv_head);
+  LLMT_CHECK(c.arch == Arch::gpt2 || c.head_size() % 2 == 0, "%s: RoPE needs an even head size, got %d",
+             source.c_str(), c.head_size());
+  LLMT_CHECK(c.norm_eps > 0.0f, "%s: the norm epsilon must be positive", source.c_str());
+}
+
+ModelConfig config_from_json(const nlohmann::json& j, const std::string& source) {
+  LLMT_CHECK(j.is_object(), "%s: expected a JSON object", source.c_str());
+  std::string type = get_required<std::string>(j, "model_type", source);
+  ModelConfig c;
+  if (type == "gpt2") {
+    c.arch = Arch::gpt2;
+    c.vocab_size = get_required<int>(j, "vocab_size", source);
+    c.max_seq_len = get_optional<int>(j, "n_positions", get_optional<int>(j, "n_ctx", 0, source), source);
+    c.n_layer = get_required<int>(j, "n_layer", source);
+    c.n_head = c.n_kv_head = get_required<int>(j, "n_head", source);
+    c.d_model = get_required<int>(j, "n_embd", source);
+    c.d_ff = get_optional<int>(j, "n_inner", 4 * c.d_model, source);
+    c.norm_eps = get_optional<float>(j, "layer_norm_epsilon", 1e-5f, source);
+    std::string act = get_optional<std::string>(j, "activation_function", "gelu_new", source);
+    LLMT_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh",
+               "%s: activation_function \"%s\" is not supported (llmt implements the tanh GELU, gelu_new)",
+               source.c_str(), act.c_str());
+    c.tied_embeddings = true;
+  } else if (type == "llama") {
+    c.arch = Arch::llama;
+    c.vocab_size = get_required<int>(j, "vocab_size", source);
+    c.max_seq_len = get_optional<int>(j, "max_position_embeddings", 2048, source);
+    c.n_layer = get_required<int>(j, "num_hidden_layers", source);
+    c.n_head = get_required<int>(j, "num_attention_heads", source);
+    c.n_kv_head = get_optional<int>(j, "num_key_value_heads", c.n_head, source);
+    c.d_model = get_required<int>(j, "hidden_size", source);
+    c.d_ff = get_required<int>(j, "intermediate_size", source);
+    c.norm_eps = get_optional<float>(j, "rms_norm_eps", 1e-6f, source);
+    c.rope_theta = get_optional<float>(j, "rope_theta", 10000.0f, source);
+    // transformers 5 moved rope_theta into rope_parameters {"rope_type": "default", "rope_theta": ...}
+    if (j.contains("rope_parameters") && j.at("rope_parameters").is_object()) {
+      const nlohmann::json& rp = j.at("rope_parameters");
+      std::string rope_source = source + " rope_parameters";
+      std::string type = get_optional<std::string>(rp, "rope_type", "default", rope_source);
+      LLMT_CHECK(type == "default", "%s: rope_type \"%s\" is not supported (only default RoPE)", source.c_str(),
+                 type.c_str());
+      c.rope_theta = get_optional<float>(rp, "rope_theta", c.rope_theta, rope_source);
+    }
+    c.tied_embeddings = get_optional<bool>(j, "tie_word_embeddings", false, source);
+    std::string act = get_optional<std::string>(j, "hidden_act", "silu", source);
+    LLMT_CHECK(act == "silu", "%s: hidden_act \"%s\" is not supported (LLaMA uses silu)", source.c_str(), act.c_str());
+    LLMT_CHECK(!get_optional<bool>(j, "attention_bias", false, source) && !get_optional<bool>(j, "mlp_bias", false, source),
+               "%s: attention_bias / mlp_bias are not supported", source.c_str());
+    LLMT_CHECK(!j.contains("rope_scaling") || j.at("rope_scaling").is_null(),
+               "%s: rope_scaling is not supported yet", source.c_str());
+    if (j.contains("head_dim") && !j.at("head_dim").is_null())
+      LLMT_CHECK(get_required<int>(j, "head_dim", source) * c.n_head == c.d_model,
+                 "%s: head_dim must equal hidden_size / num_attention_heads", source.c_str());
+  } else {
+    fail("%s: model_type \"%s\" is not supported (gpt2 or llama)", source.c_str(), type.c_str());
+  }
+  if (j.contains("bos_token_id") && j.at("bos_token_id").is_number_integer()) c.bos_token_id = j.at("bos_token_id");
+  if (j.contains("eos_token_id") && j.at("eos_token_id").is_number_integer()) c.eos_token_id = j.at("eos_token_id");
+  validate_config(c, source);
+  return c;
+}
+
+ModelConfig config_from_json_file(const std::string& path) {
+  std::ifstream f(path);
+  LLMT_CHECK(f.good(), "cannot open model config %s", path.c_str());
+  nlohmann::json j;
+  try {
+    f >> j;
+  } catch (const nlohmann::json::exception& e) {
+    fail("%s: malformed JSON (%s)", path.c_str(), e.what());
+  }
+  return config_from_json(j, path);
+}
+
+ModelConfig resolve_model_config(const std::string& name_or_path) {
+  if (is_dir(name_or_path)) return config_from_json_file(name_or_path + "/config.json");
+  if (name_or_path.size() > 5 && name_or_path.substr(name_or_path.size() - 5) == ".json")
+    return config_from_json_file(name_or_path);
+  return config_from_preset(name_or_path);
+}
+
+nlohmann::json config_to_hf_json(const ModelConfig& c) {
+  nlohmann::json j;
+  if (c.arch == Arch::gpt2) {
+    j = {{"architectures", {"GPT2LMHeadModel"}},
+         {"model_type", "gpt2"},
+         {"vocab_size", c.vocab_size},
+         {"n_positions", c.max_seq_len},
+         {"n_ctx", c.max_seq_len},
+         {"n_embd", c.d_model},
+         {"n_layer", c.n_layer},
+         {"n_head", c.n_head},
+         {"n_inner", c.d_ff == 4 * c.d_model ? nlohmann::json(nullptr) : nlohmann::json(c.d_ff)},
+         {"activation_function", "gelu_new"},
+         {"layer_norm_epsilon", c.norm_eps},
+         {"resid_pdrop", 0.0},
+         {"embd_pdrop", 0.0},
+         {"attn_pdrop", 0.0},
+         {"tie_word_embeddings", true}};
+  } else {
+    j = {{"architectures", {"LlamaForCausalLM"}},
+         {"model_type", "llama"},
+         {"vocab_size", c.vocab_size},
+         {"max_position_embeddings", c.max_seq_len},
+         {"hidden_size", c.d_model},
+         {"intermediate_size", c.d_ff},
+         {"num_hidden_layers", c.n_layer},
+         {"num_attention_heads", c.n_head},
+         {"num_key_value_heads", c.n_kv_head},
+         {"rms_norm_eps", c.norm_eps},
+         {"rope_theta", c.rope_theta},  // read by transformers 4
+         {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta}}},  // transformers 5
+         {"hidden_act", "silu"},
+         {"attention_bias", false},
+         {"mlp_bias", false},
+         {"tie_word_embeddings", c.tied_embeddings}};
+  }
+  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  j["torch_dtype"] = "float32";
+  return j;
+}
+
+}  // namespace llmt

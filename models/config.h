@@ -1,0 +1,46 @@
+// Model configuration: the two families llmt trains, read from a Hugging Face config.json or
+// taken from a built-in preset, and written back as a config.json transformers can load.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace llmt {
+
+enum class Arch { gpt2, llama };
+
+struct ModelConfig {
+  Arch arch = Arch::gpt2;
+  int vocab_size = 0;
+  int max_seq_len = 0;   // n_positions / max_position_embeddings
+  int n_layer = 0;
+  int n_head = 0;
+  int n_kv_head = 0;     // = n_head for GPT-2
+  int d_model = 0;       // n_embd / hidden_size
+  int d_ff = 0;          // 4 * n_embd (n_inner) / intermediate_size
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;      // LLaMA only
+  bool tied_embeddings = true;      // GPT-2 always; LLaMA per tie_word_embeddings
+  int bos_token_id = -1, eos_token_id = -1;  // copied to config.json when known
+
+  int head_size() const { return d_model / n_head; }
+  int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_size(); }
+  int mlp_in_dim() const { return arch == Arch::gpt2 ? d_ff : 2 * d_ff; }  // [gate | up] for SwiGLU
+  const char* arch_name() const { return arch == Arch::gpt2 ? "gpt2" : "llama"; }
+  std::string describe() const;
+};
+
+// Names accepted by config_from_preset, in the order `llmt` lists them.
+std::vector<std::string> preset_names();
+ModelConfig config_from_preset(const std::string& name);  // throws for an unknown name
+// Reads a Hugging Face config.json (model_type gpt2 or llama); errors name the file and the key.
+ModelConfig config_from_json_file(const std::string& path);
+ModelConfig config_from_json(const nlohmann::json& j, const std::string& source);
+nlohmann::json config_to_hf_json(const ModelConfig& cfg);
+// A preset name, a config.json path, or a directory holding config.json.
+ModelConfig resolve_model_config(const std::string& name_or_path);
+void validate_config(const ModelConfig& cfg, const std::string& source);
+
+}  // namespace llmt

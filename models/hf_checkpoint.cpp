@@ -1,0 +1,159 @@
+#include "models/hf_checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/core/tensor.h"
+
+namespace llmt {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The name under which `spec` is stored in this checkpoint: the official gpt2 files lack the
+// "transformer." prefix that save_pretrained writes.
+const StTensor* find_spec(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const ParamSpec& spec,
+                          const SafetensorsFile** file) {
+  if (const StTensor* t = ckpt.find(spec.hf_name, file)) return t;
+  const std::string prefix = "transformer.";
+  if (cfg.arch == Arch::gpt2 && spec.hf_name.compare(0, prefix.size(), prefix) == 0)
+    return ckpt.find(spec.hf_name.substr(prefix.size()), file);
+  return nullptr;
+}
+
+// Tensors a Hugging Face file may carry that llmt has no parameter for, and rightly ignores.
+bool skippable(const std::string& name, const ModelConfig& cfg) {
+  if (cfg.arch == Arch::gpt2)
+    return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") || name == "lm_head.weight";
+  return ends_with(name, "rotary_emb.inv_freq") || (cfg.tied_embeddings && name == "lm_head.weight");
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); i++) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+}  // namespace
+
+void check_hf_tensors(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const ModelLayout& layout,
+                      const std::string& dir) {
+  std::set<std::string> used;
+  for (const UnitLayout& u : layout.units) {
+    for (const ParamSpec& p : u.params) {
+      const SafetensorsFile* file = nullptr;
+      const StTensor* t = find_spec(ckpt, cfg, p, &file);
+      LLMT_CHECK(t, "%s: tensor \"%s\" is missing from the checkpoint (the config says %s)", dir.c_str(),
+                 p.hf_name.c_str(), cfg.describe().c_str());
+      LLMT_CHECK(t->shape == p.hf_shape(), "%s: tensor \"%s\" has shape %s, but the config needs %s",
+                 file->path().c_str(), t->name.c_str(), shape_str(t->shape).c_str(), shape_str(p.hf_shape()).c_str());
+      LLMT_CHECK(t->dtype == "F32" || t->dtype == "BF16" || t->dtype == "F16",
+                 "%s: tensor \"%s\" has dtype %s (expected F32, BF16 or F16)", file->path().c_str(), t->name.c_str(),
+                 t->dtype.c_str());
+      used.insert(t->name);
+    }
+  }
+  for (const std::string& name : ckpt.names()) {
+    if (used.count(name) || skippable(name, cfg)) continue;
+    const SafetensorsFile* file = nullptr;
+    ckpt.find(name, &file);
+    fail("%s: unexpected tensor \"%s\": a %s model with this config has no such parameter", file->path().c_str(),
+         name.c_str(), cfg.arch_name());
+  }
+}
+
+void load_hf_unit(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const ModelLayout& layout, int unit,
+                  float* host) {
+  std::vector<float> tmp;
+  for (const ParamSpec& p : layout.units[unit].params) {
+    const SafetensorsFile* file = nullptr;
+    const StTensor* t = find_spec(ckpt, cfg, p, &file);
+    LLMT_CHECK(t && t->shape == p.hf_shape(), "checkpoint tensor \"%s\" is missing or misshapen", p.hf_name.c_str());
+    if (!p.hf_transposed) {
+      file->read_f32(*t, host + p.offset);
+      continue;
+    }
+    // Conv1D: the file holds [in, out]; llmt keeps [out, in].
+    const int64_t out = p.shape[0], in = p.shape[1];
+    tmp.resize((size_t)p.numel());
+    file->read_f32(*t, tmp.data());
+    float* dst = host + p.offset;
+    for (int64_t i = 0; i < in; i++)
+      for (int64_t o = 0; o < out; o++) dst[o * in + i] = tmp[(size_t)(i * out + o)];
+  }
+}
+
+void write_text_file_atomic(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  LLMT_CHECK(fd >= 0, "cannot write %s: %s", tmp.c_str(), std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      fail("cannot write %s: %s", tmp.c_str(), std::strerror(e));
+    }
+    done += (size_t)n;
+  }
+  bool ok = ::fsync(fd) == 0;
+  ok = ::close(fd) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    fail("cannot write %s: %s", path.c_str(), std::strerror(e));
+  }
+}
+
+void save_hf_model(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout,
+                   const std::vector<const float*>& unit_host, const std::string& dtype, uint64_t max_shard_bytes) {
+  LLMT_CHECK(dtype == "F32" || dtype == "BF16", "save: dtype %s is not supported (F32 or BF16)", dtype.c_str());
+  LLMT_CHECK(unit_host.size() == layout.units.size(), "save: %zu unit buffers for %zu units", unit_host.size(),
+             layout.units.size());
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) fail("cannot create %s: %s", dir.c_str(), std::strerror(errno));
+  nlohmann::json j = config_to_hf_json(cfg);
+  j["torch_dtype"] = dtype == "BF16" ? "bfloat16" : "float32";
+  write_text_file_atomic(dir + "/config.json", j.dump(2) + "\n");
+
+  // Tensors that need a transpose or a conversion are staged; the rest are written in place.
+  std::vector<std::vector<float>> staged_f32;
+  std::vector<std::vector<uint16_t>> staged_bf16;
+  std::vector<StEntry> entries;
+  for (size_t u = 0; u < layout.units.size(); u++) {
+    for (const ParamSpec& p : layout.units[u].params) {
+      const float* src = unit_host[u] + p.offset;
+      if (p.hf_transposed) {
+        const int64_t out = p.shape[0], in = p.shape[1];
+        std::vector<float> t((size_t)p.numel());
+        for (int64_t o = 0; o < out; o++)
+          for (int64_t i = 0; i < in; i++) t[(size_t)(i * out + o)] = src[o * in + i];
+        staged_f32.push_back(std::move(t));
+        src = staged_f32.back().data();
+      }
+      StEntry e{p.hf_name, dtype, p.hf_shape(), src};
+      if (dtype == "BF16") {
+        std::vector<uint16_t> h((size_t)p.numel());
+        for (size_t i = 0; i < h.size(); i++) h[i] = f32_to_bf16(src[i]);
+        staged_bf16.push_back(std::move(h));
+        e.data = staged_bf16.back().data();
+      }
+      entries.push_back(e);
+    }
+  }
+  write_safetensors_model(dir, entries, max_shard_bytes);
+}
+
+}  // namespace llmt

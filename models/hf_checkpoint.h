@@ -1,0 +1,30 @@
+// Hugging Face checkpoints: a model directory's config.json and safetensors weights, mapped
+// onto llmt's per-unit flat buffers (models/layout.h) by Hugging Face tensor name.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "engine/ckpt/safetensors.h"
+#include "models/config.h"
+#include "models/layout.h"
+
+namespace llmt {
+
+// Checks that the checkpoint holds exactly the tensors the layout needs (known extras, such as
+// GPT-2's attn.bias buffers or a tied lm_head.weight, are skipped) with the right shapes;
+// errors name the tensor and the file.
+void check_hf_tensors(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const ModelLayout& layout,
+                      const std::string& dir);
+// Reads unit `unit`'s tensors into `host` (layout.units[unit].numel floats), converting F32, BF16
+// or F16 to f32 and transposing GPT-2 Conv1D weights.
+void load_hf_unit(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const ModelLayout& layout, int unit,
+                  float* host);
+// Writes dir/config.json and dir/model.safetensors (split at max_shard_bytes with an index, as
+// save_pretrained does) from the units' host buffers; dtype "F32" or "BF16".
+void save_hf_model(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout,
+                   const std::vector<const float*>& unit_host, const std::string& dtype,
+                   uint64_t max_shard_bytes = 5000000000ull);
+// Atomically writes a text file (to a temporary name, fsync, rename).
+void write_text_file_atomic(const std::string& path, const std::string& text);
+
+}  // namespace llmt

@@ -1,0 +1,97 @@
+// GPT-2 and LLaMA forward and backward, built from Backend ops, unit by unit.
+//
+// The model never owns its parameters: it asks a UnitStore for a unit's buffer just before
+// using it and hands it back right after, and it asks where to accumulate a unit's gradient
+// and says when that gradient is complete. A single process keeps full buffers; FSDP gathers
+// on acquire and reduce-scatters on grads_done.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "models/config.h"
+#include "models/layout.h"
+
+namespace llmt {
+
+class UnitStore {
+ public:
+  virtual ~UnitStore() = default;
+  virtual float* acquire(int unit) = 0;  // the unit's full parameters, valid until release
+  virtual void release(int unit) = 0;
+  virtual float* grads(int unit) = 0;    // the unit's full gradient buffer; backward adds into it
+  virtual void grads_done(int unit) = 0; // backward will not touch this unit's gradient again
+};
+
+class Transformer {
+ public:
+  // Allocates activations for batches of B sequences of T tokens on the backend.
+  Transformer(const ModelConfig& cfg, Backend& backend, int B, int T);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  const ModelLayout& layout() const { return layout_; }
+  int batch() const { return B_; }
+  int seq_len() const { return T_; }
+
+  // Runs the forward pass on tokens[B*T] (host memory). With targets[B*T] (host, -100 = ignored)
+  // it returns the sum of the token losses; with want_grad it also leaves grad_scale * dloss/dlogits
+  // in place of the logits for backward (grad_scale is usually 1 / tokens counted in the step).
+  // Without targets it returns 0 and keeps the logits.
+  double forward(UnitStore& store, const int32_t* tokens, const int32_t* targets, bool want_grad,
+                 float grad_scale);
+  // Adds this batch's gradients into store.grads(u); call after forward(..., want_grad = true).
+  void backward(UnitStore& store);
+  // Logits [B*T, V] on the backend, valid after a forward without want_grad.
+  Tensor logits() const;
+
+ private:
+  void block_forward(int l, const float* w);
+  void block_backward(int l, const float* w, float* g);
+  float* buf(size_t n);
+
+  ModelConfig cfg_;
+  ModelLayout layout_;
+  Backend& be_;
+  int B_, T_;
+  std::vector<void*> allocations_;
+  bool have_grad_ = false;
+
+  // activations (per layer l where marked [l])
+  int32_t *tokens_ = nullptr, *targets_ = nullptr;
+  std::vector<float*> resid_;        // [L+1] residual stream entering block l (resid_[L] leaves the last)
+  std::vector<float*> ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, attn_out_, resid_mid_;
+  std::vector<float*> ln2_, ln2_mean_, ln2_rstd_, mlp_in_, mlp_act_;
+  float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr;
+  // backward scratch
+  float *dres_ = nullptr, *dnorm_ = nullptr, *dattn_ = nullptr, *dqkv_ = nullptr, *datt_ = nullptr;
+  float *dmlp_in_ = nullptr, *dmlp_act_ = nullptr;
+};
+
+// A UnitStore over full per-unit buffers on one process (no sharding): params and grads.
+class FullUnitStore : public UnitStore {
+ public:
+  FullUnitStore(Backend& backend, const ModelLayout& layout);
+  ~FullUnitStore();
+  float* acquire(int unit) override { return params_[unit]; }
+  void release(int) override {}
+  float* grads(int unit) override { return grads_[unit]; }
+  void grads_done(int) override {}
+  float* params(int unit) { return params_[unit]; }
+  void zero_grads();
+  size_t num_units() const { return params_.size(); }
+
+ private:
+  Backend& be_;
+  const ModelLayout& layout_;
+  std::vector<float*> params_, grads_;
+};
+
+// Fills a unit's parameters the way GPT-2 / LLaMA initialise them: normal(0, 0.02) weights,
+// output projections scaled by 1/sqrt(2 * n_layer), zero biases, unit norm weights.
+// Deterministic in (seed, unit): independent of how units are later sharded. Host memory.
+void init_unit_params(const ModelConfig& cfg, const UnitLayout& unit, int unit_index, uint64_t seed, float* host);
+
+}  // namespace llmt

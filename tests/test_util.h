@@ -1,0 +1,29 @@
+// Helpers shared by the tests: where the sources and the shared data are, relative error.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+namespace llmt_test {
+
+inline std::string source_dir() { return LLMT_SOURCE_DIR; }
+inline std::string reference_dir() { return source_dir() + "/tests/reference"; }
+// Real data (tokenizers, WikiText, ...): $LLMT_TEST_DATA, else ../shared/data beside the checkout.
+inline std::string shared_data_dir() {
+  const char* env = std::getenv("LLMT_TEST_DATA");
+  return env && *env ? std::string(env) : source_dir() + "/../shared/data";
+}
+
+// max |a - b| / max |b|: the error relative to the reference's scale.
+inline double rel_error(const float* a, const float* b, int64_t n) {
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    num = std::max(num, (double)std::fabs((double)a[i] - (double)b[i]));
+    den = std::max(den, (double)std::fabs((double)b[i]));
+  }
+  return den > 0.0 ? num / den : num;
+}
+
+}  // namespace llmt_test
