@@ -1,0 +1,26 @@
+#include <cstdio>
+
+#include "engine/cli/commands.h"
+#include "engine/train/bench.h"
+
+namespace llmt {
+
+int cli_bench(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::printf(
+        "llmt bench: time whole training steps (forward, backward, AdamW) on synthetic tokens\n\n"
+        "  --model NAME|FILE  preset or config.json (gpt2)\n"
+        "  --device cpu       --threads N (0 = all cores)\n"
+        "  --per_device_train_batch_size N (4)  --seq_len N (64)\n"
+        "  --steps N (10)     --warmup N (2)\n"
+        "prints one JSON line: step_ms_median, tokens_per_s, model, device, threads, ...\n");
+    return 0;
+  }
+  Flags flags("bench", args);
+  BenchArgs a = parse_bench_args(flags);
+  flags.finish();
+  run_bench(a);
+  return 0;
+}
+
+}  // namespace llmt

@@ -1,0 +1,96 @@
+#include "engine/train/flags.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "engine/core/error.h"
+
+namespace llmt {
+
+static const char* kBareTrue = "\x01true";  // a boolean flag given without a value
+
+Flags::Flags(const std::string& command, const std::vector<std::string>& args) : command_(command) {
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& a = args[i];
+    LLMT_CHECK(a.size() > 2 && a.compare(0, 2, "--") == 0, "llmt %s: unexpected argument \"%s\" (flags start with --)",
+               command.c_str(), a.c_str());
+    std::string name = a.substr(2), value;
+    size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else if (i + 1 < args.size() && args[i + 1].compare(0, 2, "--") != 0) {
+      value = args[++i];
+    } else {
+      value = kBareTrue;
+    }
+    for (char& c : name)
+      if (c == '-') c = '_';  // --max-steps and --max_steps are one flag, as in HfArgumentParser
+    LLMT_CHECK(!values_.count(name), "llmt %s: flag --%s is given twice", command.c_str(), name.c_str());
+    values_[name] = value;
+    order_.push_back(name);
+  }
+}
+
+const std::string* Flags::take(const std::string& name) {
+  auto it = values_.find(name);
+  if (it == values_.end()) return nullptr;
+  used_[name] = true;
+  return &it->second;
+}
+
+std::string Flags::get_string(const std::string& name, const std::string& fallback) {
+  const std::string* v = take(name);
+  if (!v) return fallback;
+  LLMT_CHECK(*v != kBareTrue, "llmt %s: flag --%s needs a value", command_.c_str(), name.c_str());
+  return *v;
+}
+
+long long Flags::get_int64(const std::string& name, long long fallback) {
+  const std::string* v = take(name);
+  if (!v) return fallback;
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v->c_str(), &end, 10);
+  LLMT_CHECK(*v != kBareTrue && !v->empty() && *end == 0 && errno == 0,
+             "llmt %s: flag --%s expects an integer, got \"%s\"", command_.c_str(), name.c_str(),
+             *v == kBareTrue ? "" : v->c_str());
+  return x;
+}
+
+int Flags::get_int(const std::string& name, int fallback) {
+  long long x = get_int64(name, fallback);
+  LLMT_CHECK(x >= -2147483647LL && x <= 2147483647LL, "llmt %s: flag --%s is out of range", command_.c_str(),
+             name.c_str());
+  return (int)x;
+}
+
+double Flags::get_double(const std::string& name, double fallback) {
+  const std::string* v = take(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  double x = std::strtod(v->c_str(), &end);
+  LLMT_CHECK(*v != kBareTrue && !v->empty() && *end == 0, "llmt %s: flag --%s expects a number, got \"%s\"",
+             command_.c_str(), name.c_str(), *v == kBareTrue ? "" : v->c_str());
+  return x;
+}
+
+bool Flags::get_bool(const std::string& name, bool fallback) {
+  const std::string* v = take(name);
+  if (!v) return fallback;
+  if (*v == kBareTrue) return true;
+  // HfArgumentParser's string_to_bool
+  std::string s;
+  for (char c : *v) s += (char)std::tolower((unsigned char)c);
+  if (s == "true" || s == "yes" || s == "t" || s == "y" || s == "1") return true;
+  if (s == "false" || s == "no" || s == "f" || s == "n" || s == "0") return false;
+  fail("llmt %s: flag --%s expects True or False, got \"%s\"", command_.c_str(), name.c_str(), v->c_str());
+}
+
+void Flags::finish() const {
+  for (const std::string& name : order_)
+    LLMT_CHECK(used_.count(name), "llmt %s: unknown or unsupported flag --%s (see llmt %s --help)", command_.c_str(),
+               name.c_str(), command_.c_str());
+}
+
+}  // namespace llmt

@@ -1,0 +1,34 @@
+// Command-line flags in the Hugging Face TrainingArguments style: `--name value`, `--name=value`,
+// and booleans as `--name`, `--name True` or `--name False`. Every flag given must be read by the
+// subcommand: finish() reports the first one nobody asked for, so an unsupported flag is an
+// error that names it, never silently ignored.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+namespace llmt {
+
+class Flags {
+ public:
+  // argv after the subcommand name. `command` names the subcommand in messages.
+  Flags(const std::string& command, const std::vector<std::string>& args);
+
+  bool has(const std::string& name) const { return values_.count(name) > 0; }
+  std::string get_string(const std::string& name, const std::string& fallback);
+  int get_int(const std::string& name, int fallback);
+  long long get_int64(const std::string& name, long long fallback);
+  double get_double(const std::string& name, double fallback);
+  bool get_bool(const std::string& name, bool fallback);
+  // Throws naming the first flag that was given but never read.
+  void finish() const;
+
+ private:
+  const std::string* take(const std::string& name);
+  std::string command_;
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> order_;  // as given, for messages
+  std::map<std::string, bool> used_;
+};
+
+}  // namespace llmt

@@ -1,0 +1,186 @@
+// Double-precision reference implementations of the Backend ops (engine/backend/backend.h),
+// written as plain loops straight from the math, for tests/kernels/test_cpu_ops.cpp.
+// They share no code with kernels/: a backend is checked against these, never against itself.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace llmt_ref {
+
+using DV = std::vector<double>;
+
+// out[M,N] (= or +=) op(a) @ op(b) + bias[N]; a stored [M,K] (or [K,M] when ta), b stored [K,N] (or [N,K] when tb).
+inline void matmul(DV& out, const DV& a, const DV& b, const DV* bias, int64_t M, int64_t N, int64_t K, bool ta,
+                   bool tb, bool accumulate) {
+  out.resize((size_t)(M * N), 0.0);
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t n = 0; n < N; n++) {
+      double s = bias ? (*bias)[n] : 0.0;
+      for (int64_t k = 0; k < K; k++) {
+        double av = ta ? a[k * M + m] : a[m * K + k];
+        double bv = tb ? b[n * K + k] : b[k * N + n];
+        s += av * bv;
+      }
+      out[m * N + n] = (accumulate ? out[m * N + n] : 0.0) + s;
+    }
+}
+
+// out[B*T,C] = wte[tok] + wpe[t] (wpe may be null)
+inline DV embedding(const std::vector<int32_t>& tok, const DV& wte, const DV* wpe, int B, int T, int C) {
+  DV out((size_t)B * T * C);
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      int64_t row = (int64_t)b * T + t;
+      for (int c = 0; c < C; c++)
+        out[row * C + c] = wte[(int64_t)tok[row] * C + c] + (wpe ? (*wpe)[(int64_t)t * C + c] : 0.0);
+    }
+  return out;
+}
+
+// LayerNorm over rows of C, biased variance: out = (x - mean) / sqrt(var + eps) * w + b
+inline DV layernorm(const DV& x, const DV& w, const DV& b, int64_t N, int C, double eps, DV* mean = nullptr,
+                    DV* rstd = nullptr) {
+  DV out(x.size());
+  if (mean) mean->assign((size_t)N, 0.0);
+  if (rstd) rstd->assign((size_t)N, 0.0);
+  for (int64_t n = 0; n < N; n++) {
+    const double* xr = &x[n * C];
+    double mu = 0;
+    for (int c = 0; c < C; c++) mu += xr[c];
+    mu /= C;
+    double var = 0;
+    for (int c = 0; c < C; c++) var += (xr[c] - mu) * (xr[c] - mu);
+    var /= C;
+    double rs = 1.0 / std::sqrt(var + eps);
+    for (int c = 0; c < C; c++) out[n * C + c] = (xr[c] - mu) * rs * w[c] + b[c];
+    if (mean) (*mean)[n] = mu;
+    if (rstd) (*rstd)[n] = rs;
+  }
+  return out;
+}
+
+// RMSNorm: out = x / sqrt(mean(x^2) + eps) * w
+inline DV rmsnorm(const DV& x, const DV& w, int64_t N, int C, double eps, DV* rstd = nullptr) {
+  DV out(x.size());
+  if (rstd) rstd->assign((size_t)N, 0.0);
+  for (int64_t n = 0; n < N; n++) {
+    double ms = 0;
+    for (int c = 0; c < C; c++) ms += x[n * C + c] * x[n * C + c];
+    ms /= C;
+    double rs = 1.0 / std::sqrt(ms + eps);
+    for (int c = 0; c < C; c++) out[n * C + c] = x[n * C + c] * rs * w[c];
+    if (rstd) (*rstd)[n] = rs;
+  }
+  return out;
+}
+
+// GELU, tanh approximation (Hugging Face gelu_new)
+inline double gelu(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+inline DV gelu(const DV& x) {
+  DV out(x.size());
+  for (size_t i = 0; i < x.size(); i++) out[i] = gelu(x[i]);
+  return out;
+}
+
+// SwiGLU: rows of gate_up[N, 2I] = [gate | up]; out[N,I] = silu(gate) * up
+inline DV swiglu(const DV& gu, int64_t N, int I) {
+  DV out((size_t)(N * I));
+  for (int64_t n = 0; n < N; n++)
+    for (int i = 0; i < I; i++) {
+      double g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i];
+      out[n * I + i] = g / (1.0 + std::exp(-g)) * u;
+    }
+  return out;
+}
+
+// RoPE, Hugging Face rotate_half layout, on the q (NH heads) and k (NKV heads) parts of each qkv row;
+// position of row (b,t) is t; inv_freq[i] = theta^(-2i/hs); v is untouched.
+inline DV rope(const DV& qkv, int B, int T, int NH, int NKV, int hs, double theta) {
+  DV out = qkv;
+  const int R = (NH + 2 * NKV) * hs, half = hs / 2;
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      int64_t base = ((int64_t)b * T + t) * R;
+      for (int h = 0; h < NH + NKV; h++) {  // the q heads, then the k heads, are contiguous
+        const double* x = &qkv[base + (int64_t)h * hs];
+        double* y = &out[base + (int64_t)h * hs];
+        for (int i = 0; i < half; i++) {
+          double inv_freq = std::pow(theta, -2.0 * i / hs);
+          double ang = t * inv_freq, c = std::cos(ang), s = std::sin(ang);
+          y[i] = x[i] * c - x[i + half] * s;
+          y[i + half] = x[i + half] * c + x[i] * s;
+        }
+      }
+    }
+  return out;
+}
+
+// Causal grouped-query attention. out[B*T, NH*hs]; att[B,NH,T,T] with zeros above the diagonal.
+inline DV attention(const DV& qkv, int B, int T, int NH, int NKV, int hs, DV* att_out = nullptr) {
+  const int R = (NH + 2 * NKV) * hs, group = NH / NKV;
+  const double scale = 1.0 / std::sqrt((double)hs);
+  DV out((size_t)B * T * NH * hs, 0.0);
+  if (att_out) att_out->assign((size_t)B * NH * T * T, 0.0);
+  std::vector<double> p((size_t)T);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      int kh = h / group;
+      for (int t = 0; t < T; t++) {
+        const double* q = &qkv[((int64_t)b * T + t) * R + (int64_t)h * hs];
+        double mx = -1e300;
+        for (int u = 0; u <= t; u++) {
+          const double* k = &qkv[((int64_t)b * T + u) * R + (int64_t)NH * hs + (int64_t)kh * hs];
+          double s = 0;
+          for (int d = 0; d < hs; d++) s += q[d] * k[d];
+          p[u] = s * scale;
+          mx = std::max(mx, p[u]);
+        }
+        double z = 0;
+        for (int u = 0; u <= t; u++) z += (p[u] = std::exp(p[u] - mx));
+        for (int u = 0; u <= t; u++) p[u] /= z;
+        double* o = &out[((int64_t)b * T + t) * NH * hs + (int64_t)h * hs];
+        for (int u = 0; u <= t; u++) {
+          const double* v = &qkv[((int64_t)b * T + u) * R + (int64_t)(NH + NKV) * hs + (int64_t)kh * hs];
+          for (int d = 0; d < hs; d++) o[d] += p[u] * v[d];
+          if (att_out) (*att_out)[(((int64_t)b * NH + h) * T + t) * T + u] = p[u];
+        }
+      }
+    }
+  return out;
+}
+
+// Sum over rows whose target != -100 of -log softmax(logits[n])[target[n]].
+inline double cross_entropy(const DV& logits, const std::vector<int32_t>& targets, int64_t N, int V) {
+  double total = 0;
+  for (int64_t n = 0; n < N; n++) {
+    if (targets[n] == -100) continue;
+    const double* x = &logits[n * V];
+    double mx = *std::max_element(x, x + V);
+    double z = 0;
+    for (int j = 0; j < V; j++) z += std::exp(x[j] - mx);
+    total += mx + std::log(z) - x[targets[n]];
+  }
+  return total;
+}
+
+// One step of torch.optim.AdamW (_single_tensor_adamw), gradient scaled by grad_scale first.
+inline void adamw(DV& p, const DV& g, DV& m, DV& v, double lr, double beta1, double beta2, double eps, double wd,
+                  int t, double grad_scale) {
+  double bc1 = 1.0 - std::pow(beta1, t), bc2 = 1.0 - std::pow(beta2, t);
+  double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
+  for (size_t i = 0; i < p.size(); i++) {
+    double gi = g[i] * grad_scale;
+    p[i] *= 1.0 - lr * wd;
+    m[i] = beta1 * m[i] + (1.0 - beta1) * gi;
+    v[i] = beta2 * v[i] + (1.0 - beta2) * gi * gi;
+    double denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+    p[i] -= step_size * m[i] / denom;
+  }
+}
+
+}  // namespace llmt_ref
