@@ -50,26 +50,40 @@ void run_bench(const BenchArgs& a) {
   }
   for (int64_t i = 0; i < N; i++) targets[(size_t)i] = (i + 1) % a.seq_len ? tokens[(size_t)i + 1] : -100;
 
-  std::vector<double> ms;
+  // per step: total, and its phases (zero grads + forward, backward, norm + AdamW)
+  std::vector<double> ms, fwd_ms, bwd_ms, opt_ms;
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+  };
   double loss = 0.0;
   for (int it = 0; it < a.warmup + a.steps; it++) {
     auto t0 = std::chrono::steady_clock::now();
     store.zero_grads();
     loss = model.forward(store, tokens.data(), targets.data(), true, 1.0f / (float)N);
+    be->synchronize();
+    double t_fwd = since(t0);
     model.backward(store);
+    be->synchronize();
+    double t_bwd = since(t0) - t_fwd;
     double sq = 0.0;
     for (size_t u = 0; u < L.units.size(); u++) sq += be->sum_squares(Tensor(grads[u], DType::f32, {L.units[u].numel}), L.units[u].numel);
     opt.step(params, grads, 1e-4f, sq > 1.0 ? (float)(1.0 / std::sqrt(sq)) : 1.0f);
     be->synchronize();
-    double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (it >= a.warmup) ms.push_back(dt);
+    double dt = since(t0);
+    if (it >= a.warmup) {
+      ms.push_back(dt);
+      fwd_ms.push_back(t_fwd);
+      bwd_ms.push_back(t_bwd);
+      opt_ms.push_back(dt - t_fwd - t_bwd);
+    }
     std::fprintf(stderr, "step %d/%d%s: %.1f ms, loss %.4f\n", it + 1, a.warmup + a.steps, it < a.warmup ? " (warm-up)" : "",
                  dt, loss / (N - a.batch));
   }
-  std::vector<double> sorted = ms;
-  std::sort(sorted.begin(), sorted.end());
-  double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                    : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  auto median_of = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  double median = median_of(ms);
   // FLOPs per token by the PaLM convention (DESIGN.md): 6 * matmul weights + 12 * layers * d_model * T.
   double flops_per_token = 6.0 * (double)L.matmul_numel + 12.0 * cfg.n_layer * cfg.d_model * a.seq_len;
   double step_flops = flops_per_token * (double)N;
@@ -81,7 +95,10 @@ void run_bench(const BenchArgs& a) {
                       {"params", L.total_numel},
                       {"steps", a.steps},
                       {"step_ms_median", median},
-                      {"step_ms_min", sorted.front()},
+                      {"step_ms_min", *std::min_element(ms.begin(), ms.end())},
+                      {"forward_ms_median", median_of(fwd_ms)},
+                      {"backward_ms_median", median_of(bwd_ms)},
+                      {"optimizer_ms_median", median_of(opt_ms)},
                       {"tokens_per_s", (double)N / (median / 1000.0)},
                       {"gflop_per_step", step_flops / 1e9},
                       {"achieved_gflops", step_flops / (median / 1000.0) / 1e9},

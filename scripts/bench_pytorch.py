@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""PyTorch peer for llmt's CPU benchmark: time whole GPT-2 training steps on the CPU.
+
+One step = forward with labels, backward, torch.optim.AdamW step, zero_grad, on random tokens,
+randomly initialised model, fp32, eager attention, dropout 0. Prints one JSON line.
+
+  pip install torch transformers && python3 scripts/bench_pytorch.py [--threads N] [--steps 10] ...
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+PRESETS = {  # n_embd, n_layer, n_head
+    "gpt2": (768, 12, 12),
+    "gpt2-medium": (1024, 24, 16),
+    "gpt2-large": (1280, 36, 20),
+    "gpt2-xl": (1600, 48, 25),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt2", choices=sorted(PRESETS))
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--steps", type=int, default=10, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq_len", type=int, default=64)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    n_embd, n_layer, n_head = PRESETS[args.model]
+    # no dropout, as in llmt (which has none): the same arithmetic on both sides
+    config = GPT2Config(n_embd=n_embd, n_layer=n_layer, n_head=n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config._attn_implementation = "eager"
+    model = GPT2LMHeadModel(config).to(torch.float32).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq_len))
+
+    times = []
+    for step in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - start)
+
+    median = statistics.median(times)
+    print(json.dumps({
+        "peer": "pytorch", "torch": torch.__version__, "model": args.model, "device": "cpu",
+        "threads": torch.get_num_threads(), "batch": args.batch, "seq_len": args.seq_len,
+        "step_ms_median": round(median * 1e3, 2), "step_ms_min": round(min(times) * 1e3, 2),
+        "tokens_per_s": round(args.batch * args.seq_len / median, 1),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages llmt builds with (only those missing) and builds into build/.
+# Idempotent: a second run installs nothing and rebuilds only what changed.
+#   LLMT_CUDA=AUTO|ON|OFF (default AUTO: the CUDA backend is built when nvcc is found)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(build-essential cmake ninja-build pkg-config libopenblas-openmp-dev openmpi-bin libopenmpi-dev
+          libhdf5-openmpi-dev nlohmann-json3-dev googletest libgtest-dev libibverbs-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# nvcc lives outside PATH in the usual CUDA install
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+cmake -S . -B build -G Ninja -DLLMT_CUDA="${LLMT_CUDA:-AUTO}" >/dev/null
+ninja -C build
+echo "setup: built build/bin/llmt"

@@ -1,0 +1,189 @@
+// Hugging Face checkpoint I/O: lossless save and reload, and clear errors for bad input.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <vector>
+
+#include "engine/core/error.h"
+#include "models/hf_checkpoint.h"
+#include "models/transformer.h"
+#include "tests/test_util.h"
+
+using namespace llmt;
+
+namespace {
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/llmt_hfck_XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  EXPECT_TRUE(d);
+  return d;
+}
+
+void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// Loads every unit of a Hugging Face directory into host buffers.
+std::vector<std::vector<float>> load_all(const std::string& dir, const ModelConfig& cfg, const ModelLayout& L) {
+  SafetensorsCheckpoint ckpt(dir);
+  check_hf_tensors(ckpt, cfg, L, dir);
+  std::vector<std::vector<float>> units;
+  for (size_t u = 0; u < L.units.size(); u++) {
+    units.emplace_back((size_t)L.units[u].numel);
+    load_hf_unit(ckpt, cfg, L, (int)u, units.back().data());
+  }
+  return units;
+}
+
+std::vector<const float*> ptrs(const std::vector<std::vector<float>>& units) {
+  std::vector<const float*> p;
+  for (auto& u : units) p.push_back(u.data());
+  return p;
+}
+
+// Expects fn to throw an llmt::Error whose message contains every one of `words`.
+template <typename Fn>
+void expect_error(Fn fn, std::vector<std::string> words) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error thrown";
+  } catch (const Error& e) {
+    for (auto& w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what() << " lacks " << w;
+  }
+}
+
+}  // namespace
+
+TEST(HfCheckpoint, SaveAndReloadIsLosslessForEveryFixture) {
+  for (std::string name : {"gpt2_tiny", "llama_tiny", "llama_tied_tiny"}) {
+    std::string src = llmt_test::reference_dir() + "/" + name;
+    ModelConfig cfg = config_from_json_file(src + "/config.json");
+    ModelLayout L = make_layout(cfg);
+    auto units = load_all(src, cfg, L);
+    std::string out = temp_dir();
+    save_hf_model(out, cfg, L, ptrs(units), "F32");
+    ModelConfig cfg2 = config_from_json_file(out + "/config.json");
+    EXPECT_EQ(cfg2.describe(), cfg.describe()) << name;
+    auto again = load_all(out, cfg2, L);
+    for (size_t u = 0; u < units.size(); u++) EXPECT_EQ(units[u], again[u]) << name << " unit " << u;
+
+    // and split into shards: the same tensors come back
+    std::string sharded = temp_dir();
+    save_hf_model(sharded, cfg, L, ptrs(units), "F32", 20000);
+    struct stat st;
+    EXPECT_EQ(stat((sharded + "/model.safetensors.index.json").c_str(), &st), 0);
+    auto from_shards = load_all(sharded, cfg, L);
+    for (size_t u = 0; u < units.size(); u++) EXPECT_EQ(units[u], from_shards[u]) << name << " sharded unit " << u;
+  }
+}
+
+TEST(HfCheckpoint, Bf16SaveRoundsToNearestEven) {
+  std::string src = llmt_test::reference_dir() + "/llama_tiny";
+  ModelConfig cfg = config_from_json_file(src + "/config.json");
+  ModelLayout L = make_layout(cfg);
+  auto units = load_all(src, cfg, L);
+  std::string out = temp_dir();
+  save_hf_model(out, cfg, L, ptrs(units), "BF16");
+  auto again = load_all(out, cfg, L);
+  for (size_t u = 0; u < units.size(); u++)
+    for (size_t i = 0; i < units[u].size(); i++)
+      ASSERT_EQ(again[u][i], bf16_to_f32(f32_to_bf16(units[u][i])));
+}
+
+TEST(HfCheckpoint, MissingUnexpectedMisshapenTensorsAreNamed) {
+  std::string src = llmt_test::reference_dir() + "/gpt2_tiny";
+  ModelConfig cfg = config_from_json_file(src + "/config.json");
+  ModelLayout L = make_layout(cfg);
+  auto units = load_all(src, cfg, L);
+  SafetensorsFile good(src + "/model.safetensors");
+
+  // rewrite the file with one tensor changed, dropped or added
+  auto rewrite = [&](const std::string& drop, const std::string& add, std::vector<int64_t> add_shape) {
+    std::string dir = temp_dir();
+    std::vector<StEntry> entries;
+    for (const StTensor& t : good.tensors())
+      if (t.name != drop) entries.push_back({t.name, t.dtype, t.shape, good.data(t)});
+    std::vector<float> extra(4096, 0.5f);
+    if (!add.empty()) entries.push_back({add, "F32", add_shape, extra.data()});
+    write_safetensors(dir + "/model.safetensors", entries);
+    return dir;
+  };
+  std::string d1 = rewrite("transformer.h.1.mlp.c_fc.bias", "", {});
+  expect_error([&] { SafetensorsCheckpoint c(d1); check_hf_tensors(c, cfg, L, d1); },
+               {d1, "transformer.h.1.mlp.c_fc.bias", "missing"});
+  std::string d2 = rewrite("", "transformer.h.0.attn.extra.weight", {4});
+  expect_error([&] { SafetensorsCheckpoint c(d2); check_hf_tensors(c, cfg, L, d2); },
+               {"model.safetensors", "transformer.h.0.attn.extra.weight", "unexpected"});
+  std::string d3 = rewrite("transformer.ln_f.bias", "transformer.ln_f.bias", {31});
+  expect_error([&] { SafetensorsCheckpoint c(d3); check_hf_tensors(c, cfg, L, d3); },
+               {"model.safetensors", "transformer.ln_f.bias", "[31]", "[32]"});
+  std::string d4 = temp_dir();
+  {
+    std::vector<StEntry> entries;
+    std::vector<int32_t> ints(32 * 32, 1);
+    for (const StTensor& t : good.tensors())
+      entries.push_back(t.name == "transformer.ln_f.weight" ? StEntry{t.name, "I32", t.shape, ints.data()}
+                                                            : StEntry{t.name, t.dtype, t.shape, good.data(t)});
+    write_safetensors(d4 + "/model.safetensors", entries);
+  }
+  expect_error([&] { SafetensorsCheckpoint c(d4); check_hf_tensors(c, cfg, L, d4); },
+               {"transformer.ln_f.weight", "I32"});
+}
+
+TEST(HfCheckpoint, OfficialGpt2NamesWithoutPrefixAndBuffersLoad) {
+  // The official gpt2 files name tensors without "transformer." and carry attn.bias buffers.
+  std::string src = llmt_test::reference_dir() + "/gpt2_tiny";
+  ModelConfig cfg = config_from_json_file(src + "/config.json");
+  ModelLayout L = make_layout(cfg);
+  auto units = load_all(src, cfg, L);
+  SafetensorsFile good(src + "/model.safetensors");
+  std::string dir = temp_dir();
+  std::vector<StEntry> entries;
+  for (const StTensor& t : good.tensors()) entries.push_back({t.name.substr(12), t.dtype, t.shape, good.data(t)});
+  std::vector<float> mask(13 * 13, 1.0f), masked(1, -1e4f);
+  entries.push_back({"h.0.attn.bias", "F32", {1, 1, 13, 13}, mask.data()});
+  entries.push_back({"h.0.attn.masked_bias", "F32", {}, masked.data()});
+  write_safetensors(dir + "/model.safetensors", entries);
+  write_file(dir + "/config.json", "{\"model_type\": \"gpt2\", \"vocab_size\": 259, \"n_positions\": 32, \"n_embd\": 32, "
+                                   "\"n_layer\": 2, \"n_head\": 4}");
+  auto again = load_all(dir, cfg, L);
+  for (size_t u = 0; u < units.size(); u++) EXPECT_EQ(units[u], again[u]);
+}
+
+TEST(ModelConfig, BadConfigsAreClearErrors) {
+  std::string dir = temp_dir();
+  expect_error([&] { config_from_json_file(dir + "/nope.json"); }, {"nope.json", "cannot open"});
+  write_file(dir + "/bad.json", "{\"model_type\": \"gpt2\", ");
+  expect_error([&] { config_from_json_file(dir + "/bad.json"); }, {"bad.json", "malformed JSON"});
+  write_file(dir + "/nokey.json", "{\"model_type\": \"gpt2\", \"vocab_size\": 10}");
+  expect_error([&] { config_from_json_file(dir + "/nokey.json"); }, {"nokey.json", "n_layer"});
+  write_file(dir + "/type.json", "{\"model_type\": \"gpt2\", \"vocab_size\": \"many\", \"n_layer\": 1}");
+  expect_error([&] { config_from_json_file(dir + "/type.json"); }, {"type.json", "vocab_size", "wrong type"});
+  write_file(dir + "/arch.json", "{\"model_type\": \"bert\"}");
+  expect_error([&] { config_from_json_file(dir + "/arch.json"); }, {"arch.json", "bert"});
+  write_file(dir + "/heads.json", "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 30, "
+                                  "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 4}");
+  expect_error([&] { config_from_json_file(dir + "/heads.json"); }, {"heads.json", "not divisible"});
+  write_file(dir + "/gqa.json", "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 32, "
+                                "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
+                                "\"num_key_value_heads\": 3}");
+  expect_error([&] { config_from_json_file(dir + "/gqa.json"); }, {"gqa.json", "kv heads"});
+  write_file(dir + "/rope.json", "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 32, "
+                                 "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
+                                 "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}");
+  expect_error([&] { config_from_json_file(dir + "/rope.json"); }, {"rope.json", "rope_scaling"});
+  expect_error([&] { config_from_preset("gpt3"); }, {"gpt3", "presets"});
+}
+
+TEST(ModelConfig, PresetsMatchPublishedParameterCounts) {
+  // Published sizes: GPT-2 124M / 355M / 774M / 1.5B (tied head), LLaMA-7B 6.74B, LLaMA-13B 13.0B.
+  auto count = [](const char* name) { return (double)make_layout(config_from_preset(name)).total_numel; };
+  EXPECT_EQ(count("gpt2"), 124439808.0);
+  EXPECT_EQ(count("gpt2-medium"), 354823168.0);
+  EXPECT_EQ(count("gpt2-large"), 774030080.0);
+  EXPECT_EQ(count("gpt2-xl"), 1557611200.0);
+  EXPECT_EQ(count("llama-7b"), 6738415616.0);
+  EXPECT_EQ(count("llama2-7b"), 6738415616.0);
+  EXPECT_EQ(count("llama-13b"), 13015864320.0);
+}

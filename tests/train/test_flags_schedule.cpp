@@ -1,0 +1,72 @@
+// Flags in the Hugging Face style, train argument checks, and LR schedules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/core/error.h"
+#include "engine/optim/schedule.h"
+#include "engine/train/flags.h"
+#include "engine/train/trainer.h"
+
+using namespace llmt;
+
+TEST(Flags, ParsesValuesBooleansAndEquals) {
+  Flags f("train", {"--bf16", "True", "--tf32", "--learning_rate=2e-5", "--fsdp-x", "a b", "--do_eval", "false"});
+  EXPECT_TRUE(f.get_bool("bf16", false));
+  EXPECT_TRUE(f.get_bool("tf32", false));
+  EXPECT_DOUBLE_EQ(f.get_double("learning_rate", 0), 2e-5);
+  EXPECT_EQ(f.get_string("fsdp_x", ""), "a b");
+  EXPECT_FALSE(f.get_bool("do_eval", true));
+  EXPECT_EQ(f.get_int("absent", 7), 7);
+  EXPECT_NO_THROW(f.finish());
+}
+
+TEST(Flags, UnknownBadAndRepeatedFlagsAreNamed) {
+  Flags f("train", {"--learning_rate", "1e-3", "--deepspeed", "ds.json"});
+  f.get_double("learning_rate", 0);
+  try {
+    f.finish();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--deepspeed"), std::string::npos) << e.what();
+  }
+  Flags g("train", {"--max_steps", "ten", "--bf16", "maybe"});
+  EXPECT_THROW(g.get_int("max_steps", 0), Error);
+  EXPECT_THROW(g.get_bool("bf16", false), Error);
+  EXPECT_THROW(Flags("train", {"--seed", "1", "--seed", "2"}), Error);
+  EXPECT_THROW(Flags("train", {"positional"}), Error);
+}
+
+TEST(TrainArgs, RejectsNonsense) {
+  auto parse = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--model_config", "gpt2-tiny", "--train_file", "x.txt", "--output_dir", "o"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Flags f("train", args);
+    return parse_train_args(f);
+  };
+  EXPECT_NO_THROW(parse({}));
+  EXPECT_THROW(parse({"--per_device_train_batch_size", "0"}), Error);
+  EXPECT_THROW(parse({"--gradient_accumulation_steps", "0"}), Error);
+  EXPECT_THROW(parse({"--learning_rate", "-1"}), Error);
+  EXPECT_THROW(parse({"--device", "tpu"}), Error);
+  EXPECT_THROW(parse({"--model_name_or_path", "dir"}), Error);  // two model sources
+}
+
+TEST(Schedule, MatchesTransformersFormulas) {
+  // transformers get_scheduler: 10 steps, 2 warmup (values worked by hand from its lr_lambda definitions)
+  Schedule lin = make_schedule("linear", 10, 2, 0.0);
+  EXPECT_DOUBLE_EQ(lin.multiplier(0), 0.0);
+  EXPECT_DOUBLE_EQ(lin.multiplier(1), 0.5);
+  EXPECT_DOUBLE_EQ(lin.multiplier(2), 1.0);
+  EXPECT_DOUBLE_EQ(lin.multiplier(6), 0.5);
+  EXPECT_DOUBLE_EQ(lin.multiplier(10), 0.0);
+  Schedule cos = make_schedule("cosine", 10, 0, 0.2);  // ratio 0.2 -> 2 warmup steps
+  EXPECT_EQ(cos.warmup_steps, 2);
+  EXPECT_DOUBLE_EQ(cos.multiplier(1), 0.5);
+  EXPECT_NEAR(cos.multiplier(6), 0.5, 1e-12);
+  EXPECT_NEAR(cos.multiplier(4), 0.5 * (1 + std::cos(M_PI * 0.25)), 1e-12);
+  EXPECT_DOUBLE_EQ(make_schedule("constant", 10, 5, 0.0).multiplier(0), 1.0);
+  EXPECT_DOUBLE_EQ(make_schedule("constant_with_warmup", 10, 4, 0.0).multiplier(1), 0.25);
+  EXPECT_THROW(make_schedule("polynomial_decay", 10, 0, 0.0), Error);
+  EXPECT_THROW(make_schedule("cosine", 10, 0, 1.5), Error);
+}
