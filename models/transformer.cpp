@@ -21,8 +21,17 @@ float* Transformer::buf(size_t n) {
   return (float*)p;
 }
 
-Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T)
-    : cfg_(cfg), layout_(make_layout(cfg)), be_(backend), B_(B), T_(T) {
+int64_t Transformer::activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing) {
+  const int64_t N = (int64_t)B * T, C = cfg.d_model, L = cfg.n_layer, sets = checkpointing ? 1 : L;
+  const int64_t att = (int64_t)B * cfg.n_head * T * T;
+  const int64_t per_set = 5 * N * C + 4 * N + N * cfg.qkv_dim() + att + N * cfg.mlp_in_dim() + N * cfg.d_ff;
+  const int64_t head = N * C + 2 * N + N * cfg.vocab_size;
+  const int64_t scratch = 3 * N * C + N * cfg.qkv_dim() + att + N * cfg.mlp_in_dim() + N * cfg.d_ff;
+  return (int64_t)sizeof(float) * ((L + 1) * N * C + sets * per_set + head + scratch) + 2 * (int64_t)sizeof(int32_t) * N;
+}
+
+Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T, bool checkpointing)
+    : cfg_(cfg), layout_(make_layout(cfg)), be_(backend), B_(B), T_max_(T), cur_T_(T), checkpointing_(checkpointing) {
   LLMT_CHECK(B > 0 && T > 0, "batch size %d and sequence length %d must be positive", B, T);
   LLMT_CHECK(T <= cfg.max_seq_len, "sequence length %d exceeds the model's context of %d tokens", T, cfg.max_seq_len);
   const size_t N = (size_t)B * T, C = cfg.d_model, L = cfg.n_layer;
@@ -32,7 +41,7 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T)
   allocations_.push_back(tokens_);
   allocations_.push_back(targets_);
   for (size_t l = 0; l <= L; l++) resid_.push_back(buf(N * C));
-  for (size_t l = 0; l < L; l++) {
+  for (size_t l = 0; l < (checkpointing ? 1 : L); l++) {
     ln1_.push_back(buf(N * C));
     ln1_mean_.push_back(buf(N));
     ln1_rstd_.push_back(buf(N));
@@ -63,11 +72,12 @@ Transformer::~Transformer() {
   for (void* p : allocations_) be_.release(p);
 }
 
-Tensor Transformer::logits() const { return F(logits_, {(int64_t)B_ * T_, cfg_.vocab_size}); }
+Tensor Transformer::logits() const { return F(logits_, {(int64_t)B_ * cur_T_, cfg_.vocab_size}); }
 
 void Transformer::block_forward(int l, const float* w) {
+  const int T = cur_T_, a = act(l);
   const BlockOffsets& o = layout_.block;
-  const int64_t N = (int64_t)B_ * T_, C = cfg_.d_model, QKV = cfg_.qkv_dim(), FI = cfg_.mlp_in_dim(),
+  const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, QKV = cfg_.qkv_dim(), FI = cfg_.mlp_in_dim(),
                 FF = cfg_.d_ff;
   const int NH = cfg_.n_head, NKV = cfg_.n_kv_head, hs = cfg_.head_size();
   const bool gpt2 = cfg_.arch == Arch::gpt2;
@@ -75,98 +85,105 @@ void Transformer::block_forward(int l, const float* w) {
 
   // attention sub-block: resid_mid = x + proj(attention(norm1(x)))
   if (gpt2)
-    be_.layernorm_forward(F(ln1_[l], {N, C}), F(ln1_mean_[l], {N}), F(ln1_rstd_[l], {N}), x, P(w, o.ln1_w, {C}),
+    be_.layernorm_forward(F(ln1_[a], {N, C}), F(ln1_mean_[a], {N}), F(ln1_rstd_[a], {N}), x, P(w, o.ln1_w, {C}),
                           P(w, o.ln1_b, {C}), N, (int)C, cfg_.norm_eps);
   else
-    be_.rmsnorm_forward(F(ln1_[l], {N, C}), F(ln1_rstd_[l], {N}), x, P(w, o.ln1_w, {C}), N, (int)C, cfg_.norm_eps);
-  be_.matmul(F(qkv_[l], {N, QKV}), F(ln1_[l], {N, C}), P(w, o.qkv_w, {QKV, C}), P(w, o.qkv_b, {QKV}), N, QKV, C,
+    be_.rmsnorm_forward(F(ln1_[a], {N, C}), F(ln1_rstd_[a], {N}), x, P(w, o.ln1_w, {C}), N, (int)C, cfg_.norm_eps);
+  be_.matmul(F(qkv_[a], {N, QKV}), F(ln1_[a], {N, C}), P(w, o.qkv_w, {QKV, C}), P(w, o.qkv_b, {QKV}), N, QKV, C,
              false, true, false);
-  if (!gpt2) be_.rope_forward(F(qkv_[l], {N, QKV}), B_, T_, NH, NKV, hs, cfg_.rope_theta);
-  be_.attention_forward(F(attn_out_[l], {N, C}), F(att_[l], {B_, NH, T_, T_}), F(qkv_[l], {N, QKV}), B_, T_, NH, NKV,
+  if (!gpt2) be_.rope_forward(F(qkv_[a], {N, QKV}), B_, T, NH, NKV, hs, cfg_.rope_theta);
+  be_.attention_forward(F(attn_out_[a], {N, C}), F(att_[a], {B_, NH, T, T}), F(qkv_[a], {N, QKV}), B_, T, NH, NKV,
                         hs);
-  be_.copy(resid_mid_[l], resid_[l], sizeof(float) * N * C);
-  be_.matmul(F(resid_mid_[l], {N, C}), F(attn_out_[l], {N, C}), P(w, o.attn_proj_w, {C, C}),
+  be_.copy(resid_mid_[a], resid_[l], sizeof(float) * N * C);
+  be_.matmul(F(resid_mid_[a], {N, C}), F(attn_out_[a], {N, C}), P(w, o.attn_proj_w, {C, C}),
              P(w, o.attn_proj_b, {C}), N, C, C, false, true, true);
 
   // MLP sub-block: resid[l+1] = resid_mid + mlp(norm2(resid_mid))
-  Tensor xm = F(resid_mid_[l], {N, C});
+  Tensor xm = F(resid_mid_[a], {N, C});
   if (gpt2)
-    be_.layernorm_forward(F(ln2_[l], {N, C}), F(ln2_mean_[l], {N}), F(ln2_rstd_[l], {N}), xm, P(w, o.ln2_w, {C}),
+    be_.layernorm_forward(F(ln2_[a], {N, C}), F(ln2_mean_[a], {N}), F(ln2_rstd_[a], {N}), xm, P(w, o.ln2_w, {C}),
                           P(w, o.ln2_b, {C}), N, (int)C, cfg_.norm_eps);
   else
-    be_.rmsnorm_forward(F(ln2_[l], {N, C}), F(ln2_rstd_[l], {N}), xm, P(w, o.ln2_w, {C}), N, (int)C, cfg_.norm_eps);
-  be_.matmul(F(mlp_in_[l], {N, FI}), F(ln2_[l], {N, C}), P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C,
+    be_.rmsnorm_forward(F(ln2_[a], {N, C}), F(ln2_rstd_[a], {N}), xm, P(w, o.ln2_w, {C}), N, (int)C, cfg_.norm_eps);
+  be_.matmul(F(mlp_in_[a], {N, FI}), F(ln2_[a], {N, C}), P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C,
              false, true, false);
   if (gpt2)
-    be_.gelu_forward(F(mlp_act_[l], {N, FF}), F(mlp_in_[l], {N, FI}), N * FF);
+    be_.gelu_forward(F(mlp_act_[a], {N, FF}), F(mlp_in_[a], {N, FI}), N * FF);
   else
-    be_.swiglu_forward(F(mlp_act_[l], {N, FF}), F(mlp_in_[l], {N, FI}), N, (int)FF);
-  be_.copy(resid_[l + 1], resid_mid_[l], sizeof(float) * N * C);
-  be_.matmul(F(resid_[l + 1], {N, C}), F(mlp_act_[l], {N, FF}), P(w, o.mlp_out_w, {C, FF}), P(w, o.mlp_out_b, {C}),
+    be_.swiglu_forward(F(mlp_act_[a], {N, FF}), F(mlp_in_[a], {N, FI}), N, (int)FF);
+  be_.copy(resid_[l + 1], resid_mid_[a], sizeof(float) * N * C);
+  be_.matmul(F(resid_[l + 1], {N, C}), F(mlp_act_[a], {N, FF}), P(w, o.mlp_out_w, {C, FF}), P(w, o.mlp_out_b, {C}),
              N, C, FF, false, true, true);
 }
 
 // On entry dres_ holds dloss/d resid[l+1]; on exit dloss/d resid[l].
 void Transformer::block_backward(int l, const float* w, float* g) {
+  const int T = cur_T_, a = act(l);
   const BlockOffsets& o = layout_.block;
-  const int64_t N = (int64_t)B_ * T_, C = cfg_.d_model, QKV = cfg_.qkv_dim(), FI = cfg_.mlp_in_dim(),
+  const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, QKV = cfg_.qkv_dim(), FI = cfg_.mlp_in_dim(),
                 FF = cfg_.d_ff;
   const int NH = cfg_.n_head, NKV = cfg_.n_kv_head, hs = cfg_.head_size();
   const bool gpt2 = cfg_.arch == Arch::gpt2;
   Tensor dres = F(dres_, {N, C});
 
   // MLP: resid[l+1] = resid_mid + mlp_act W_out^T + b_out
-  be_.matmul(P(g, o.mlp_out_w, {C, FF}), dres, F(mlp_act_[l], {N, FF}), none(), C, FF, N, true, false, true);
+  be_.matmul(P(g, o.mlp_out_w, {C, FF}), dres, F(mlp_act_[a], {N, FF}), none(), C, FF, N, true, false, true);
   if (gpt2) be_.bias_backward(P(g, o.mlp_out_b, {C}), dres, N, C);
   be_.matmul(F(dmlp_act_, {N, FF}), dres, P(w, o.mlp_out_w, {C, FF}), none(), N, FF, C, false, false, false);
   if (gpt2)
-    be_.gelu_backward(F(dmlp_in_, {N, FI}), F(mlp_in_[l], {N, FI}), F(dmlp_act_, {N, FF}), N * FF);
+    be_.gelu_backward(F(dmlp_in_, {N, FI}), F(mlp_in_[a], {N, FI}), F(dmlp_act_, {N, FF}), N * FF);
   else
-    be_.swiglu_backward(F(dmlp_in_, {N, FI}), F(dmlp_act_, {N, FF}), F(mlp_in_[l], {N, FI}), N, (int)FF);
-  be_.matmul(P(g, o.mlp_in_w, {FI, C}), F(dmlp_in_, {N, FI}), F(ln2_[l], {N, C}), none(), FI, C, N, true, false, true);
+    be_.swiglu_backward(F(dmlp_in_, {N, FI}), F(dmlp_act_, {N, FF}), F(mlp_in_[a], {N, FI}), N, (int)FF);
+  be_.matmul(P(g, o.mlp_in_w, {FI, C}), F(dmlp_in_, {N, FI}), F(ln2_[a], {N, C}), none(), FI, C, N, true, false, true);
   if (gpt2) be_.bias_backward(P(g, o.mlp_in_b, {FI}), F(dmlp_in_, {N, FI}), N, FI);
   be_.matmul(F(dnorm_, {N, C}), F(dmlp_in_, {N, FI}), P(w, o.mlp_in_w, {FI, C}), none(), N, C, FI, false, false, false);
-  Tensor xm = F(resid_mid_[l], {N, C});
+  Tensor xm = F(resid_mid_[a], {N, C});
   if (gpt2)
     be_.layernorm_backward(dres, P(g, o.ln2_w, {C}), P(g, o.ln2_b, {C}), F(dnorm_, {N, C}), xm, P(w, o.ln2_w, {C}),
-                           F(ln2_mean_[l], {N}), F(ln2_rstd_[l], {N}), N, (int)C);
+                           F(ln2_mean_[a], {N}), F(ln2_rstd_[a], {N}), N, (int)C);
   else
-    be_.rmsnorm_backward(dres, P(g, o.ln2_w, {C}), F(dnorm_, {N, C}), xm, P(w, o.ln2_w, {C}), F(ln2_rstd_[l], {N}), N,
+    be_.rmsnorm_backward(dres, P(g, o.ln2_w, {C}), F(dnorm_, {N, C}), xm, P(w, o.ln2_w, {C}), F(ln2_rstd_[a], {N}), N,
                          (int)C);
 
   // attention: resid_mid = x + attn_out W_proj^T + b_proj
-  be_.matmul(P(g, o.attn_proj_w, {C, C}), dres, F(attn_out_[l], {N, C}), none(), C, C, N, true, false, true);
+  be_.matmul(P(g, o.attn_proj_w, {C, C}), dres, F(attn_out_[a], {N, C}), none(), C, C, N, true, false, true);
   if (gpt2) be_.bias_backward(P(g, o.attn_proj_b, {C}), dres, N, C);
   be_.matmul(F(dattn_, {N, C}), dres, P(w, o.attn_proj_w, {C, C}), none(), N, C, C, false, false, false);
-  be_.attention_backward(F(dqkv_, {N, QKV}), F(datt_, {B_, NH, T_, T_}), F(dattn_, {N, C}), F(qkv_[l], {N, QKV}),
-                         F(att_[l], {B_, NH, T_, T_}), B_, T_, NH, NKV, hs);
-  if (!gpt2) be_.rope_backward(F(dqkv_, {N, QKV}), B_, T_, NH, NKV, hs, cfg_.rope_theta);
-  be_.matmul(P(g, o.qkv_w, {QKV, C}), F(dqkv_, {N, QKV}), F(ln1_[l], {N, C}), none(), QKV, C, N, true, false, true);
+  be_.attention_backward(F(dqkv_, {N, QKV}), F(datt_, {B_, NH, T, T}), F(dattn_, {N, C}), F(qkv_[a], {N, QKV}),
+                         F(att_[a], {B_, NH, T, T}), B_, T, NH, NKV, hs);
+  if (!gpt2) be_.rope_backward(F(dqkv_, {N, QKV}), B_, T, NH, NKV, hs, cfg_.rope_theta);
+  be_.matmul(P(g, o.qkv_w, {QKV, C}), F(dqkv_, {N, QKV}), F(ln1_[a], {N, C}), none(), QKV, C, N, true, false, true);
   if (gpt2) be_.bias_backward(P(g, o.qkv_b, {QKV}), F(dqkv_, {N, QKV}), N, QKV);
   be_.matmul(F(dnorm_, {N, C}), F(dqkv_, {N, QKV}), P(w, o.qkv_w, {QKV, C}), none(), N, C, QKV, false, false, false);
   Tensor x = F(resid_[l], {N, C});
   if (gpt2)
     be_.layernorm_backward(dres, P(g, o.ln1_w, {C}), P(g, o.ln1_b, {C}), F(dnorm_, {N, C}), x, P(w, o.ln1_w, {C}),
-                           F(ln1_mean_[l], {N}), F(ln1_rstd_[l], {N}), N, (int)C);
+                           F(ln1_mean_[a], {N}), F(ln1_rstd_[a], {N}), N, (int)C);
   else
-    be_.rmsnorm_backward(dres, P(g, o.ln1_w, {C}), F(dnorm_, {N, C}), x, P(w, o.ln1_w, {C}), F(ln1_rstd_[l], {N}), N,
+    be_.rmsnorm_backward(dres, P(g, o.ln1_w, {C}), F(dnorm_, {N, C}), x, P(w, o.ln1_w, {C}), F(ln1_rstd_[a], {N}), N,
                          (int)C);
 }
 
 double Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t* targets, bool want_grad,
-                            float grad_scale) {
+                            float grad_scale, int seq_len) {
   LLMT_CHECK(!want_grad || targets, "forward: gradients need targets");
-  const int64_t N = (int64_t)B_ * T_, C = cfg_.d_model, V = cfg_.vocab_size;
+  LLMT_CHECK(seq_len >= 0 && seq_len <= T_max_, "forward: sequence length %d exceeds the %d the model was sized for",
+             seq_len, T_max_);
+  cur_T_ = seq_len > 0 ? seq_len : T_max_;
+  const int T = cur_T_;
+  const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, V = cfg_.vocab_size;
   const RootOffsets& r = layout_.root;
   be_.copy_from_host(tokens_, tokens, sizeof(int32_t) * N);
   if (targets) be_.copy_from_host(targets_, targets, sizeof(int32_t) * N);
 
   const float* root = store.acquire(0);
+  store.prefetch(1 % (cfg_.n_layer + 1));
   be_.embedding_forward(F(resid_[0], {N, C}), Tensor(tokens_, DType::i32, {N}), P(root, r.wte, {V, C}),
-                        P(root, r.wpe, {cfg_.max_seq_len, C}), B_, T_, (int)C, (int)V);
+                        P(root, r.wpe, {cfg_.max_seq_len, C}), B_, T, (int)C, (int)V);
   store.release(0);
   for (int l = 0; l < cfg_.n_layer; l++) {
     const float* w = store.acquire(1 + l);
+    store.prefetch((2 + l) % (cfg_.n_layer + 1));  // the next block, or the root for the head
     block_forward(l, w);
     store.release(1 + l);
   }
@@ -188,11 +205,13 @@ double Transformer::forward(UnitStore& store, const int32_t* tokens, const int32
 void Transformer::backward(UnitStore& store) {
   LLMT_CHECK(have_grad_, "backward called without a forward that kept gradients");
   have_grad_ = false;
-  const int64_t N = (int64_t)B_ * T_, C = cfg_.d_model, V = cfg_.vocab_size;
+  const int T = cur_T_;
+  const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, V = cfg_.vocab_size;
   const RootOffsets& r = layout_.root;
 
   // head: logits = norm_f(resid[L]) W_head^T; logits_ holds dloss/dlogits
   const float* root = store.acquire(0);
+  store.prefetch(cfg_.n_layer);
   float* groot = store.grads(0);
   Tensor dlogits = F(logits_, {N, V});
   be_.matmul(P(groot, r.lm_head, {V, C}), dlogits, F(lnf_, {N, C}), none(), V, C, N, true, false, true);
@@ -209,15 +228,16 @@ void Transformer::backward(UnitStore& store) {
 
   for (int l = cfg_.n_layer - 1; l >= 0; l--) {
     const float* w = store.acquire(1 + l);
+    if (l > 0) store.prefetch(l);
+    if (checkpointing_) block_forward(l, w);  // recompute what backward needs from the kept input
     block_backward(l, w, store.grads(1 + l));
     store.release(1 + l);
     store.grads_done(1 + l);
   }
 
-  store.acquire(0);
+  // the embedding's gradient needs no parameters, only the root's gradient buffer
   be_.embedding_backward(P(groot, r.wte, {V, C}), P(groot, r.wpe, {cfg_.max_seq_len, C}), F(dres_, {N, C}),
-                         Tensor(tokens_, DType::i32, {N}), B_, T_, (int)C);
-  store.release(0);
+                         Tensor(tokens_, DType::i32, {N}), B_, T, (int)C);
   store.grads_done(0);
 }
 

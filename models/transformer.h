@@ -19,14 +19,16 @@ class UnitStore {
   virtual ~UnitStore() = default;
   virtual float* acquire(int unit) = 0;  // the unit's full parameters, valid until release
   virtual void release(int unit) = 0;
+  virtual void prefetch(int /*unit*/) {}  // the model will acquire this unit next: start fetching it
   virtual float* grads(int unit) = 0;    // the unit's full gradient buffer; backward adds into it
   virtual void grads_done(int unit) = 0; // backward will not touch this unit's gradient again
 };
 
 class Transformer {
  public:
-  // Allocates activations for batches of B sequences of T tokens on the backend.
-  Transformer(const ModelConfig& cfg, Backend& backend, int B, int T);
+  // Allocates activations for batches of B sequences of up to T tokens on the backend. With
+  // checkpointing only each block's input is kept; backward recomputes the block's forward.
+  Transformer(const ModelConfig& cfg, Backend& backend, int B, int T, bool checkpointing = false);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -34,32 +36,38 @@ class Transformer {
   const ModelConfig& config() const { return cfg_; }
   const ModelLayout& layout() const { return layout_; }
   int batch() const { return B_; }
-  int seq_len() const { return T_; }
+  int seq_len() const { return T_max_; }  // the most tokens per sequence
+  // Bytes of activations and scratch this model allocates for (B, T).
+  static int64_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing);
 
   // Runs the forward pass on tokens[B*T] (host memory). With targets[B*T] (host, -100 = ignored)
   // it returns the sum of the token losses; with want_grad it also leaves grad_scale * dloss/dlogits
   // in place of the logits for backward (grad_scale is usually 1 / tokens counted in the step).
-  // Without targets it returns 0 and keeps the logits.
+  // Without targets it returns 0 and keeps the logits. seq_len (<= seq_len(); 0 = all of it) is
+  // this batch's sequence length T: tokens and targets hold B*T entries.
   double forward(UnitStore& store, const int32_t* tokens, const int32_t* targets, bool want_grad,
-                 float grad_scale);
+                 float grad_scale, int seq_len = 0);
   // Adds this batch's gradients into store.grads(u); call after forward(..., want_grad = true).
   void backward(UnitStore& store);
-  // Logits [B*T, V] on the backend, valid after a forward without want_grad.
+  // Logits [B*T, V] on the backend (T of the last forward), valid after a forward without want_grad.
   Tensor logits() const;
 
  private:
   void block_forward(int l, const float* w);
   void block_backward(int l, const float* w, float* g);
+  int act(int l) const { return checkpointing_ ? 0 : l; }  // which set of block activations layer l uses
   float* buf(size_t n);
 
   ModelConfig cfg_;
   ModelLayout layout_;
   Backend& be_;
-  int B_, T_;
+  int B_, T_max_;   // capacity
+  int cur_T_ = 0;   // the current batch's sequence length
+  bool checkpointing_;
   std::vector<void*> allocations_;
   bool have_grad_ = false;
 
-  // activations (per layer l where marked [l])
+  // activations: resid_ per layer; the rest per layer, or one set reused when checkpointing
   int32_t *tokens_ = nullptr, *targets_ = nullptr;
   std::vector<float*> resid_;        // [L+1] residual stream entering block l (resid_[L] leaves the last)
   std::vector<float*> ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, attn_out_, resid_mid_;

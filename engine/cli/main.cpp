@@ -1,4 +1,7 @@
-// llmt: one executable, one file per subcommand. main only dispatches and reports errors.
+// llmt: one executable, one file per subcommand. main dispatches and reports errors: before the
+// ranks know each other (argument errors, the same on every rank) rank 0 alone prints and every
+// rank exits 1; after, the failing rank prints its message and ends the whole job, so no rank
+// is left waiting in a collective.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -7,15 +10,28 @@
 #include "engine/cli/commands.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
+#include "engine/dist/launch.h"
 
 static void usage() {
   std::printf(
       "llmt: a native trainer for GPT-2 and LLaMA models\n\n"
-      "usage: llmt <command> [--flag value ...]\n\n"
+      "usage: llmt <command> [--flag value ...]\n"
+      "       mpirun -np N llmt train ...   (or srun --mpi=pmix llmt train ...)\n\n"
       "commands:\n"
       "  train   train a model (Hugging Face TrainingArguments flag names)\n"
-      "  bench   time whole training steps on synthetic tokens, print one JSON line\n\n"
+      "  bench   time whole training steps on synthetic tokens, print one JSON line\n"
+      "  tokenize text on stdin to token ids and back; --bench FILE measures encoding speed\n"
+      "  plan    per-rank memory and communication of a run, computed without allocating\n\n"
       "llmt <command> --help describes each command's flags.\n");
+}
+
+static int report(const char* what) {
+  if (llmt::launch_initialized()) {
+    llmt::log_error("%s", what);
+    llmt::abort_job(1);
+  }
+  if (llmt::launcher_rank_from_env() <= 0) llmt::log_error("%s", what);
+  return 1;
 }
 
 int main(int argc, char** argv) {
@@ -26,16 +42,20 @@ int main(int argc, char** argv) {
   std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
-    if (cmd == "train") return llmt::cli_train(args);
-    if (cmd == "bench") return llmt::cli_bench(args);
-    llmt::log_error("unknown command \"%s\"", cmd.c_str());
-    usage();
-    return 2;
+    int rc = 2;
+    if (cmd == "train") rc = llmt::cli_train(args);
+    else if (cmd == "bench") rc = llmt::cli_bench(args);
+    else if (cmd == "plan") rc = llmt::cli_plan(args);
+    else if (cmd == "tokenize") rc = llmt::cli_tokenize(args);
+    else {
+      llmt::log_error("unknown command \"%s\"", cmd.c_str());
+      usage();
+    }
+    llmt::finalize_launch();
+    return rc;
   } catch (const llmt::Error& e) {
-    llmt::log_error("%s", e.what());
-    return 1;
+    return report(e.what());
   } catch (const std::exception& e) {
-    llmt::log_error("internal error: %s", e.what());
-    return 1;
+    return report((std::string("internal error: ") + e.what()).c_str());
   }
 }

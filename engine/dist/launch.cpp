@@ -1,0 +1,110 @@
+#include "engine/dist/launch.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "engine/core/error.h"
+#include "engine/core/log.h"
+#include "engine/dist/mpi_communicator.h"
+
+namespace llmt {
+
+static bool g_initialized = false;
+
+bool launch_initialized() { return g_initialized; }
+
+static int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : -1;
+}
+
+int launcher_rank_from_env() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PMI_RANK"}) {
+    int r = env_int(name);
+    if (r >= 0) return r;
+  }
+  return -1;
+}
+
+LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<Communicator>* world) {
+  LaunchInfo info;
+  if (!g_initialized) {
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    // Errors come back as return codes, so they can be reported with context.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    g_initialized = true;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &info.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &info.world);
+
+  // ranks sharing this node's memory
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &info.local_rank);
+  MPI_Comm_size(local, &info.local_size);
+  // nodes: the local rank 0s, numbered in rank order
+  MPI_Comm leaders;
+  MPI_Comm_split(MPI_COMM_WORLD, info.local_rank == 0 ? 0 : MPI_UNDEFINED, info.rank, &leaders);
+  int node = 0, num_nodes = 0;
+  if (leaders != MPI_COMM_NULL) {
+    MPI_Comm_rank(leaders, &node);
+    MPI_Comm_size(leaders, &num_nodes);
+    MPI_Comm_free(&leaders);
+  }
+  MPI_Bcast(&node, 1, MPI_INT, 0, local);
+  MPI_Comm_free(&local);
+  MPI_Allreduce(MPI_IN_PLACE, &num_nodes, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  info.node = node;
+  info.num_nodes = num_nodes;
+
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  info.hostname = host;
+
+  // cross-check with what the launcher says
+  int ompi_local = env_int("OMPI_COMM_WORLD_LOCAL_RANK"), slurm_local = env_int("SLURM_LOCALID");
+  if (ompi_local >= 0) {
+    info.launcher = "mpirun";
+    LLMT_CHECK(ompi_local == info.local_rank,
+               "rank %d on %s: OMPI_COMM_WORLD_LOCAL_RANK=%d but MPI's shared-memory split gives local rank %d",
+               info.rank, host, ompi_local, info.local_rank);
+  } else if (slurm_local >= 0) {
+    info.launcher = "srun";
+    LLMT_CHECK(slurm_local == info.local_rank,
+               "rank %d on %s: SLURM_LOCALID=%d but MPI's shared-memory split gives local rank %d", info.rank, host,
+               slurm_local, info.local_rank);
+  } else {
+    info.launcher = info.world == 1 ? "single process" : "mpi";
+  }
+  log_set_rank(info.rank, info.world);
+  if (world) *world = make_mpi_world_communicator();
+  return info;
+}
+
+std::string describe_layout(const LaunchInfo& info, const std::string& device) {
+  return strformat("layout %d rank%s on %d node%s, %d rank%s per node (%s), device %s per rank", info.world,
+                   info.world == 1 ? "" : "s", info.num_nodes, info.num_nodes == 1 ? "" : "s", info.local_size,
+                   info.local_size == 1 ? "" : "s", info.launcher.c_str(), device.c_str());
+}
+
+void finalize_launch() {
+  if (!g_initialized) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void abort_job(int code) {
+  if (g_initialized) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  }
+  std::_Exit(code);
+}
+
+}  // namespace llmt

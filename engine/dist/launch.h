@@ -1,0 +1,35 @@
+// Where this process sits in the job: rank and world size from MPI, local rank and local size
+// from the ranks that share this node's memory (MPI_Comm_split_type), cross-checked with the
+// launcher's variables (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID) where set. Works the same
+// under `mpirun`, `srun --mpi=pmix` and as a plain single process.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "engine/dist/communicator.h"
+
+namespace llmt {
+
+struct LaunchInfo {
+  int rank = 0, world = 1;
+  int local_rank = 0, local_size = 1;
+  int node = 0, num_nodes = 1;  // nodes numbered by their lowest rank's order
+  std::string hostname;
+  std::string launcher;  // "mpirun", "srun", "single process"
+};
+
+// Initialises MPI (once); returns the layout and the world communicator. Throws on an
+// inconsistent layout (e.g. the launcher's local rank disagrees with MPI's).
+LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<Communicator>* world);
+// A one-line description of the layout for rank 0 to print.
+std::string describe_layout(const LaunchInfo& info, const std::string& device);
+// Ends MPI cleanly (every rank).
+void finalize_launch();
+// Ends the whole job from one failing rank: every rank exits non-zero promptly.
+[[noreturn]] void abort_job(int code);
+bool launch_initialized();
+// This process's rank as the launcher's environment gives it before MPI starts (OMPI_COMM_WORLD_RANK,
+// PMIX_RANK, SLURM_PROCID, PMI_RANK), or -1: lets argument errors be printed by rank 0 alone.
+int launcher_rank_from_env();
+
+}  // namespace llmt

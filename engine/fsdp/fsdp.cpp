@@ -1,0 +1,252 @@
+#include "engine/fsdp/fsdp.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/core/error.h"
+
+namespace llmt {
+
+Strategy parse_fsdp(const std::string& spec) {
+  // Hugging Face accepts a space-separated list: a strategy plus options such as auto_wrap.
+  Strategy s = Strategy::no_shard;
+  int strategies = 0;
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    size_t end = spec.find(' ', pos);
+    if (end == std::string::npos) end = spec.size();
+    std::string word = spec.substr(pos, end - pos);
+    pos = end + 1;
+    if (word.empty()) continue;
+    if (word == "full_shard") s = Strategy::full_shard, strategies++;
+    else if (word == "shard_grad_op") s = Strategy::shard_grad_op, strategies++;
+    else if (word == "no_shard") s = Strategy::no_shard, strategies++;
+    else if (word == "hybrid_shard") s = Strategy::hybrid_shard, strategies++;
+    else if (word == "auto_wrap") continue;  // llmt always wraps one unit per transformer block
+    else
+      fail("--fsdp \"%s\": \"%s\" is not supported (full_shard, shard_grad_op, hybrid_shard, no_shard, auto_wrap)",
+           spec.c_str(), word.c_str());
+  }
+  LLMT_CHECK(strategies <= 1, "--fsdp \"%s\" names more than one sharding strategy", spec.c_str());
+  return s;
+}
+
+const char* strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::full_shard: return "full_shard";
+    case Strategy::shard_grad_op: return "shard_grad_op";
+    case Strategy::no_shard: return "no_shard";
+    case Strategy::hybrid_shard: return "hybrid_shard";
+  }
+  return "?";
+}
+
+ShardGroups shard_groups(Strategy s, int world, int local_size) {
+  ShardGroups g;
+  switch (s) {
+    case Strategy::full_shard:
+    case Strategy::shard_grad_op: g.shard_size = world; break;
+    case Strategy::no_shard: g.shard_size = 1; break;
+    case Strategy::hybrid_shard:
+      LLMT_CHECK(local_size > 0 && world % local_size == 0,
+                 "hybrid_shard shards within a node: the world size %d is not a multiple of the %d ranks per node",
+                 world, local_size);
+      g.shard_size = local_size;
+      break;
+  }
+  g.replica_size = world / g.shard_size;
+  return g;
+}
+
+FsdpStore::FsdpStore(Backend& be, const ModelLayout& layout, Strategy strategy, Communicator& world, int local_size)
+    : be_(be), layout_(layout), strategy_(strategy), groups_(shard_groups(strategy, world.size(), local_size)) {
+  // Shard group: consecutive ranks (a node's ranks for hybrid_shard); replicas: same position in each group.
+  const int r = world.rank();
+  shard_comm_ = world.split(r / groups_.shard_size, r);
+  if (groups_.replica_size > 1) replica_comm_ = world.split(r % groups_.shard_size, r);
+  const int W = groups_.shard_size, me = shard_comm_->rank();
+  for (const UnitLayout& ul : layout.units) {
+    Unit u;
+    u.numel = ul.numel;
+    u.padded = (ul.numel + W - 1) / W * W;
+    u.shard = u.padded / W;
+    u.lo = std::min<int64_t>(u.numel, me * u.shard);
+    u.hi = std::min<int64_t>(u.numel, (me + 1) * u.shard);
+    size_t bytes = sizeof(float) * (size_t)u.shard;
+    u.master = (float*)be_.alloc(bytes);
+    u.grad = (float*)be_.alloc(bytes);
+    u.m = (float*)be_.alloc(bytes);
+    u.v = (float*)be_.alloc(bytes);
+    units_.push_back(std::move(u));
+  }
+  int64_t max_shard = 0;
+  for (auto& u : units_) max_shard = std::max(max_shard, u.shard);
+  reduce_recv_ = (float*)be_.alloc(sizeof(float) * (size_t)max_shard);
+}
+
+FsdpStore::~FsdpStore() {
+  for (auto& u : units_)
+    if (u.pending) u.pending->wait();
+  pending_reduce_.reset();
+  for (auto& u : units_) {
+    be_.release(u.master);
+    be_.release(u.grad);
+    be_.release(u.m);
+    be_.release(u.v);
+  }
+  for (float* p : all_buffers_) be_.release(p);
+  be_.release(reduce_recv_);
+}
+
+float* FsdpStore::take_buffer(int64_t numel) {
+  float* p = nullptr;
+  for (size_t i = 0; i < free_buffers_.size(); i++)
+    if (free_buffers_[i].first == numel) {
+      p = free_buffers_[i].second;
+      free_buffers_.erase(free_buffers_.begin() + (long)i);
+      break;
+    }
+  if (!p) {
+    p = (float*)be_.alloc(sizeof(float) * (size_t)numel);
+    all_buffers_.push_back(p);
+  }
+  gathered_now_ += numel * (int64_t)sizeof(float);
+  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_now_);
+  return p;
+}
+
+void FsdpStore::give_buffer(float* p, int64_t numel) {
+  free_buffers_.push_back({numel, p});
+  gathered_now_ -= numel * (int64_t)sizeof(float);
+}
+
+double FsdpStore::comm_bytes() const {
+  return shard_comm_->stats().total() + (replica_comm_ ? replica_comm_->stats().total() : 0.0);
+}
+
+void FsdpStore::start_gather(Unit& u) {
+  u.gathered = take_buffer(u.padded);
+  u.pending = shard_comm_->all_gather_async(u.master, u.gathered, u.shard, DType::f32);
+}
+
+float* FsdpStore::acquire(int unit) {
+  Unit& u = units_[unit];
+  if (groups_.shard_size == 1) return u.master;  // the shard is the whole unit
+  if (!u.gathered) start_gather(u);
+  if (u.pending) {
+    u.pending->wait();
+    u.pending.reset();
+  }
+  return u.gathered;
+}
+
+void FsdpStore::prefetch(int unit) {
+  Unit& u = units_[unit];
+  if (groups_.shard_size == 1 || u.gathered) return;
+  start_gather(u);
+}
+
+void FsdpStore::release(int unit) {
+  // shard_grad_op keeps parameters from forward until the unit's backward is done (grads_done).
+  if (groups_.shard_size == 1 || strategy_ == Strategy::shard_grad_op) return;
+  Unit& u = units_[unit];
+  if (!u.gathered) return;
+  if (u.pending) u.pending->wait(), u.pending.reset();
+  give_buffer(u.gathered, u.padded);
+  u.gathered = nullptr;
+}
+
+float* FsdpStore::grads(int unit) {
+  Unit& u = units_[unit];
+  if (u.full_grad) return u.full_grad;
+  // A single process with no replicas accumulates straight into the shard (which is the unit).
+  if (groups_.shard_size == 1 && !replica_comm_) return u.full_grad = u.grad;
+  u.full_grad = take_buffer(u.padded);
+  be_.zero(u.full_grad, sizeof(float) * (size_t)u.padded);
+  return u.full_grad;
+}
+
+void FsdpStore::grads_done(int unit) {
+  finish_reduce();
+  Unit& u = units_[unit];
+  if (strategy_ == Strategy::shard_grad_op && u.gathered) {  // backward is done with these parameters
+    give_buffer(u.gathered, u.padded);
+    u.gathered = nullptr;
+  }
+  float* full = u.full_grad;
+  u.full_grad = nullptr;  // a later backward of this unit (next micro-batch) gets a fresh buffer
+  if (!full || full == u.grad) return;
+  pending_reduce_unit_ = unit;
+  reduce_send_ = full;
+  if (groups_.shard_size > 1)
+    pending_reduce_ = shard_comm_->reduce_scatter_async(full, reduce_recv_, u.shard, DType::f32, ReduceOp::sum);
+  else
+    pending_reduce_ = replica_comm_->all_reduce_async(full, u.padded, DType::f32, ReduceOp::sum);
+}
+
+// Completes the gradient reduction in flight: sum over replicas too, then add into the shard's gradient.
+void FsdpStore::finish_reduce() {
+  if (pending_reduce_unit_ < 0) return;
+  Unit& u = units_[pending_reduce_unit_];
+  pending_reduce_->wait();
+  pending_reduce_.reset();
+  float* reduced = reduce_recv_;
+  if (groups_.shard_size == 1) {
+    reduced = reduce_send_;  // all-reduced in place
+  } else if (replica_comm_) {
+    replica_comm_->all_reduce(reduce_recv_, u.shard, DType::f32, ReduceOp::sum);
+  }
+  be_.accumulate(Tensor(u.grad, DType::f32, {u.shard}), Tensor(reduced, DType::f32, {u.shard}), u.shard);
+  give_buffer(reduce_send_, u.padded);
+  reduce_send_ = nullptr;
+  pending_reduce_unit_ = -1;
+}
+
+void FsdpStore::zero_grads() {
+  finish_reduce();
+  for (auto& u : units_) be_.zero(u.grad, sizeof(float) * (size_t)u.shard);
+}
+
+double FsdpStore::grad_sq_norm() {
+  finish_reduce();
+  double sq = 0.0;
+  for (auto& u : units_) sq += be_.sum_squares(Tensor(u.grad, DType::f32, {u.shard}), u.shard);
+  // replicas hold identical shards: sum over one shard group only
+  return groups_.shard_size > 1 ? shard_comm_->all_reduce_sum(sq) : sq;
+}
+
+void FsdpStore::optimizer_step(float lr, const AdamWConfig& cfg, float grad_scale) {
+  finish_reduce();
+  t_++;
+  for (size_t i = 0; i < units_.size(); i++) {
+    Unit& u = units_[i];
+    if (u.hi <= u.lo) continue;  // this rank's shard is all padding
+    adamw_step_range(be_, layout_.units[i], u.lo, u.hi, u.master, u.grad, u.m, u.v, lr, cfg, t_, grad_scale);
+  }
+}
+
+void FsdpStore::set_unit(int unit, const float* full_host) {
+  Unit& u = units_[unit];
+  be_.zero(u.master, sizeof(float) * (size_t)u.shard);
+  if (u.hi > u.lo) be_.copy_from_host(u.master, full_host + u.lo, sizeof(float) * (size_t)(u.hi - u.lo));
+}
+
+void FsdpStore::get_unit(int unit, float* full_host) {
+  Unit& u = units_[unit];
+  if (groups_.shard_size == 1) {
+    be_.copy_to_host(full_host, u.master, sizeof(float) * (size_t)u.numel);
+    return;
+  }
+  float* full = take_buffer(u.padded);
+  shard_comm_->all_gather(u.master, full, u.shard, DType::f32);
+  be_.copy_to_host(full_host, full, sizeof(float) * (size_t)u.numel);
+  give_buffer(full, u.padded);
+}
+
+int64_t FsdpStore::persistent_bytes() const {
+  int64_t n = 0;
+  for (auto& u : units_) n += 4 * u.shard;
+  return n * (int64_t)sizeof(float);
+}
+
+}  // namespace llmt

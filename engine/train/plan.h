@@ -1,0 +1,29 @@
+// `llmt plan`: what a run will hold and send per rank, computed from the model's layout and the
+// FSDP strategy without allocating anything, so it runs anywhere (a laptop, a login node).
+#pragma once
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/fsdp/fsdp.h"
+#include "models/config.h"
+
+namespace llmt {
+
+struct PlanArgs {
+  std::string model = "gpt2";  // preset, config.json or Hugging Face directory
+  int world = 1;
+  int ranks_per_node = 0;      // 0: all ranks on one node
+  std::string fsdp = "full_shard auto_wrap";
+  int batch = 1;               // per device
+  int seq_len = 512;
+  int accum = 1;
+  bool gradient_checkpointing = false;
+};
+
+// Per rank: persistent state, peak gathered buffers, activations; per step: bytes each rank sends
+// in all_gather / reduce_scatter / all_reduce (the ring convention of CommStats).
+nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a);
+std::string format_plan(const nlohmann::json& plan);
+
+}  // namespace llmt
