@@ -1,0 +1,38 @@
+// Tokenizers: text to token ids and back, exactly as Hugging Face tokenizers / transformers
+// (and tiktoken for rank files) produce them.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace llmt {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // The ids of `text` with no BOS/EOS added. Special tokens written in the text (e.g.
+  // "<|endoftext|>") become their ids, as Hugging Face does by default.
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // Text of `ids`; bytes that do not form valid UTF-8 become U+FFFD as Hugging Face decodes them.
+  // skip_special leaves special tokens (BOS, EOS, <|endoftext|>, ...) out.
+  virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const = 0;
+  virtual int vocab_size() const = 0;   // ids lie in [0, vocab_size)
+  virtual int bos_id() const = 0;       // -1 when the tokenizer has none
+  virtual int eos_id() const = 0;       // -1 when none
+  virtual bool adds_bos() const = 0;    // Hugging Face default for add_special_tokens=True (LLaMA: BOS)
+  virtual bool adds_eos() const = 0;    // (LLaMA: no EOS by default)
+  virtual std::string kind() const = 0; // "gpt2-bpe", "sentencepiece-bpe", "tiktoken", ...
+
+  // encode() plus the special tokens the tokenizer adds by default (add_special_tokens=True).
+  std::vector<int32_t> encode_with_specials(std::string_view text) const;
+};
+
+// Picks the tokenizer as AutoTokenizer.from_pretrained would from a directory: tokenizer.json,
+// else vocab.json + merges.txt, else tokenizer.model (SentencePiece, or a tiktoken rank file);
+// also accepts the path of one of those files. A directory with none of them is an error naming
+// the directory and the files looked for.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_or_file);
+
+}  // namespace llmt
