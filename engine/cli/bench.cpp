@@ -13,13 +13,17 @@ int cli_bench(const std::vector<std::string>& args) {
         "  --device cpu       --threads N (0 = all cores)\n"
         "  --per_device_train_batch_size N (4)  --seq_len N (64)\n"
         "  --steps N (10)     --warmup N (2)\n"
+        "  --fsdp SPEC        full_shard auto_wrap | shard_grad_op | hybrid_shard | no_shard (under mpirun)\n"
+        "  --gradient_checkpointing True|False\n"
         "prints one JSON line: step_ms_median, tokens_per_s, model, device, threads, ...\n");
     return 0;
   }
   Flags flags("bench", args);
   BenchArgs a = parse_bench_args(flags);
   flags.finish();
-  run_bench(a);
+  std::unique_ptr<Communicator> world;
+  LaunchInfo launch = init_launch(nullptr, nullptr, &world);
+  run_bench(a, *world, launch);
   return 0;
 }
 

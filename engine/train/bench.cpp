@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
-#include "engine/optim/adamw.h"
+#include "engine/fsdp/fsdp.h"
+#include "engine/train/step.h"
 #include "models/transformer.h"
 
 namespace llmt {
@@ -22,88 +25,86 @@ BenchArgs parse_bench_args(Flags& f) {
   a.steps = f.get_int("steps", a.steps);
   a.warmup = f.get_int("warmup", a.warmup);
   a.threads = f.get_int("threads", a.threads);
+  a.fsdp = f.get_string("fsdp", a.fsdp);
+  a.gradient_checkpointing = f.get_bool("gradient_checkpointing", false);
   LLMT_CHECK(a.batch > 0 && a.seq_len > 1 && a.steps > 0 && a.warmup >= 0,
              "llmt bench: batch, seq_len and steps must be positive and warmup not negative");
   LLMT_CHECK(a.device == "cpu", "llmt bench: --device %s is not available yet (cpu)", a.device.c_str());
+  parse_fsdp(a.fsdp);
   return a;
 }
 
-void run_bench(const BenchArgs& a) {
+static double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+void run_bench(const BenchArgs& a, Communicator& world, const LaunchInfo& launch) {
   ModelConfig cfg = resolve_model_config(a.model);
-  auto be = make_cpu_backend(a.threads);
-  Transformer model(cfg, *be, a.batch, a.seq_len);
+  int threads = a.threads > 0 ? a.threads : std::max(1, (int)std::thread::hardware_concurrency() / launch.local_size);
+  auto be = make_cpu_backend(threads);
+  Transformer model(cfg, *be, a.batch, a.seq_len, a.gradient_checkpointing);
   const ModelLayout& L = model.layout();
-  FullUnitStore store(*be, L);
-  for (size_t u = 0; u < L.units.size(); u++) init_unit_params(cfg, L.units[u], (int)u, 1337, store.params((int)u));
+  Strategy strategy = parse_fsdp(a.fsdp);
+  FsdpStore store(*be, L, strategy, world, launch.local_size);
+  std::vector<float> host;
+  for (size_t u = 0; u < L.units.size(); u++) {
+    host.resize((size_t)L.units[u].numel);
+    init_unit_params(cfg, L.units[u], (int)u, 1337, host.data());
+    store.set_unit((int)u, host.data());
+  }
   AdamWConfig oc;
   oc.weight_decay = 0.1f;
-  AdamW opt(*be, L, oc);
-  std::vector<float*> params, grads;
-  for (size_t u = 0; u < L.units.size(); u++) params.push_back(store.params((int)u)), grads.push_back(store.grads((int)u));
 
+  // synthetic tokens, different on every rank
   const int64_t N = (int64_t)a.batch * a.seq_len;
   std::vector<int32_t> tokens((size_t)N), targets((size_t)N);
-  uint64_t s = 12345;
+  uint64_t s = 12345 + (uint64_t)world.rank();
   for (int64_t i = 0; i < N; i++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     tokens[(size_t)i] = (int32_t)((s >> 33) % (uint64_t)cfg.vocab_size);
   }
   for (int64_t i = 0; i < N; i++) targets[(size_t)i] = (i + 1) % a.seq_len ? tokens[(size_t)i + 1] : -100;
+  std::vector<MicroBatch> micro = {{tokens.data(), targets.data(), a.seq_len}};
 
-  // per step: total, and its phases (zero grads + forward, backward, norm + AdamW)
-  std::vector<double> ms, fwd_ms, bwd_ms, opt_ms;
-  auto since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-  };
-  double loss = 0.0;
+  std::vector<double> ms;
+  double comm_per_step = 0.0;
   for (int it = 0; it < a.warmup + a.steps; it++) {
+    world.barrier();
+    double comm0 = store.comm_bytes();
     auto t0 = std::chrono::steady_clock::now();
-    store.zero_grads();
-    loss = model.forward(store, tokens.data(), targets.data(), true, 1.0f / (float)N);
+    StepResult r = train_step(model, store, world, micro, 1e-4f, oc, 1.0);
     be->synchronize();
-    double t_fwd = since(t0);
-    model.backward(store);
-    be->synchronize();
-    double t_bwd = since(t0) - t_fwd;
-    double sq = 0.0;
-    for (size_t u = 0; u < L.units.size(); u++) sq += be->sum_squares(Tensor(grads[u], DType::f32, {L.units[u].numel}), L.units[u].numel);
-    opt.step(params, grads, 1e-4f, sq > 1.0 ? (float)(1.0 / std::sqrt(sq)) : 1.0f);
-    be->synchronize();
-    double dt = since(t0);
-    if (it >= a.warmup) {
-      ms.push_back(dt);
-      fwd_ms.push_back(t_fwd);
-      bwd_ms.push_back(t_bwd);
-      opt_ms.push_back(dt - t_fwd - t_bwd);
-    }
-    std::fprintf(stderr, "step %d/%d%s: %.1f ms, loss %.4f\n", it + 1, a.warmup + a.steps, it < a.warmup ? " (warm-up)" : "",
-                 dt, loss / (N - a.batch));
+    double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    comm_per_step = store.comm_bytes() - comm0;
+    if (it >= a.warmup) ms.push_back(dt);
+    if (world.rank() == 0)
+      std::fprintf(stderr, "step %d/%d%s: %.1f ms, loss %.4f\n", it + 1, a.warmup + a.steps,
+                   it < a.warmup ? " (warm-up)" : "", dt, r.loss);
   }
-  auto median_of = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  };
+  // the slowest rank sets the pace: report the median over steps of rank 0's times (all ranks
+  // finish a step together, since each step ends in collectives)
   double median = median_of(ms);
-  // FLOPs per token by the PaLM convention (DESIGN.md): 6 * matmul weights + 12 * layers * d_model * T.
   double flops_per_token = 6.0 * (double)L.matmul_numel + 12.0 * cfg.n_layer * cfg.d_model * a.seq_len;
-  double step_flops = flops_per_token * (double)N;
+  const int W = world.size();
+  double global_tokens = (double)N * W;
   nlohmann::json j = {{"model", a.model},
                       {"device", a.device},
+                      {"ranks", W},
                       {"threads", be->threads()},
+                      {"fsdp", strategy_name(strategy)},
                       {"batch", a.batch},
                       {"seq_len", a.seq_len},
                       {"params", L.total_numel},
                       {"steps", a.steps},
                       {"step_ms_median", median},
                       {"step_ms_min", *std::min_element(ms.begin(), ms.end())},
-                      {"forward_ms_median", median_of(fwd_ms)},
-                      {"backward_ms_median", median_of(bwd_ms)},
-                      {"optimizer_ms_median", median_of(opt_ms)},
-                      {"tokens_per_s", (double)N / (median / 1000.0)},
-                      {"gflop_per_step", step_flops / 1e9},
-                      {"achieved_gflops", step_flops / (median / 1000.0) / 1e9},
+                      {"tokens_per_s", global_tokens / (median / 1000.0)},
+                      {"gflop_per_step", flops_per_token * global_tokens / 1e9},
+                      {"achieved_gflops", flops_per_token * global_tokens / (median / 1000.0) / 1e9},
+                      {"comm_bytes_per_step_per_rank", comm_per_step},
                       {"flops_convention", "6*N_matmul + 12*L*d*T per token (PaLM B)"}};
-  std::printf("%s\n", j.dump().c_str());
+  if (world.rank() == 0) std::printf("%s\n", j.dump().c_str());
 }
 
 }  // namespace llmt

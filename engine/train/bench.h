@@ -1,8 +1,10 @@
 // `llmt bench`: whole training steps (forward, backward, gradient norm, AdamW) on synthetic tokens,
-// timed one by one after warm-up; prints one JSON line. Speed is measured here, never in a test.
+// timed one by one after warm-up, on every rank of the job through FSDP; rank 0 prints one JSON
+// line. Speed is measured here, never in a test.
 #pragma once
 #include <string>
 
+#include "engine/dist/launch.h"
 #include "engine/train/flags.h"
 
 namespace llmt {
@@ -14,10 +16,12 @@ struct BenchArgs {
   int seq_len = 64;
   int steps = 10;
   int warmup = 2;
-  int threads = 0;
+  int threads = 0;              // per rank; 0 = this rank's share of the node's cores
+  std::string fsdp;             // as llmt train's --fsdp ("" = no_shard)
+  bool gradient_checkpointing = false;
 };
 
 BenchArgs parse_bench_args(Flags& flags);
-void run_bench(const BenchArgs& args);
+void run_bench(const BenchArgs& args, Communicator& world, const LaunchInfo& launch);
 
 }  // namespace llmt

@@ -1,24 +1,40 @@
 #include "engine/train/trainer.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
 #include <fstream>
 #include <memory>
+#include <thread>
 #include <vector>
 
-#include "data/text_blocks.h"
+#include "data/byte_tokenizer.h"
+#include "data/sampler.h"
+#include "data/tokenizer.h"
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
+#include "engine/fsdp/fsdp.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/schedule.h"
+#include "engine/train/step.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
 
 namespace llmt {
+
+// Flags that only mean something to other launchers: accepted so their commands run unchanged,
+// each with a warning that says it is ignored.
+static const char* kIgnoredFlags[] = {"use_habana", "use_lazy_mode", "use_hpu_graphs", "use_hpu_graphs_for_inference",
+                                      "use_hpu_graphs_for_training", "gaudi_config_name", "deepspeed", "report_to"};
 
 TrainArgs parse_train_args(Flags& f) {
   TrainArgs a;
@@ -26,13 +42,25 @@ TrainArgs parse_train_args(Flags& f) {
   a.threads = f.get_int("threads", a.threads);
   a.model_name_or_path = f.get_string("model_name_or_path", "");
   a.model_config = f.get_string("model_config", "");
-  a.train_file = f.get_string("train_file", "");
+  a.tokenizer_name_or_path = f.get_string("tokenizer_name_or_path", "");
+  a.data.data_path = f.get_string("data_path", "");
+  a.data.dataset_name = f.get_string("dataset_name", "");
+  a.data.dataset_config_name = f.get_string("dataset_config_name", "");
+  a.data.dataset_dir = f.get_string("dataset_dir", "");
+  a.data.train_file = f.get_string("train_file", "");
+  a.data.validation_file = f.get_string("validation_file", "");
+  a.data.block_size = f.get_int("block_size", 0);
+  a.data.model_max_length = f.get_int("model_max_length", a.data.model_max_length);
+  a.data.instruction_field = f.get_string("alpaca_instruction_field", a.data.instruction_field);
+  a.data.input_field = f.get_string("alpaca_input_field", a.data.input_field);
+  a.data.output_field = f.get_string("alpaca_output_field", a.data.output_field);
+  a.data.cache_dir = f.get_string("cache_dir", "");
   a.output_dir = f.get_string("output_dir", "");
   a.max_steps = f.get_int64("max_steps", a.max_steps);
   a.num_train_epochs = f.get_double("num_train_epochs", a.num_train_epochs);
   a.per_device_train_batch_size = f.get_int("per_device_train_batch_size", a.per_device_train_batch_size);
+  a.per_device_eval_batch_size = f.get_int("per_device_eval_batch_size", a.per_device_eval_batch_size);
   a.gradient_accumulation_steps = f.get_int("gradient_accumulation_steps", a.gradient_accumulation_steps);
-  a.block_size = f.get_int("block_size", a.block_size);
   a.learning_rate = f.get_double("learning_rate", a.learning_rate);
   a.weight_decay = f.get_double("weight_decay", a.weight_decay);
   a.adam_beta1 = f.get_double("adam_beta1", a.adam_beta1);
@@ -43,19 +71,38 @@ TrainArgs parse_train_args(Flags& f) {
   a.warmup_ratio = f.get_double("warmup_ratio", a.warmup_ratio);
   a.warmup_steps = f.get_int64("warmup_steps", a.warmup_steps);
   a.logging_steps = f.get_int("logging_steps", a.logging_steps);
+  a.throughput_warmup_steps = f.get_int("throughput_warmup_steps", a.throughput_warmup_steps);
+  a.fsdp = f.get_string("fsdp", a.fsdp);
+  a.fsdp_transformer_layer_cls_to_wrap = f.get_string("fsdp_transformer_layer_cls_to_wrap", "");
+  a.hybrid_shard_group_size = f.get_int("hybrid_shard_group_size", 0);
+  a.gradient_checkpointing = f.get_bool("gradient_checkpointing", false);
+  a.do_eval = f.get_bool("do_eval", false);
+  a.evaluation_strategy = f.get_string("evaluation_strategy", f.get_string("eval_strategy", a.evaluation_strategy));
+  a.eval_steps = f.get_int64("eval_steps", 0);
+  a.save_strategy = f.get_string("save_strategy", a.save_strategy);
+  a.save_steps = f.get_int64("save_steps", a.save_steps);
+  a.save_total_limit = f.get_int("save_total_limit", 0);
   a.seed = (uint64_t)f.get_int64("seed", (long long)a.seed);
   a.bf16 = f.get_bool("bf16", a.bf16);
   a.tf32 = f.get_bool("tf32", a.tf32);
-  f.get_bool("do_train", true);  // training is what `llmt train` does; accepted for command compatibility
+  LLMT_CHECK(f.get_bool("do_train", true), "--do_train False: llmt train always trains");
+  for (const char* name : kIgnoredFlags)
+    if (f.has(name)) {
+      f.get_string(name, "");
+      log_warn("--%s only matters to other launchers; llmt ignores it", name);
+    }
 
   LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got \"%s\"", a.device.c_str());
   LLMT_CHECK(a.model_name_or_path.empty() != a.model_config.empty(),
              "give exactly one of --model_name_or_path (a Hugging Face directory) or --model_config (a preset or "
              "config.json, randomly initialised)");
-  LLMT_CHECK(!a.train_file.empty(), "--train_file is required (a plain text file)");
+  int sources = !a.data.data_path.empty() + !a.data.dataset_name.empty() + !a.data.train_file.empty();
+  LLMT_CHECK(sources == 1, "give exactly one training data source: --data_path (Alpaca JSON), --dataset_name "
+                           "(wikitext, with --dataset_dir), or --train_file (plain text)");
   LLMT_CHECK(!a.output_dir.empty(), "--output_dir is required");
   LLMT_CHECK(a.per_device_train_batch_size > 0, "--per_device_train_batch_size must be positive, got %d",
              a.per_device_train_batch_size);
+  LLMT_CHECK(a.per_device_eval_batch_size >= 0, "--per_device_eval_batch_size must not be negative");
   LLMT_CHECK(a.gradient_accumulation_steps > 0, "--gradient_accumulation_steps must be positive, got %d",
              a.gradient_accumulation_steps);
   LLMT_CHECK(a.learning_rate >= 0.0, "--learning_rate must not be negative, got %g", a.learning_rate);
@@ -63,6 +110,14 @@ TrainArgs parse_train_args(Flags& f) {
              "nothing to train: --max_steps or --num_train_epochs must be positive");
   LLMT_CHECK(a.logging_steps > 0, "--logging_steps must be positive");
   LLMT_CHECK(a.max_grad_norm >= 0.0, "--max_grad_norm must not be negative");
+  LLMT_CHECK(a.throughput_warmup_steps >= 0, "--throughput_warmup_steps must not be negative");
+  LLMT_CHECK(a.evaluation_strategy == "no" || a.evaluation_strategy == "steps" || a.evaluation_strategy == "epoch",
+             "--evaluation_strategy must be no, steps or epoch, got \"%s\"", a.evaluation_strategy.c_str());
+  LLMT_CHECK(a.save_strategy == "no" || a.save_strategy == "steps" || a.save_strategy == "epoch",
+             "--save_strategy must be no, steps or epoch, got \"%s\"", a.save_strategy.c_str());
+  LLMT_CHECK(a.save_strategy != "steps" || a.save_steps > 0, "--save_steps must be positive");
+  LLMT_CHECK(a.save_total_limit >= 0, "--save_total_limit must not be negative");
+  parse_fsdp(a.fsdp);  // validates the spelling now, before any rank starts work
   return a;
 }
 
@@ -70,6 +125,12 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double peak_rss_gib() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / (1024.0 * 1024.0);  // ru_maxrss is in KiB on Linux
 }
 
 void make_dir(const std::string& dir) {
@@ -82,120 +143,313 @@ void make_dir(const std::string& dir) {
   std::remove(probe.c_str());
 }
 
+void remove_tree(const std::string& path) {
+  DIR* d = opendir(path.c_str());
+  if (d) {
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      remove_tree(path + "/" + name);
+    }
+    closedir(d);
+  }
+  std::remove(path.c_str());
+}
+
+// The checkpoint-<step> directories in output_dir, oldest first.
+std::vector<int64_t> checkpoint_steps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return steps;
+  while (dirent* e = readdir(d)) {
+    long long step;
+    char tail;
+    if (std::sscanf(e->d_name, "checkpoint-%lld%c", &step, &tail) == 1) steps.push_back(step);
+  }
+  closedir(d);
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::unique_ptr<Tokenizer> pick_tokenizer(const TrainArgs& a, const ModelConfig& cfg) {
+  std::string name = a.tokenizer_name_or_path.empty() ? a.model_name_or_path : a.tokenizer_name_or_path;
+  LLMT_CHECK(!name.empty(), "no tokenizer: give --tokenizer_name_or_path (a tokenizer directory or file, or \"bytes\" "
+                            "for byte-level ids 0..255)");
+  std::unique_ptr<Tokenizer> tok = name == "bytes" ? make_byte_tokenizer() : load_tokenizer(name);
+  LLMT_CHECK(tok->vocab_size() <= cfg.vocab_size,
+             "the tokenizer (%s, %d ids) does not fit the model's vocabulary of %d", name.c_str(), tok->vocab_size(),
+             cfg.vocab_size);
+  return tok;
+}
+
+// Everything one run holds, so the loop below reads as the step it is.
+struct Run {
+  const TrainArgs& a;
+  Communicator& world;
+  const LaunchInfo& launch;
+  ModelConfig cfg;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<FsdpStore> store;
+  std::unique_ptr<Tokenizer> tok;
+  TokenDataset train, eval;
+  int B = 0, T = 0, pad_id = 0;
+  std::ofstream metrics;
+};
+
+// Mean loss over every token counted on every rank.
+double evaluate(Run& r) {
+  const int B = r.B, W = r.world.size(), rank = r.world.rank();
+  const int64_t n = r.eval.size(), per_round = (int64_t)W * B;
+  const int64_t rounds = (n + per_round - 1) / per_round;  // the same on every rank: forward is collective
+  std::vector<int32_t> tokens, targets;
+  double loss_sum = 0.0, counted = 0.0;
+  for (int64_t round = 0; round < rounds; round++) {
+    std::vector<int64_t> idx;
+    for (int b = 0; b < B; b++) {
+      int64_t i = round * per_round + (int64_t)rank * B + b;
+      if (i < n) idx.push_back(i);
+    }
+    int T = 1;
+    if (!idx.empty()) T = collate(r.eval, idx, r.pad_id, tokens, targets);
+    T = std::min(T, r.T);
+    // rows past the examples (the last round) are padding with no targets
+    std::vector<int32_t> tok_full((size_t)B * T, r.pad_id), tgt_full((size_t)B * T, -100);
+    for (size_t b = 0; b < idx.size(); b++)
+      for (int t = 0; t < T; t++) {
+        tok_full[b * T + t] = tokens[b * T + t];
+        tgt_full[b * T + t] = targets[b * T + t];
+      }
+    for (int32_t t : tgt_full) counted += t != -100;
+    loss_sum += r.model->forward(*r.store, tok_full.data(), tgt_full.data(), false, 0.0f, T);
+  }
+  loss_sum = r.world.all_reduce_sum(loss_sum);
+  counted = r.world.all_reduce_sum(counted);
+  return counted > 0 ? loss_sum / counted : NAN;
+}
+
+// Writes the model as a Hugging Face directory: every rank gathers, rank 0 writes.
+void save_model(Run& r, const std::string& dir) {
+  const ModelLayout& L = r.model->layout();
+  std::vector<std::vector<float>> host(L.units.size());
+  for (size_t u = 0; u < L.units.size(); u++) {
+    host[u].resize((size_t)L.units[u].numel);
+    r.store->get_unit((int)u, host[u].data());
+  }
+  if (r.world.rank() == 0) {
+    std::vector<const float*> ptrs;
+    for (auto& h : host) ptrs.push_back(h.data());
+    save_hf_model(dir, r.cfg, L, ptrs, r.a.bf16 ? "BF16" : "F32");
+  }
+  r.world.barrier();
+}
+
+// output_dir/checkpoint-<step>: written under a temporary name and renamed, so it is complete or
+// absent; then the oldest beyond save_total_limit are removed.
+void save_checkpoint(Run& r, int64_t step) {
+  std::string final_dir = r.a.output_dir + "/checkpoint-" + std::to_string(step);
+  std::string tmp_dir = final_dir + ".tmp";
+  if (r.world.rank() == 0) remove_tree(tmp_dir);
+  save_model(r, tmp_dir);
+  if (r.world.rank() == 0) {
+    remove_tree(final_dir);
+    LLMT_CHECK(std::rename(tmp_dir.c_str(), final_dir.c_str()) == 0, "cannot rename %s to %s: %s", tmp_dir.c_str(),
+               final_dir.c_str(), std::strerror(errno));
+    std::vector<int64_t> steps = checkpoint_steps(r.a.output_dir);
+    for (size_t i = 0; r.a.save_total_limit > 0 && i + r.a.save_total_limit < steps.size(); i++)
+      remove_tree(r.a.output_dir + "/checkpoint-" + std::to_string(steps[i]));
+    log_info("saved  %s", final_dir.c_str());
+  }
+  r.world.barrier();
+}
+
 }  // namespace
 
-void run_training(const TrainArgs& a) {
+void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& launch) {
   LLMT_CHECK(a.device == "cpu", "--device cuda: the CUDA backend is not built into llmt yet (only its first kernels); "
                                 "use --device cpu");
   if (a.bf16 || a.tf32)
-    log_warn("--bf16/--tf32 select CUDA compute precisions; the CPU backend computes in fp32%s",
-             a.bf16 ? " (the saved model is still written in bf16)" : "");
-  make_dir(a.output_dir);
+    log_info("note   --bf16/--tf32 select CUDA compute precisions; the CPU backend computes in fp32%s",
+             a.bf16 ? " (saved models are written in bf16)" : "");
+  Strategy strategy = parse_fsdp(a.fsdp);
+  Run r{a, world, launch, {}, nullptr, nullptr, nullptr, nullptr, {}, {}, 0, 0, 0, {}};
+  if (world.rank() == 0) make_dir(a.output_dir);
+  world.barrier();
+  log_info("%s", describe_layout(launch, a.device).c_str());
 
   // model
   const bool from_hf = !a.model_name_or_path.empty();
-  ModelConfig cfg = resolve_model_config(from_hf ? a.model_name_or_path : a.model_config);
-  LLMT_CHECK(cfg.vocab_size >= 256, "the byte-level text data needs a vocabulary of at least 256 ids, the model has %d",
-             cfg.vocab_size);
-  const int T = a.block_size > 0 ? a.block_size : std::min(1024, cfg.max_seq_len);
-  const int B = a.per_device_train_batch_size;
-  LLMT_CHECK(T <= cfg.max_seq_len, "--block_size %d exceeds the model's context of %d", T, cfg.max_seq_len);
-  std::unique_ptr<Backend> be = make_cpu_backend(a.threads);
-  Transformer model(cfg, *be, B, T);
-  const ModelLayout& L = model.layout();
-  FullUnitStore store(*be, L);
-  if (from_hf) {
-    SafetensorsCheckpoint ckpt(a.model_name_or_path);
-    check_hf_tensors(ckpt, cfg, L, a.model_name_or_path);
-    for (size_t u = 0; u < L.units.size(); u++) load_hf_unit(ckpt, cfg, L, (int)u, store.params((int)u));
-  } else {
-    for (size_t u = 0; u < L.units.size(); u++) init_unit_params(cfg, L.units[u], (int)u, a.seed, store.params((int)u));
+  r.cfg = resolve_model_config(from_hf ? a.model_name_or_path : a.model_config);
+  const ModelConfig& cfg = r.cfg;
+  if (!a.fsdp_transformer_layer_cls_to_wrap.empty()) {
+    const char* want = cfg.arch == Arch::gpt2 ? "GPT2Block" : "LlamaDecoderLayer";
+    LLMT_CHECK(a.fsdp_transformer_layer_cls_to_wrap == want,
+               "--fsdp_transformer_layer_cls_to_wrap %s: a %s model's layers are %s", a.fsdp_transformer_layer_cls_to_wrap.c_str(),
+               cfg.arch_name(), want);
   }
+  r.tok = pick_tokenizer(a, cfg);
+  int threads = a.threads;
+  if (threads <= 0) threads = std::max(1, (int)std::thread::hardware_concurrency() / launch.local_size);
+  r.be = make_cpu_backend(threads);
+
+  // data
+  DataArgs da = a.data;
+  if (da.block_size <= 0) da.block_size = std::min(1024, cfg.max_seq_len);
+  LLMT_CHECK(da.block_size <= cfg.max_seq_len, "--block_size %d exceeds the model's context of %d", da.block_size,
+             cfg.max_seq_len);
+  if (da.tokenizer_path.empty() && a.tokenizer_name_or_path != "bytes")
+    da.tokenizer_path = a.tokenizer_name_or_path.empty() ? a.model_name_or_path : a.tokenizer_name_or_path;
+  r.train = load_train_dataset(da, *r.tok, world.rank(), world.size());
+  if (a.do_eval || a.evaluation_strategy != "no") {
+    r.eval = load_eval_dataset(da, *r.tok, world.rank(), world.size());
+    LLMT_CHECK(!r.eval.empty(), "--do_eval / --evaluation_strategy: there is no evaluation data (--validation_file, or "
+                                "a dataset with a validation split)");
+  }
+  r.pad_id = default_pad_id(*r.tok);
+  r.B = a.per_device_train_batch_size;
+  r.T = (int)std::min<int64_t>(r.train.max_length(), cfg.max_seq_len);
+  if (!r.eval.empty()) r.T = (int)std::min<int64_t>(std::max<int64_t>(r.T, r.eval.max_length()), cfg.max_seq_len);
+  LLMT_CHECK(a.per_device_eval_batch_size <= r.B,
+             "--per_device_eval_batch_size %d: llmt evaluates with the training activations, so at most "
+             "--per_device_train_batch_size (%d)", a.per_device_eval_batch_size, r.B);
+
+  r.model = std::make_unique<Transformer>(cfg, *r.be, r.B, r.T, a.gradient_checkpointing);
+  const ModelLayout& L = r.model->layout();
+  int local_size = a.hybrid_shard_group_size > 0 ? a.hybrid_shard_group_size : launch.local_size;
+  r.store = std::make_unique<FsdpStore>(*r.be, L, strategy, world, local_size);
+  {
+    std::unique_ptr<SafetensorsCheckpoint> ckpt;
+    if (from_hf) {
+      ckpt = std::make_unique<SafetensorsCheckpoint>(a.model_name_or_path);
+      check_hf_tensors(*ckpt, cfg, L, a.model_name_or_path);
+    }
+    std::vector<float> host;
+    for (size_t u = 0; u < L.units.size(); u++) {  // one unit at a time: no rank holds the whole model
+      host.assign((size_t)L.units[u].numel, 0.0f);
+      if (ckpt) load_hf_unit(*ckpt, cfg, L, (int)u, host.data());
+      else init_unit_params(cfg, L.units[u], (int)u, a.seed, host.data());
+      r.store->set_unit((int)u, host.data());
+    }
+  }
+  const ShardGroups& g = r.store->groups();
   log_info("model  %s, %.2fM parameters (%s)", cfg.describe().c_str(), L.total_numel / 1e6,
            from_hf ? a.model_name_or_path.c_str() : "random init");
+  log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (master, grad, m, v), "
+           "activations %.1f MiB%s",
+           strategy_name(strategy), g.shard_size, g.shard_size == 1 ? "" : "s", g.replica_size,
+           g.replica_size == 1 ? "" : "s", r.store->persistent_bytes() / 1048576.0,
+           Transformer::activation_bytes(cfg, r.B, r.T, a.gradient_checkpointing) / 1048576.0,
+           a.gradient_checkpointing ? " (gradient checkpointing)" : "");
 
-  // data and schedule
-  TextBlocks data(a.train_file, T);
-  const int64_t micro_per_epoch = data.steps_per_epoch(B);
-  LLMT_CHECK(micro_per_epoch >= a.gradient_accumulation_steps,
-             "%s: %lld blocks of %d tokens fill fewer than one step of %d x %d sequences", a.train_file.c_str(),
-             (long long)data.num_blocks(), T, B, a.gradient_accumulation_steps);
-  const int64_t steps_per_epoch = micro_per_epoch / a.gradient_accumulation_steps;
+  // schedule
+  const int accum = a.gradient_accumulation_steps, W = world.size();
+  Sampler sampler(r.train.size(), W, world.rank(), r.B, accum, a.seed);
+  const int64_t steps_per_epoch = sampler.steps_per_epoch();
+  LLMT_CHECK(steps_per_epoch > 0, "%lld training examples fill no global batch of %d ranks x %d x %d accumulation",
+             (long long)r.train.size(), W, r.B, accum);
   const int64_t total_steps =
       a.max_steps > 0 ? a.max_steps : (int64_t)std::ceil(a.num_train_epochs * (double)steps_per_epoch);
   Schedule sched = make_schedule(a.lr_scheduler_type, total_steps, a.warmup_steps, a.warmup_ratio);
-  log_info("data   %s: %lld tokens, %lld blocks of %d, %lld steps/epoch of %d x %d sequences", a.train_file.c_str(),
-           (long long)data.num_tokens(), (long long)data.num_blocks(), T, (long long)steps_per_epoch, B,
-           a.gradient_accumulation_steps);
-  log_info("train  %lld steps, lr %g (%s, %lld warmup), device cpu, %d threads", (long long)total_steps,
-           a.learning_rate, sched.type.c_str(), (long long)sched.warmup_steps, be->threads());
-
+  log_info("train  %lld steps (%lld per epoch), global batch %d x %d x %d = %d sequences, lr %g (%s, %lld warmup), "
+           "%d threads per rank",
+           (long long)total_steps, (long long)steps_per_epoch, W, r.B, accum, W * r.B * accum, a.learning_rate,
+           sched.type.c_str(), (long long)sched.warmup_steps, threads);
   AdamWConfig oc;
   oc.beta1 = (float)a.adam_beta1;
   oc.beta2 = (float)a.adam_beta2;
   oc.eps = (float)a.adam_epsilon;
   oc.weight_decay = (float)a.weight_decay;
-  AdamW opt(*be, L, oc);
-  std::vector<float*> params, grads;
-  for (size_t u = 0; u < L.units.size(); u++) params.push_back(store.params((int)u)), grads.push_back(store.grads((int)u));
+  if (world.rank() == 0) r.metrics.open(a.output_dir + "/metrics.jsonl", std::ios::app);
+  // A live progress line on a terminal; not under mpirun or srun, whose ranks' output may look like a
+  // terminal but ends up in logs.
+  const bool live = world.rank() == 0 && isatty(fileno(stdout)) && launch.launcher == "single process";
 
-  std::ofstream metrics(a.output_dir + "/metrics.jsonl", std::ios::app);
-  const int accum = a.gradient_accumulation_steps;
-  std::vector<int32_t> tokens((size_t)accum * B * T), targets((size_t)accum * B * T);
-  const double flops_per_token = 6.0 * (double)L.matmul_numel + 12.0 * cfg.n_layer * cfg.d_model * T;
-  double window_start = now_s(), window_loss = 0.0;
-  int64_t window_tokens = 0, window_steps = 0;
+  // FLOPs per token by the PaLM convention (DESIGN.md); no peak figure exists for CPUs, so no MFU there.
+  const double flops_per_token = 6.0 * (double)L.matmul_numel + 12.0 * cfg.n_layer * cfg.d_model * r.T;
+  std::vector<std::vector<int32_t>> tokens(accum), targets(accum);
+  double window_start = now_s(), window_loss = 0.0, run_start = 0.0;
+  int64_t window_tokens = 0, window_steps = 0, run_tokens = 0;
+  const double comm_before = world.stats().total() + r.store->comm_bytes();
+  double comm_first_step = 0.0;
+  // Fault injection for the tests: LLMT_FAIL_AT_STEP=rank:step makes that rank fail at that step.
+  int fail_rank = -1;
+  long long fail_step = -1;
+  if (const char* f = std::getenv("LLMT_FAIL_AT_STEP")) std::sscanf(f, "%d:%lld", &fail_rank, &fail_step);
   for (int64_t step = 0; step < total_steps; step++) {
-    // fetch the step's micro-batches first: the loss is a mean over every counted token of the step
-    int64_t epoch = 0, counted = 0;
+    LLMT_CHECK(!(world.rank() == fail_rank && step + 1 == fail_step), "injected failure (LLMT_FAIL_AT_STEP) at step %lld",
+               (long long)step + 1);
+    if (step == a.throughput_warmup_steps) run_start = now_s(), run_tokens = 0;
+    std::vector<MicroBatch> micro;
+    int64_t step_tokens = 0;
     for (int m = 0; m < accum; m++) {
-      int64_t off = (int64_t)m * B * T;
-      epoch = data.batch(step * accum + m, B, a.seed, tokens.data() + off, targets.data() + off);
+      int len = collate(r.train, sampler.indices(step, m), r.pad_id, tokens[m], targets[m]);
+      LLMT_CHECK(len <= r.T, "internal: batch length %d over %d", len, r.T);
+      micro.push_back({tokens[m].data(), targets[m].data(), len});
+      step_tokens += (int64_t)r.B * len;
     }
-    for (int32_t t : targets) counted += t != -100;
-    store.zero_grads();
-    double loss_sum = 0.0;
-    for (int m = 0; m < accum; m++) {
-      int64_t off = (int64_t)m * B * T;
-      loss_sum += model.forward(store, tokens.data() + off, targets.data() + off, true, 1.0f / (float)counted);
-      model.backward(store);
-    }
-    double sq = 0.0;
-    for (size_t u = 0; u < L.units.size(); u++) sq += be->sum_squares(Tensor(grads[u], DType::f32, {L.units[u].numel}), L.units[u].numel);
-    double grad_norm = std::sqrt(sq);
-    LLMT_CHECK(std::isfinite(grad_norm) && std::isfinite(loss_sum),
-               "step %lld: the loss or gradient is not finite (loss %g, grad norm %g); stopping", (long long)step + 1,
-               loss_sum / counted, grad_norm);
-    float clip = a.max_grad_norm > 0.0 && grad_norm > a.max_grad_norm ? (float)(a.max_grad_norm / (grad_norm + 1e-6)) : 1.0f;
     double lr = a.learning_rate * sched.multiplier(step);
-    opt.step(params, grads, (float)lr, clip);
+    StepResult res = train_step(*r.model, *r.store, world, micro, (float)lr, oc, a.max_grad_norm);
+    const double loss = res.loss, grad_norm = res.grad_norm;
+    if (step == 0) comm_first_step = world.stats().total() + r.store->comm_bytes() - comm_before;
 
-    window_loss += loss_sum / counted;
-    window_tokens += (int64_t)accum * B * T;
+    const int64_t global_tokens = step_tokens * W;
+    window_loss += loss;
+    window_tokens += global_tokens;
+    run_tokens += global_tokens;
     window_steps++;
+    const double epoch = (double)(step + 1) / steps_per_epoch;
+    if (live) {
+      std::printf("\r  step %lld/%lld  loss %.4f  ", (long long)step + 1, (long long)total_steps, loss);
+      std::fflush(stdout);
+    }
     if ((step + 1) % a.logging_steps == 0 || step + 1 == total_steps) {
-      double dt = now_s() - window_start;
-      double tps = window_tokens / dt;
-      double loss = window_loss / window_steps;
-      log_info("step %6lld/%lld | epoch %.2f | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | %.0f ms/step",
-               (long long)step + 1, (long long)total_steps, (double)(step + 1) / steps_per_epoch, loss, lr, grad_norm,
-               tps, 1000.0 * dt / window_steps);
-      metrics << nlohmann::json{{"step", step + 1},       {"epoch", (double)(step + 1) / steps_per_epoch},
-                                {"loss", loss},           {"learning_rate", lr},
-                                {"grad_norm", grad_norm}, {"tokens_per_s", tps},
-                                {"data_epoch", epoch},    {"flops_per_token", flops_per_token}}
-                     .dump()
-              << "\n";
-      metrics.flush();
+      double dt = now_s() - window_start, tps = window_tokens / dt, mean_loss = window_loss / window_steps;
+      if (live) std::printf("\r");
+      log_info("step %6lld/%lld | epoch %.2f | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s (%.0f per rank) | "
+               "%.0f ms/step | rss %.2f GiB",
+               (long long)step + 1, (long long)total_steps, epoch, mean_loss, lr, grad_norm, tps, tps / W,
+               1000.0 * dt / window_steps, peak_rss_gib());
+      if (r.metrics.is_open()) {
+        r.metrics << nlohmann::json{{"step", step + 1},        {"epoch", epoch},
+                                    {"loss", mean_loss},       {"learning_rate", lr},
+                                    {"grad_norm", grad_norm},  {"tokens_per_s", tps},
+                                    {"tokens_per_s_per_rank", tps / W},
+                                    {"gflops_per_rank", tps / W * flops_per_token / 1e9},
+                                    {"peak_rss_gib", peak_rss_gib()}}
+                         .dump()
+                  << "\n";
+        r.metrics.flush();
+      }
       window_start = now_s();
       window_loss = 0.0;
       window_tokens = window_steps = 0;
     }
+    bool epoch_end = (step + 1) % steps_per_epoch == 0;
+    bool eval_now = (a.evaluation_strategy == "steps" && a.eval_steps > 0 && (step + 1) % a.eval_steps == 0) ||
+                    (a.evaluation_strategy == "epoch" && epoch_end);
+    if (eval_now) {
+      double el = evaluate(r);
+      log_info("eval   step %lld | eval_loss %.4f | perplexity %.3f", (long long)step + 1, el, std::exp(el));
+      if (r.metrics.is_open())
+        r.metrics << nlohmann::json{{"step", step + 1}, {"eval_loss", el}, {"perplexity", std::exp(el)}}.dump() << "\n";
+    }
+    bool save_now = (a.save_strategy == "steps" && (step + 1) % a.save_steps == 0) ||
+                    (a.save_strategy == "epoch" && epoch_end);
+    if (save_now) save_checkpoint(r, step + 1);
   }
-
-  std::vector<const float*> host;
-  for (size_t u = 0; u < L.units.size(); u++) host.push_back(store.params((int)u));
-  save_hf_model(a.output_dir, cfg, L, host, a.bf16 ? "BF16" : "F32");
+  double run_s = now_s() - run_start;
+  if (total_steps > a.throughput_warmup_steps)
+    log_info("done   %.0f tok/s over steps %d..%lld (%.0f per rank), %.1f MiB communicated per rank in step 1, "
+             "peak gathered buffers %.1f MiB, peak rss %.2f GiB",
+             run_tokens / run_s, a.throughput_warmup_steps + 1, (long long)total_steps, run_tokens / run_s / W,
+             comm_first_step / 1048576.0, r.store->peak_gathered_bytes() / 1048576.0, peak_rss_gib());
+  if (a.do_eval) {
+    double el = evaluate(r);
+    log_info("eval   eval_loss %.4f | perplexity %.3f", el, std::exp(el));
+    if (r.metrics.is_open())
+      r.metrics << nlohmann::json{{"step", total_steps}, {"eval_loss", el}, {"perplexity", std::exp(el)}}.dump() << "\n";
+  }
+  save_model(r, a.output_dir);
   log_info("saved  %s (config.json, model.safetensors)", a.output_dir.c_str());
 }
 

@@ -9,26 +9,28 @@ trap 'rm -rf "$work"' EXIT
 cat /usr/share/common-licenses/* > "$work/corpus.txt" 2>/dev/null || true
 [ -s "$work/corpus.txt" ] || { for i in $(seq 2000); do echo "the quick brown fox $i jumps over the lazy dog"; done > "$work/corpus.txt"; }
 
-"$llmt" train --model_config gpt2-tiny --train_file "$work/corpus.txt" --output_dir "$work/run1" \
-  --block_size 64 --per_device_train_batch_size 8 --learning_rate 3e-3 --max_steps 60 --logging_steps 10 \
+"$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" \
+  --output_dir "$work/run1" --save_strategy steps --save_steps 20 --save_total_limit 2 --block_size 64 --per_device_train_batch_size 8 --learning_rate 3e-3 --max_steps 60 --logging_steps 10 \
   --lr_scheduler_type constant --threads 2
-for f in config.json model.safetensors metrics.jsonl; do
+for f in config.json model.safetensors metrics.jsonl checkpoint-40/model.safetensors checkpoint-60/config.json; do
   [ -s "$work/run1/$f" ] || { echo "FAIL: $f was not written"; exit 1; }
 done
+[ ! -e "$work/run1/checkpoint-20" ] || { echo "FAIL: save_total_limit 2 kept checkpoint-20 beside 40 and 60"; exit 1; }
+ls "$work/run1" | grep -q tmp && { echo "FAIL: a temporary checkpoint was left behind"; exit 1; }
 first=$(head -n 1 "$work/run1/metrics.jsonl" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
 last=$(tail -n 1 "$work/run1/metrics.jsonl" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
 echo "loss over the first 10 steps $first, over the last 10 $last"
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' || { echo "FAIL: the loss did not fall"; exit 1; }
 
 # continue from the saved Hugging Face directory
-"$llmt" train --model_name_or_path "$work/run1" --train_file "$work/corpus.txt" --output_dir "$work/run2" \
-  --block_size 64 --per_device_train_batch_size 8 --max_steps 2 --logging_steps 1 --threads 2
+"$llmt" train --model_name_or_path "$work/run1" --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" \
+  --output_dir "$work/run2" --save_strategy no --block_size 64 --per_device_train_batch_size 8 --max_steps 2 --logging_steps 1 --threads 2
 
 # bad input fails, naming what is wrong
-if "$llmt" train --model_config gpt2-tiny --train_file "$work/corpus.txt" --output_dir "$work/run3" \
+if "$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --output_dir "$work/run3" \
      --no_such_flag 1 2> "$work/err.txt"; then echo "FAIL: an unknown flag was accepted"; exit 1; fi
 grep -q -- "--no_such_flag" "$work/err.txt" || { echo "FAIL: the error does not name the flag"; cat "$work/err.txt"; exit 1; }
-if "$llmt" train --model_config gpt2-tiny --train_file "$work/missing.txt" --output_dir "$work/run4" 2> "$work/err.txt"; then
+if "$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/missing.txt" --output_dir "$work/run4" 2> "$work/err.txt"; then
   echo "FAIL: a missing train file was accepted"; exit 1
 fi
 grep -q "missing.txt" "$work/err.txt" || { echo "FAIL: the error does not name the file"; exit 1; }

@@ -1,0 +1,239 @@
+#include "data/alpaca.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "data/tokenizer.h"
+#include "engine/core/error.h"
+#include "engine/core/log.h"
+
+namespace llmt {
+
+using json = nlohmann::json;
+
+// tatsu-lab/stanford_alpaca train.py, PROMPT_DICT, byte for byte.
+const char* const kAlpacaPromptInput =
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:";
+const char* const kAlpacaPromptNoInput =
+    "Below is an instruction that describes a task. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:";
+
+// Literal substitution of "{name}" marks (what str.format_map does with these templates: the values
+// themselves are never re-read as templates).
+static std::string fill(const char* tmpl, const AlpacaRecord& r) {
+  std::string out;
+  for (const char* p = tmpl; *p;) {
+    if (std::strncmp(p, "{instruction}", 13) == 0) out += r.instruction, p += 13;
+    else if (std::strncmp(p, "{input}", 7) == 0) out += r.input, p += 7;
+    else out += *p++;
+  }
+  return out;
+}
+
+std::string alpaca_prompt(const AlpacaRecord& r) {
+  return fill(r.input.empty() ? kAlpacaPromptNoInput : kAlpacaPromptInput, r);
+}
+
+// A short, one-line view of a record for error messages.
+static std::string snippet(const json& j) {
+  std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 100) s = s.substr(0, 97) + "...";
+  return s;
+}
+
+// `where` is "record 12" or "line 40 (record 39)".
+static AlpacaRecord to_record(const json& j, const DataArgs& f, const std::string& what, const std::string& where) {
+  LLMT_CHECK(j.is_object(), "%s: %s is a JSON %s, expected an object with \"%s\" and \"%s\" fields: %s", what.c_str(),
+             where.c_str(), j.type_name(), f.instruction_field.c_str(), f.output_field.c_str(), snippet(j).c_str());
+  // The field's string; "" with *found = false when absent; null counts as absent only where allowed.
+  auto field = [&](const std::string& name, bool null_ok, bool* found) -> std::string {
+    auto it = j.find(name);
+    *found = it != j.end() && !(null_ok && it->is_null());
+    if (!*found) return "";
+    LLMT_CHECK(it->is_string(), "%s: %s: field \"%s\" is a JSON %s, expected a string: %s", what.c_str(),
+               where.c_str(), name.c_str(), it->type_name(), snippet(j).c_str());
+    return it->get<std::string>();
+  };
+  AlpacaRecord r;
+  bool found;
+  r.instruction = field(f.instruction_field, false, &found);
+  LLMT_CHECK(found, "%s: %s has no \"%s\" field: %s", what.c_str(), where.c_str(), f.instruction_field.c_str(),
+             snippet(j).c_str());
+  r.input = field(f.input_field, true, &found);
+  if (!found && f.input_field == "input") r.input = field("context", true, &found);  // Dolly
+  r.output = field(f.output_field, false, &found);
+  if (!found && f.output_field == "output") r.output = field("response", false, &found);  // GPTeacher, Dolly
+  LLMT_CHECK(found, "%s: %s has no \"%s\" field%s: %s", what.c_str(), where.c_str(), f.output_field.c_str(),
+             f.output_field == "output" ? " (nor \"response\")" : "", snippet(j).c_str());
+  return r;
+}
+
+// nlohmann's message without its own position (which would count lines within one JSON line).
+static std::string parse_message(const json::parse_error& e) {
+  std::string m = e.what();
+  size_t c = m.find(", column ");
+  size_t colon = c == std::string::npos ? std::string::npos : m.find(": ", c);
+  return colon == std::string::npos ? m : m.substr(colon + 2);
+}
+
+std::vector<AlpacaRecord> parse_alpaca(const std::string& text, const std::string& what, const DataArgs& fields) {
+  const int64_t bad = find_invalid_utf8(text);
+  if (bad >= 0) {
+    int64_t line, col;
+    line_and_column(text, bad, &line, &col);
+    fail("%s: invalid UTF-8 at line %lld, column %lld (byte 0x%02x): Alpaca data must be UTF-8 JSON", what.c_str(),
+         (long long)line, (long long)col, (unsigned)(uint8_t)text[bad]);
+  }
+  size_t first = 0;
+  if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) first = 3;  // a UTF-8 byte order mark
+  while (first < text.size() && std::isspace((unsigned char)text[first])) first++;
+  LLMT_CHECK(first < text.size(), "%s: the file is empty: no Alpaca records", what.c_str());
+  std::vector<AlpacaRecord> out;
+  if (text[first] == '[') {  // one JSON array
+    json doc;
+    try {
+      doc = json::parse(text);
+    } catch (const json::parse_error& e) {
+      int64_t line, col;
+      line_and_column(text, e.byte > 0 ? (int64_t)e.byte - 1 : 0, &line, &col);
+      fail("%s: malformed JSON at line %lld, column %lld: %s", what.c_str(), (long long)line, (long long)col,
+           parse_message(e).c_str());
+    }
+    out.reserve(doc.size());
+    for (size_t i = 0; i < doc.size(); i++) out.push_back(to_record(doc[i], fields, what, strformat("record %zu", i)));
+  } else {  // JSON Lines: one object a line, blank lines skipped
+    int64_t line_no = 0;
+    for (size_t s = 0; s < text.size();) {
+      size_t e = text.find('\n', s);
+      if (e == std::string::npos) e = text.size();
+      line_no++;
+      std::string_view line(text.data() + s, e - s);
+      if (line.find_first_not_of(" \t\r") != std::string_view::npos) {
+        json j;
+        try {
+          j = json::parse(line);
+        } catch (const json::parse_error& pe) {
+          fail("%s: malformed JSON at line %lld, column %lld: %s", what.c_str(), (long long)line_no,
+               (long long)(pe.byte > 0 ? pe.byte : 1), parse_message(pe).c_str());
+        }
+        out.push_back(to_record(j, fields, what, strformat("line %lld (record %zu)", (long long)line_no, out.size())));
+      }
+      s = e + 1;
+    }
+  }
+  LLMT_CHECK(!out.empty(), "%s: no Alpaca records (an empty %s)", what.c_str(),
+             text[first] == '[' ? "JSON array" : "JSON Lines file");
+  return out;
+}
+
+std::vector<AlpacaRecord> read_alpaca(const std::string& path, const DataArgs& fields) {
+  std::ifstream f(path, std::ios::binary);
+  LLMT_CHECK(f.good(), "cannot open --data_path %s: %s", path.c_str(), std::strerror(errno));
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  LLMT_CHECK(!f.bad(), "read error in %s", path.c_str());
+  return parse_alpaca(text, path, fields);
+}
+
+TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokenizer& tok, int model_max_length,
+                             CacheStats* st) {
+  LLMT_CHECK(model_max_length >= 1, "model_max_length %d must be >= 1", model_max_length);
+  const int eos = tok.eos_id();
+  LLMT_CHECK(eos >= 0, "Alpaca targets end in EOS, but the %s tokenizer has none", tok.kind().c_str());
+  const int64_t n = (int64_t)recs.size();
+  std::vector<std::vector<int32_t>> prompt((size_t)n), target((size_t)n);
+  const bool parallel = tokenizer_thread_safe(tok);
+  std::string err;
+#pragma omp parallel for schedule(dynamic, 8) if (parallel)
+  for (int64_t i = 0; i < n; i++) {
+    try {
+      std::vector<int32_t>& p = prompt[(size_t)i];
+      if (tok.adds_bos()) p.push_back(tok.bos_id());
+      std::vector<int32_t> body = tok.encode(alpaca_prompt(recs[(size_t)i]));
+      p.insert(p.end(), body.begin(), body.end());
+      target[(size_t)i] = tok.encode(recs[(size_t)i].output);
+      target[(size_t)i].push_back(eos);
+    } catch (const std::exception& e) {
+#pragma omp critical(llmt_alpaca_err)
+      if (err.empty()) err = strformat("record %lld: %s", (long long)i, e.what());
+    }
+  }
+  LLMT_CHECK(err.empty(), "tokenizing Alpaca %s", err.c_str());
+  std::vector<int64_t> offsets((size_t)n + 1, 0);
+  std::vector<int32_t> ids, labels;
+  int64_t truncated = 0, no_target = 0, first_truncated = -1;
+  for (int64_t i = 0; i < n; i++) {
+    const std::vector<int32_t>& p = prompt[(size_t)i];
+    const std::vector<int32_t>& t = target[(size_t)i];
+    const int64_t len = std::min<int64_t>((int64_t)(p.size() + t.size()), model_max_length);
+    if ((int64_t)(p.size() + t.size()) > model_max_length) {
+      truncated++;
+      if (first_truncated < 0) first_truncated = i;
+      if ((int64_t)p.size() >= model_max_length) no_target++;
+    }
+    for (int64_t k = 0; k < len; k++) {
+      const bool in_prompt = k < (int64_t)p.size();
+      ids.push_back(in_prompt ? p[(size_t)k] : t[(size_t)(k - (int64_t)p.size())]);
+      labels.push_back(in_prompt ? kIgnoreIndex : ids.back());
+    }
+    offsets[(size_t)i + 1] = (int64_t)ids.size();
+  }
+  if (st) {
+    st->v[0] = truncated;
+    st->v[1] = no_target;
+    st->v[2] = first_truncated;
+  }
+  return TokenDataset(std::move(offsets), std::move(ids), std::move(labels));
+}
+
+TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int rank) {
+  const std::string& path = args.data_path;
+  if (FILE* f = std::fopen(path.c_str(), "rb")) std::fclose(f);
+  else fail("cannot open --data_path %s: %s", path.c_str(), std::strerror(errno));
+  KeyHasher h;
+  h.add("llmt-alpaca-v1").add(kAlpacaPromptInput).add(kAlpacaPromptNoInput);
+  h.add(args.instruction_field).add(args.input_field).add(args.output_field).add_int(args.model_max_length);
+  h.add_file(path);
+  add_tokenizer_to_key(h, tok, args.tokenizer_path);
+  std::string base = path.substr(path.find_last_of('/') + 1);
+  for (char& c : base)
+    if (!std::isalnum((unsigned char)c) && c != '.' && c != '-' && c != '_') c = '_';
+  const std::string dir = resolve_cache_dir(args.cache_dir), name = "alpaca-" + base;
+  CacheStats st;
+  bool hit = false;
+  auto t0 = std::chrono::steady_clock::now();
+  TokenDataset ds = cached_dataset(
+      dir, name, h.hex(),
+      [&](CacheStats* s) {
+        std::vector<AlpacaRecord> recs = read_alpaca(path, args);
+        log_info("data   tokenizing %zu Alpaca records of %s (%s)", recs.size(), path.c_str(),
+                 tokenizer_thread_safe(tok) ? "OpenMP threads" : "one thread");
+        return tokenize_alpaca(recs, tok, args.model_max_length, s);
+      },
+      &st, &hit, rank);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t target_tokens = 0;
+  for (int64_t i = 0; i < ds.total_tokens(); i++) target_tokens += ds.labels_data()[i] != kIgnoreIndex;
+  log_info("data   alpaca %s: %lld examples, %lld tokens (%lld in responses), longest %lld; %s%s (%.1f s)",
+           path.c_str(), (long long)ds.size(), (long long)ds.total_tokens(), (long long)target_tokens,
+           (long long)ds.max_length(),
+           dir.empty() ? "no token cache" : hit ? "from the token cache " : "token cache written ",
+           dir.empty() ? "" : token_cache_path(dir, name, h.hex()).c_str(), secs);
+  if (st.v[0] > 0 && rank == 0)  // once, not once per rank
+    log_warn("%s: %lld of %lld examples are longer than model_max_length %d and were cut (the first: record %lld); "
+             "%lld of them keep no response token and give no loss",
+             path.c_str(), (long long)st.v[0], (long long)ds.size(), args.model_max_length, (long long)st.v[2],
+             (long long)st.v[1]);
+  return ds;
+}
+
+}  // namespace llmt

@@ -1,0 +1,165 @@
+#include "data/dataset.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "data/alpaca.h"
+#include "data/tokenizer.h"
+#include "data/wikitext.h"
+#include "engine/core/error.h"
+
+namespace llmt {
+
+namespace {
+struct OwnedStorage {
+  std::vector<int64_t> offsets;
+  std::vector<int32_t> ids, labels;
+};
+}  // namespace
+
+TokenDataset::TokenDataset(std::vector<int64_t> offsets, std::vector<int32_t> ids, std::vector<int32_t> labels) {
+  LLMT_CHECK(!offsets.empty() && offsets.front() == 0 && offsets.back() == (int64_t)ids.size(),
+             "TokenDataset: offsets must run from 0 to the %zu ids", ids.size());
+  LLMT_CHECK(labels.empty() || labels.size() == ids.size(), "TokenDataset: %zu labels for %zu ids", labels.size(),
+             ids.size());
+  for (size_t i = 0; i + 1 < offsets.size(); i++)
+    LLMT_CHECK(offsets[i] <= offsets[i + 1], "TokenDataset: offsets decrease at example %zu", i);
+  auto s = std::make_shared<OwnedStorage>();
+  s->offsets = std::move(offsets);
+  s->ids = std::move(ids);
+  s->labels = std::move(labels);
+  n_ = (int64_t)s->offsets.size() - 1;
+  offsets_ = s->offsets.data();
+  ids_ = s->ids.data();
+  labels_ = s->labels.empty() ? ids_ : s->labels.data();
+  keep_ = std::move(s);
+}
+
+TokenDataset::TokenDataset(std::shared_ptr<const void> keep, int64_t n, const int64_t* offsets, const int32_t* ids,
+                           const int32_t* labels)
+    : keep_(std::move(keep)), n_(n), offsets_(offsets), ids_(ids), labels_(labels) {}
+
+int64_t TokenDataset::max_length() const {
+  int64_t m = 0;
+  for (int64_t i = 0; i < n_; i++) m = std::max(m, length(i));
+  return m;
+}
+
+// ---- which data the args name ----
+
+static bool is_wikitext(const std::string& name) { return name == "wikitext" || name == "Salesforce/wikitext"; }
+
+static void check_sources(const DataArgs& a) {
+  const int n = !a.data_path.empty() + !a.dataset_name.empty() + !a.train_file.empty();
+  LLMT_CHECK(n == 1,
+             n == 0 ? "no training data: give --data_path (Alpaca JSON), --dataset_name wikitext with --dataset_dir, "
+                      "or --train_file (plain text)"
+                    : "give one of --data_path, --dataset_name and --train_file, not several");
+  LLMT_CHECK(a.dataset_name.empty() || is_wikitext(a.dataset_name),
+             "--dataset_name %s: llmt reads only wikitext from local files (--dataset_dir); for other text use "
+             "--train_file",
+             a.dataset_name.c_str());
+  LLMT_CHECK(a.dataset_name.empty() || !a.dataset_config_name.empty(),
+             "--dataset_name wikitext needs --dataset_config_name (wikitext-2-raw-v1, wikitext-103-raw-v1, ...)");
+  LLMT_CHECK(a.validation_file.empty() || !a.train_file.empty(),
+             "--validation_file goes with --train_file (plain text); with --dataset_name the validation split is "
+             "used, and Alpaca data has no evaluation set");
+}
+
+TokenDataset load_train_dataset(const DataArgs& a, const Tokenizer& tok, int rank, int world) {
+  (void)world;  // every rank builds the whole dataset; the sampler splits it
+  check_sources(a);
+  if (!a.data_path.empty()) return load_alpaca_dataset(a, tok, rank);
+  if (!a.dataset_name.empty())
+    return load_text_dataset(wikitext_split_file(a.dataset_dir, a.dataset_config_name, "train"), LineRule::kWikitext,
+                             a, tok, rank, a.dataset_config_name + " train");
+  return load_text_dataset(a.train_file, LineRule::kTextLoader, a, tok, rank, "train");
+}
+
+TokenDataset load_eval_dataset(const DataArgs& a, const Tokenizer& tok, int rank, int world) {
+  (void)world;
+  check_sources(a);
+  if (!a.dataset_name.empty())
+    return load_text_dataset(wikitext_split_file(a.dataset_dir, a.dataset_config_name, "validation"),
+                             LineRule::kWikitext, a, tok, rank, a.dataset_config_name + " validation");
+  if (!a.validation_file.empty())
+    return load_text_dataset(a.validation_file, LineRule::kTextLoader, a, tok, rank, "validation");
+  return TokenDataset();
+}
+
+int default_pad_id(const Tokenizer& tok) { return tok.eos_id() >= 0 ? tok.eos_id() : 0; }
+
+int collate(const TokenDataset& ds, const std::vector<int64_t>& idx, int pad_id, std::vector<int32_t>& tokens,
+            std::vector<int32_t>& targets) {
+  LLMT_CHECK(!idx.empty(), "collate: no examples");
+  int64_t T = 0;
+  for (int64_t i : idx) {
+    LLMT_CHECK(i >= 0 && i < ds.size(), "collate: example %lld of a dataset of %lld", (long long)i,
+               (long long)ds.size());
+    T = std::max(T, ds.length(i));
+  }
+  LLMT_CHECK(T >= 1 && T <= INT_MAX, "collate: the longest example has %lld tokens", (long long)T);
+  const int64_t B = (int64_t)idx.size();
+  tokens.assign((size_t)(B * T), pad_id);
+  targets.assign((size_t)(B * T), kIgnoreIndex);
+  for (int64_t b = 0; b < B; b++) {
+    const int64_t len = ds.length(idx[(size_t)b]);
+    const int32_t* x = ds.ids(idx[(size_t)b]);
+    const int32_t* y = ds.labels(idx[(size_t)b]);
+    int32_t* tok = tokens.data() + b * T;
+    int32_t* tgt = targets.data() + b * T;
+    for (int64_t t = 0; t < len; t++) tok[t] = x[t];
+    for (int64_t t = 0; t + 1 < len; t++) tgt[t] = y[t + 1];  // the shift: position t predicts label t + 1
+  }
+  return (int)T;
+}
+
+// ---- helpers ----
+
+int64_t find_invalid_utf8(std::string_view s) {
+  const uint8_t* p = (const uint8_t*)s.data();
+  const int64_t n = (int64_t)s.size();
+  int64_t i = 0;
+  while (i < n) {
+    const uint8_t b = p[i];
+    if (b < 0x80) {
+      i++;
+      continue;
+    }
+    int len;
+    uint8_t lo = 0x80, hi = 0xbf;  // the allowed range of the second byte
+    if (b >= 0xc2 && b <= 0xdf) len = 2;
+    else if (b == 0xe0) len = 3, lo = 0xa0;  // no overlongs
+    else if (b >= 0xe1 && b <= 0xec) len = 3;
+    else if (b == 0xed) len = 3, hi = 0x9f;  // no surrogates
+    else if (b >= 0xee && b <= 0xef) len = 3;
+    else if (b == 0xf0) len = 4, lo = 0x90;
+    else if (b >= 0xf1 && b <= 0xf3) len = 4;
+    else if (b == 0xf4) len = 4, hi = 0x8f;  // nothing past U+10FFFF
+    else return i;
+    if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (int k = 2; k < len; k++)
+      if (p[i + k] < 0x80 || p[i + k] > 0xbf) return i;
+    i += len;
+  }
+  return -1;
+}
+
+void line_and_column(std::string_view s, int64_t pos, int64_t* line, int64_t* col) {
+  pos = std::max<int64_t>(0, std::min<int64_t>(pos, (int64_t)s.size()));
+  int64_t l = 1, start = 0;
+  for (int64_t i = 0; i < pos; i++)
+    if (s[(size_t)i] == '\n') l++, start = i + 1;
+  *line = l;
+  *col = pos - start + 1;
+}
+
+bool tokenizer_thread_safe(const Tokenizer& tok) {
+  // Read from the implementations: byte-level BPE and tiktoken (data/bpe_bytelevel.cpp) keep their word
+  // cache thread_local; SentencePiece BPE and the byte tokenizer keep no mutable state. Any other
+  // kind (a test double, a tokenizer added later) runs on one thread until someone checks it.
+  const std::string k = tok.kind();
+  return k == "gpt2-bpe" || k == "tiktoken" || k == "sentencepiece-bpe" || k == "bytes";
+}
+
+}  // namespace llmt

@@ -1,0 +1,97 @@
+// Tokenized datasets for training and evaluation: Alpaca instruction records (data/alpaca.h) and
+// run_clm-style grouped text (data/wikitext.h), built once and kept in the token cache
+// (data/token_cache.h). docs/data.md describes formats, templates, masking and the cache.
+//
+// A dataset is a list of examples, each a run of input ids with labels aligned to them in the
+// Hugging Face convention: labels[t] is the id at t, or -100 where no loss is taken; the model (here
+// collate()) shifts them so position t predicts labels[t + 1]. Storage is flat, offsets[n + 1] into
+// one ids array and one labels array, so a cache file can be memory-mapped as it is.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace llmt {
+
+class Tokenizer;
+
+constexpr int32_t kIgnoreIndex = -100;  // label with no loss (PyTorch CrossEntropyLoss's ignore_index)
+
+class TokenDataset {
+ public:
+  TokenDataset() = default;  // empty: no examples
+  // Owns the vectors. offsets has n + 1 entries, offsets[0] = 0, non-decreasing, offsets[n] = ids.size().
+  // An empty `labels` means labels equal ids (run_clm: labels = input_ids), stored once.
+  TokenDataset(std::vector<int64_t> offsets, std::vector<int32_t> ids, std::vector<int32_t> labels);
+  // Views memory kept alive by `keep` (a mapped cache file); labels may equal ids.
+  TokenDataset(std::shared_ptr<const void> keep, int64_t n, const int64_t* offsets, const int32_t* ids,
+               const int32_t* labels);
+
+  int64_t size() const { return n_; }
+  int64_t length(int64_t i) const { return offsets_[i + 1] - offsets_[i]; }
+  const int32_t* ids(int64_t i) const { return ids_ + offsets_[i]; }
+  const int32_t* labels(int64_t i) const { return labels_ + offsets_[i]; }
+  int64_t total_tokens() const { return n_ > 0 ? offsets_[n_] : 0; }
+  bool empty() const { return n_ == 0; }
+  bool labels_are_ids() const { return labels_ == ids_; }
+  int64_t max_length() const;
+  // Flat views for the cache writer.
+  const int64_t* offsets_data() const { return offsets_; }
+  const int32_t* ids_data() const { return ids_; }
+  const int32_t* labels_data() const { return labels_; }
+
+ private:
+  std::shared_ptr<const void> keep_;  // owned vectors or the mapping; shared, so copies are cheap
+  int64_t n_ = 0;
+  const int64_t* offsets_ = nullptr;
+  const int32_t* ids_ = nullptr;
+  const int32_t* labels_ = nullptr;
+};
+
+struct DataArgs {
+  std::string data_path;  // Alpaca JSON array or JSON Lines (--data_path)
+  // --dataset_name wikitext --dataset_config_name wikitext-2-raw-v1 | wikitext-103-raw-v1 | wikitext-2-v1 |
+  // wikitext-103-v1, resolved to local files under --dataset_dir (nothing is downloaded)
+  std::string dataset_name, dataset_config_name, dataset_dir;
+  std::string train_file, validation_file;  // plain text, run_clm style
+  int block_size = 0;                       // run_clm grouping; 0 is an error here: the caller decides
+  int model_max_length = 512;               // Alpaca truncation (Stanford's default)
+  std::string instruction_field = "instruction", input_field = "input", output_field = "output";
+  std::string cache_dir;  // token cache; empty: $LLMT_CACHE, and no cache when that is unset too
+  // The directory or file the tokenizer was loaded from (load_tokenizer's argument): its files' content
+  // goes into the cache key. Empty: the key uses a fingerprint computed through the tokenizer instead.
+  std::string tokenizer_path;
+};
+
+// Builds (or maps from the token cache) the training dataset the args name; logs counts on rank 0.
+// Every rank builds the whole dataset (the sampler picks each rank's examples); with a cache, one
+// process tokenizes and the others wait for its file.
+TokenDataset load_train_dataset(const DataArgs& args, const Tokenizer& tok, int rank, int world);
+// The evaluation dataset: --validation_file, or the validation split of --dataset_name; empty if none
+// (Alpaca has none, as in Stanford's train.py).
+TokenDataset load_eval_dataset(const DataArgs& args, const Tokenizer& tok, int rank, int world);
+
+// The pad id collate() should get: always masked (targets -100, right padding behind a causal mask),
+// so any id in the vocabulary works and no [PAD] token or embedding resize is needed: EOS, else 0.
+int default_pad_id(const Tokenizer& tok);
+
+// Pads examples idx (right) to the longest of them: returns T and fills tokens[B*T] (pad_id beyond an
+// example's length) and targets[B*T], targets[b*T + t] = labels[b][t + 1] for t + 1 < len, else -100
+// (the shift Hugging Face's causal-LM loss applies).
+int collate(const TokenDataset& ds, const std::vector<int64_t>& idx, int pad_id, std::vector<int32_t>& tokens,
+            std::vector<int32_t>& targets);
+
+// ---- helpers the builders share ----
+
+// Byte offset of the first invalid UTF-8 sequence in s (strict, as Python's decoder: no overlongs,
+// surrogates or code points past U+10FFFF), or -1 when s is valid.
+int64_t find_invalid_utf8(std::string_view s);
+// 1-based line and byte column of offset pos in s.
+void line_and_column(std::string_view s, int64_t pos, int64_t* line, int64_t* col);
+// Whether Tokenizer::encode may run on several OpenMP threads at once for this tokenizer (decided per
+// implementation, see dataset.cpp).
+bool tokenizer_thread_safe(const Tokenizer& tok);
+
+}  // namespace llmt

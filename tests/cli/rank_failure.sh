@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# A rank that dies mid-training, by an error or by kill -9, ends the whole job promptly with a
+# non-zero status: no rank is left waiting in a collective. Usage: rank_failure.sh path/to/llmt
+set -uo pipefail
+llmt=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for i in $(seq 3000); do echo "line $i of a corpus that only needs to be long enough"; done > "$work/corpus.txt"
+mpi=(mpirun --oversubscribe -np 3)
+[ "$(id -u)" -ne 0 ] || mpi+=(--allow-run-as-root)
+train=("$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt"
+       --block_size 64 --per_device_train_batch_size 4 --max_steps 100000 --logging_steps 1 --save_strategy no
+       --fsdp "full_shard auto_wrap" --threads 1)
+
+# 1. an error on one rank (the fault-injection switch LLMT_FAIL_AT_STEP=rank:step)
+start=$(date +%s)
+LLMT_FAIL_AT_STEP=1:5 timeout 60 "${mpi[@]}" -x LLMT_FAIL_AT_STEP "${train[@]}" --output_dir "$work/a" > "$work/a.log" 2>&1
+rc=$?
+took=$(( $(date +%s) - start ))
+echo "error on rank 1: exit $rc after ${took}s"
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "FAIL: the job did not end with an error (rc $rc)"; cat "$work/a.log"; exit 1; }
+[ "$(grep -c 'injected failure' "$work/a.log")" -eq 1 ] || { echo "FAIL: the failing rank's message should appear once"; cat "$work/a.log"; exit 1; }
+
+# 2. kill -9 of one rank while the others train
+timeout 90 "${mpi[@]}" "${train[@]}" --output_dir "$work/b" > "$work/b.log" 2>&1 &
+job=$!
+for _ in $(seq 100); do grep -q "step .*10/" "$work/b.log" 2>/dev/null && break; sleep 0.3; done
+victim=$(pgrep -f "llmt train.*$work/b" | tail -n 1)
+[ -n "$victim" ] || { echo "FAIL: no rank to kill"; cat "$work/b.log"; exit 1; }
+start=$(date +%s)
+kill -9 "$victim"
+wait $job
+rc=$?
+took=$(( $(date +%s) - start ))
+echo "kill -9 of pid $victim: exit $rc after ${took}s"
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "FAIL: the job did not end (rc $rc)"; tail -20 "$work/b.log"; exit 1; }
+[ $took -le 30 ] || { echo "FAIL: took ${took}s to end"; exit 1; }
+if pgrep -f "llmt train.*$work/b" > /dev/null; then echo "FAIL: ranks left running"; exit 1; fi
+echo "PASS"
