@@ -59,7 +59,7 @@ struct DataArgs {
   int block_size = 0;                       // run_clm grouping; 0 is an error here: the caller decides
   int model_max_length = 512;               // Alpaca truncation (Stanford's default)
   std::string instruction_field = "instruction", input_field = "input", output_field = "output";
-  std::string cache_dir;  // token cache; empty: $LLMT_CACHE, and no cache when that is unset too
+  std::string cache_dir;  // token cache: see resolve_cache_dir (token_cache.h); "none" turns it off
   // The directory or file the tokenizer was loaded from (load_tokenizer's argument): its files' content
   // goes into the cache key. Empty: the key uses a fingerprint computed through the tokenizer instead.
   std::string tokenizer_path;

@@ -144,10 +144,16 @@ void add_tokenizer_to_key(KeyHasher& h, const Tokenizer& tok, const std::string&
   for (const std::string& n : tk) h.add(n).add_file(path + "/" + n);
 }
 
+// --cache_dir, else $LLMT_CACHE, else $XDG_CACHE_HOME/llmt, else ~/.cache/llmt; "none" turns the cache off.
 std::string resolve_cache_dir(const std::string& flag) {
+  if (flag == "none") return std::string();
   if (!flag.empty()) return flag;
   const char* env = std::getenv("LLMT_CACHE");
-  return env && *env ? std::string(env) : std::string();
+  if (env && *env) return std::string(env) == "none" ? std::string() : std::string(env);
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg && *xdg) return std::string(xdg) + "/llmt";
+  const char* home = std::getenv("HOME");
+  return home && *home ? std::string(home) + "/.cache/llmt" : std::string();
 }
 
 // ---- the file ----

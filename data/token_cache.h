@@ -42,7 +42,7 @@ class KeyHasher {
 // probe text) stands in for the files.
 void add_tokenizer_to_key(KeyHasher& h, const Tokenizer& tok, const std::string& path);
 
-// --cache_dir, else $LLMT_CACHE, else "" (no cache).
+// --cache_dir, else $LLMT_CACHE, else $XDG_CACHE_HOME/llmt, else ~/.cache/llmt; "none" (flag or variable) = no cache.
 std::string resolve_cache_dir(const std::string& flag);
 
 struct CacheStats {

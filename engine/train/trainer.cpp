@@ -25,6 +25,7 @@
 #include "engine/fsdp/fsdp.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/schedule.h"
+#include "engine/train/plan.h"
 #include "engine/train/step.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
@@ -117,7 +118,9 @@ TrainArgs parse_train_args(Flags& f) {
              "--save_strategy must be no, steps or epoch, got \"%s\"", a.save_strategy.c_str());
   LLMT_CHECK(a.save_strategy != "steps" || a.save_steps > 0, "--save_steps must be positive");
   LLMT_CHECK(a.save_total_limit >= 0, "--save_total_limit must not be negative");
-  parse_fsdp(a.fsdp);  // validates the spelling now, before any rank starts work
+  // validate spellings now, before any rank starts work
+  parse_fsdp(a.fsdp);
+  make_schedule(a.lr_scheduler_type, 1, a.warmup_steps, a.warmup_ratio);
   return a;
 }
 
@@ -332,14 +335,27 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
     }
   }
   const ShardGroups& g = r.store->groups();
+  PlanArgs pa;
+  pa.world = world.size();
+  pa.ranks_per_node = local_size;
+  pa.fsdp = a.fsdp.empty() ? "no_shard" : a.fsdp;
+  pa.batch = r.B;
+  pa.seq_len = r.T;
+  pa.accum = a.gradient_accumulation_steps;
+  pa.gradient_checkpointing = a.gradient_checkpointing;
+  nlohmann::json plan = make_plan(cfg, pa);
+  const double mib = 1024.0 * 1024.0, gib_to_mib = 1024.0;
   log_info("model  %s, %.2fM parameters (%s)", cfg.describe().c_str(), L.total_numel / 1e6,
            from_hf ? a.model_name_or_path.c_str() : "random init");
   log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (master, grad, m, v), "
            "activations %.1f MiB%s",
            strategy_name(strategy), g.shard_size, g.shard_size == 1 ? "" : "s", g.replica_size,
-           g.replica_size == 1 ? "" : "s", r.store->persistent_bytes() / 1048576.0,
-           Transformer::activation_bytes(cfg, r.B, r.T, a.gradient_checkpointing) / 1048576.0,
+           g.replica_size == 1 ? "" : "s", r.store->persistent_bytes() / mib,
+           Transformer::activation_bytes(cfg, r.B, r.T, a.gradient_checkpointing) / mib,
            a.gradient_checkpointing ? " (gradient checkpointing)" : "");
+  log_info("plan   per rank: gathered buffers at most %.1f MiB; %.1f MiB sent per step at the longest batches "
+           "(llmt plan)",
+           plan["gathered_peak_gib"].get<double>() * gib_to_mib, plan["comm_total_gib"].get<double>() * gib_to_mib);
 
   // schedule
   const int accum = a.gradient_accumulation_steps, W = world.size();
@@ -439,10 +455,10 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   }
   double run_s = now_s() - run_start;
   if (total_steps > a.throughput_warmup_steps)
-    log_info("done   %.0f tok/s over steps %d..%lld (%.0f per rank), %.1f MiB communicated per rank in step 1, "
-             "peak gathered buffers %.1f MiB, peak rss %.2f GiB",
+    log_info("done   %.0f tok/s over steps %d..%lld (%.0f per rank); measured per rank: %.1f MiB sent in step 1, "
+             "gathered buffers peaked at %.1f MiB, peak rss %.2f GiB",
              run_tokens / run_s, a.throughput_warmup_steps + 1, (long long)total_steps, run_tokens / run_s / W,
-             comm_first_step / 1048576.0, r.store->peak_gathered_bytes() / 1048576.0, peak_rss_gib());
+             comm_first_step / mib, r.store->peak_gathered_bytes() / mib, peak_rss_gib());
   if (a.do_eval) {
     double el = evaluate(r);
     log_info("eval   eval_loss %.4f | perplexity %.3f", el, std::exp(el));

@@ -7,6 +7,10 @@
 #include "engine/optim/schedule.h"
 #include "engine/train/flags.h"
 #include "engine/train/trainer.h"
+#include "tests/test_util.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 using namespace llmt;
 
@@ -69,4 +73,20 @@ TEST(Schedule, MatchesTransformersFormulas) {
   EXPECT_DOUBLE_EQ(make_schedule("constant_with_warmup", 10, 4, 0.0).multiplier(1), 0.25);
   EXPECT_THROW(make_schedule("polynomial_decay", 10, 0, 0.0), Error);
   EXPECT_THROW(make_schedule("cosine", 10, 0, 1.5), Error);
+}
+
+TEST(Schedule, EqualsTransformersGetSchedulerStepForStep) {
+  // fixture: tests/reference/make_schedule_fixtures.py (torch optimizer + transformers get_scheduler)
+  std::ifstream f(llmt_test::reference_dir() + "/schedules.json");
+  ASSERT_TRUE(f.good());
+  nlohmann::json cases;
+  f >> cases;
+  ASSERT_GE(cases.size(), 6u);
+  for (const auto& c : cases) {
+    Schedule s = make_schedule(c["type"], c["total"], c["warmup"], 0.0);
+    const auto& want = c["lr"];
+    for (size_t step = 0; step < want.size(); step++)
+      EXPECT_NEAR(s.multiplier((int64_t)step), want[step].get<double>(), 1e-12)
+          << c["type"] << " total " << c["total"] << " warmup " << c["warmup"] << " step " << step;
+  }
 }

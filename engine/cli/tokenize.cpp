@@ -1,0 +1,154 @@
+// llmt tokenize: text to ids (one output line per input line) or back, and a one-thread speed
+// measurement of encoding a file (scripts/bench_tokenizers.py runs it beside tiktoken and HF).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/tokenizer.h"
+#include "engine/cli/commands.h"
+#include "engine/core/error.h"
+#include "engine/train/flags.h"
+
+namespace llmt {
+
+static double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+static std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += c;
+    else if ((unsigned char)c < 0x20) o += strformat("\\u%04x", c);
+    else o += c;
+  }
+  return o;
+}
+
+// Encodes the file as one text and then line by line (each line without its newline, as
+// `llmt tokenize` reads stdin), `repeats` times each after one warm-up run; one JSON line.
+static void bench(const Tokenizer& tok, const std::string& path, const std::string& tok_path, double load_s,
+                  int repeats) {
+  std::ifstream f(path, std::ios::binary);
+  LLMT_CHECK(f.good(), "llmt tokenize --bench: cannot open %s", path.c_str());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string text = ss.str();
+  std::vector<std::string_view> lines;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t e = text.find('\n', pos);
+    if (e == std::string::npos) e = text.size();
+    lines.push_back(std::string_view(text).substr(pos, e - pos));
+    pos = e + 1;
+  }
+  auto whole = [&] { return tok.encode(text).size(); };
+  auto by_line = [&] {
+    size_t n = 0;
+    for (std::string_view l : lines) n += tok.encode(l).size();
+    return n;
+  };
+  double cold = 0;
+  auto median = [&](auto&& fn, size_t* tokens) {
+    double t0 = now_s();
+    *tokens = fn();
+    if (cold == 0) cold = now_s() - t0;
+    std::vector<double> times;
+    for (int r = 0; r < repeats; r++) {
+      t0 = now_s();
+      size_t n = fn();
+      times.push_back(now_s() - t0);
+      LLMT_CHECK(n == *tokens, "llmt tokenize --bench: run %d gave %zu tokens, the first %zu", r, n, *tokens);
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  };
+  size_t tokens, line_tokens;
+  double med = median(whole, &tokens);
+  double line_med = median(by_line, &line_tokens);
+  std::printf(
+      "{\"impl\": \"llmt\", \"tokenizer\": \"%s\", \"kind\": \"%s\", \"file\": \"%s\", \"bytes\": %zu, "
+      "\"tokens\": %zu, \"threads\": 1, \"repeats\": %d, \"load_s\": %.4f, \"cold_s\": %.5f, \"median_s\": %.5f, "
+      "\"mb_per_s\": %.2f, \"tokens_per_s\": %.0f, \"lines\": %zu, \"line_tokens\": %zu, \"lines_median_s\": %.5f, "
+      "\"lines_mb_per_s\": %.2f}\n",
+      json_escape(tok_path).c_str(), tok.kind().c_str(), json_escape(path).c_str(), text.size(), tokens, repeats,
+      load_s, cold, med, text.size() / med / 1e6, tokens / med, lines.size(), line_tokens, line_med,
+      text.size() / line_med / 1e6);
+}
+
+int cli_tokenize(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::printf(
+        "llmt tokenize: text on stdin to token ids on stdout, one output line per input line\n\n"
+        "  --tokenizer_name_or_path P  a directory (tokenizer.json, vocab.json + merges.txt, or tokenizer.model)\n"
+        "                              or one of those files (also a *.tiktoken rank file)\n"
+        "  --no_special_tokens         leave out the BOS/EOS the tokenizer adds by default\n"
+        "  --decode                    read lines of space-separated ids, print their text\n"
+        "  --skip_special_tokens       with --decode: leave special tokens out of the text\n"
+        "  --bench FILE                encode FILE on one thread, as one text and line by line, --bench_repeats N\n"
+        "                              (5) times after a warm-up; print one JSON line with MB/s and tokens/s\n");
+    return 0;
+  }
+  Flags flags("tokenize", args);
+  std::string path = flags.get_string("tokenizer_name_or_path", "");
+  bool no_special = flags.get_bool("no_special_tokens", false);
+  bool decode = flags.get_bool("decode", false);
+  bool skip_special = flags.get_bool("skip_special_tokens", false);
+  std::string bench_file = flags.get_string("bench", "");
+  int repeats = flags.get_int("bench_repeats", 5);
+  flags.finish();
+  LLMT_CHECK(!path.empty(), "llmt tokenize: --tokenizer_name_or_path is required");
+  LLMT_CHECK(repeats >= 1, "llmt tokenize: --bench_repeats must be at least 1");
+  LLMT_CHECK(!skip_special || decode, "llmt tokenize: --skip_special_tokens goes with --decode");
+
+  double t0 = now_s();
+  std::unique_ptr<Tokenizer> tok = load_tokenizer(path);
+  double load_s = now_s() - t0;
+  if (!bench_file.empty()) {
+    bench(*tok, bench_file, path, load_s, repeats);
+    return 0;
+  }
+  std::ios::sync_with_stdio(false);
+  std::string line, out;
+  size_t line_no = 0;
+  while (std::getline(std::cin, line)) {
+    line_no++;
+    out.clear();
+    if (decode) {
+      std::vector<int32_t> ids;
+      const char* s = line.c_str();
+      while (*s) {
+        if (*s == ' ' || *s == '\t' || *s == '\r') {
+          s++;
+          continue;
+        }
+        char* end = nullptr;
+        long v = std::strtol(s, &end, 10);
+        LLMT_CHECK(end != s && (*end == 0 || *end == ' ' || *end == '\t' || *end == '\r') && v >= 0 && v < (1L << 31),
+                   "llmt tokenize --decode: stdin line %zu: expected token ids separated by spaces, got \"%s\"",
+                   line_no, line.c_str());
+        ids.push_back((int32_t)v);
+        s = end;
+      }
+      out = tok->decode(ids, skip_special);
+    } else {
+      std::vector<int32_t> ids = no_special ? tok->encode(line) : tok->encode_with_specials(line);
+      for (size_t i = 0; i < ids.size(); i++) {
+        if (i) out += ' ';
+        out += std::to_string(ids[i]);
+      }
+    }
+    out += '\n';
+    std::fwrite(out.data(), 1, out.size(), stdout);
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace llmt
