@@ -57,6 +57,9 @@ class Communicator {
   virtual double all_reduce_sum(double x) = 0;
 
   CommStats& stats() { return stats_; }
+  // The underlying handle (an MPI_Comm for "mpi"), for libraries that take one such as parallel HDF5;
+  // only engine/dist and engine/ckpt may use it.
+  virtual void* native_handle() = 0;
 
  protected:
   CommStats stats_;

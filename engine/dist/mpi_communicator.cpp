@@ -110,6 +110,8 @@ class MpiCommunicator : public Communicator {
     return x;
   }
 
+  void* native_handle() override { return &comm_; }
+
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub;
     check(MPI_Comm_split(comm_, color, key, &sub), "comm_split");

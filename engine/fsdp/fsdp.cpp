@@ -243,6 +243,13 @@ void FsdpStore::get_unit(int unit, float* full_host) {
   give_buffer(full, u.padded);
 }
 
+FsdpStore::ShardState FsdpStore::shard_state(int unit) const {
+  const Unit& u = units_[unit];
+  return {u.lo, u.hi, u.master, u.m, u.v};
+}
+
+int FsdpStore::replica_index() const { return replica_comm_ ? replica_comm_->rank() : 0; }
+
 int64_t FsdpStore::persistent_bytes() const {
   int64_t n = 0;
   for (auto& u : units_) n += 4 * u.shard;

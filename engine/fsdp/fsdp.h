@@ -61,6 +61,17 @@ class FsdpStore : public UnitStore {
   // The full parameters of a unit into host memory (collective over the shard group).
   void get_unit(int unit, float* full_host);
 
+  // This rank's shard of a unit: elements [lo, hi) of the unit's flat buffer (hi <= lo when the
+  // shard is all padding) and its master weights and Adam moments, for checkpoints.
+  struct ShardState {
+    int64_t lo = 0, hi = 0;
+    float *master = nullptr, *m = nullptr, *v = nullptr;
+  };
+  ShardState shard_state(int unit) const;
+  // Which copy of the shards this rank holds (0 .. replicas - 1): checkpoints write replica 0 only.
+  int replica_index() const;
+  void set_steps_done(int t) { t_ = t; }
+
   Strategy strategy() const { return strategy_; }
   const ShardGroups& groups() const { return groups_; }
   int64_t shard_numel(int unit) const { return units_[unit].shard; }

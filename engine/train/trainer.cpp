@@ -319,6 +319,11 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   r.model = std::make_unique<Transformer>(cfg, *r.be, r.B, r.T, a.gradient_checkpointing);
   const ModelLayout& L = r.model->layout();
   int local_size = a.hybrid_shard_group_size > 0 ? a.hybrid_shard_group_size : launch.local_size;
+  // hybrid_shard's groups are runs of consecutive ranks: with a node's ranks they must be that node's
+  if (strategy == Strategy::hybrid_shard && a.hybrid_shard_group_size <= 0)
+    LLMT_CHECK(world.rank() / launch.local_size == launch.node,
+               "hybrid_shard shards within a node, so each node's ranks must be consecutive (mpirun's default "
+               "--map-by slot, or ppr:N:node); rank %d sits on node %d", world.rank(), launch.node);
   r.store = std::make_unique<FsdpStore>(*r.be, L, strategy, world, local_size);
   {
     std::unique_ptr<SafetensorsCheckpoint> ckpt;
