@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -125,6 +126,11 @@ TrainArgs parse_train_args(Flags& f) {
 }
 
 namespace {
+
+// SIGUSR1 (Slurm's --signal=USR1@120 before the time limit) or SIGTERM (scancel, preemption):
+// finish the step, save a checkpoint, exit cleanly so the job can be requeued and resumed.
+volatile std::sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -396,6 +402,9 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   int fail_rank = -1;
   long long fail_step = -1;
   if (const char* f = std::getenv("LLMT_FAIL_AT_STEP")) std::sscanf(f, "%d:%lld", &fail_rank, &fail_step);
+  std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  int64_t stopped_at = -1;
   for (int64_t step = 0; step < total_steps; step++) {
     LLMT_CHECK(!(world.rank() == fail_rank && step + 1 == fail_step), "injected failure (LLMT_FAIL_AT_STEP) at step %lld",
                (long long)step + 1);
@@ -457,6 +466,20 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
     bool save_now = (a.save_strategy == "steps" && (step + 1) % a.save_steps == 0) ||
                     (a.save_strategy == "epoch" && epoch_end);
     if (save_now) save_checkpoint(r, step + 1);
+    // a signal reaches some ranks and not others: agree before acting, so every rank saves together
+    if (world.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) > 0) {
+      log_info("signal received: saving at step %lld and stopping", (long long)step + 1);
+      if (!save_now) save_checkpoint(r, step + 1);
+      stopped_at = step + 1;
+      break;
+    }
+  }
+  std::signal(SIGUSR1, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (stopped_at > 0) {
+    log_info("stopped at step %lld of %lld by a signal; checkpoint-%lld holds the model", (long long)stopped_at,
+             (long long)total_steps, (long long)stopped_at);
+    return;
   }
   double run_s = now_s() - run_start;
   if (total_steps > a.throughput_warmup_steps)

@@ -36,4 +36,14 @@ echo "kill -9 of pid $victim: exit $rc after ${took}s"
 [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "FAIL: the job did not end (rc $rc)"; tail -20 "$work/b.log"; exit 1; }
 [ $took -le 30 ] || { echo "FAIL: took ${took}s to end"; exit 1; }
 if pgrep -f "llmt train.*$work/b" > /dev/null; then echo "FAIL: ranks left running"; exit 1; fi
+# 3. SIGUSR1 (Slurm's warning before the time limit) to the ranks: save a checkpoint, exit 0
+"${mpi[@]}" "${train[@]}" --output_dir "$work/c" > "$work/c.log" 2>&1 &
+job=$!
+for _ in $(seq 100); do grep -q "step .*10/" "$work/c.log" 2>/dev/null && break; sleep 0.3; done
+pkill -USR1 -f "^$llmt train.*$work/c"
+wait $job
+rc=$?
+echo "SIGUSR1: exit $rc"
+[ $rc -eq 0 ] || { echo "FAIL: a signalled run should stop cleanly"; tail -20 "$work/c.log"; exit 1; }
+ls "$work/c" | grep -q '^checkpoint-[0-9]*$' || { echo "FAIL: no checkpoint after SIGUSR1"; exit 1; }
 echo "PASS"
