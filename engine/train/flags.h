@@ -20,6 +20,8 @@ class Flags {
   long long get_int64(const std::string& name, long long fallback);
   double get_double(const std::string& name, double fallback);
   bool get_bool(const std::string& name, bool fallback);
+  // Marks a flag as read without looking at its value (flags accepted and ignored).
+  void ignore(const std::string& name) { take(name); }
   // Throws naming the first flag that was given but never read.
   void finish() const;
 

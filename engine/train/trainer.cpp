@@ -90,8 +90,8 @@ TrainArgs parse_train_args(Flags& f) {
   LLMT_CHECK(f.get_bool("do_train", true), "--do_train False: llmt train always trains");
   for (const char* name : kIgnoredFlags)
     if (f.has(name)) {
-      f.get_string(name, "");
-      log_warn("--%s only matters to other launchers; llmt ignores it", name);
+      f.ignore(name);
+      if (launcher_rank_from_env() <= 0) log_warn("--%s only matters to other launchers; llmt ignores it", name);
     }
 
   LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got \"%s\"", a.device.c_str());

@@ -90,3 +90,34 @@ TEST(Schedule, EqualsTransformersGetSchedulerStepForStep) {
           << c["type"] << " total " << c["total"] << " warmup " << c["warmup"] << " step " << step;
   }
 }
+
+TEST(TrainArgs, StanfordAlpacaAndOptimumHabanaCommandsParseUnchanged) {
+  std::vector<std::string> alpaca = {
+      "--model_name_or_path", "/models/llama-7b", "--data_path", "./alpaca_data.json", "--bf16", "True",
+      "--output_dir", "./out", "--num_train_epochs", "3", "--per_device_train_batch_size", "4",
+      "--per_device_eval_batch_size", "4", "--gradient_accumulation_steps", "8", "--evaluation_strategy", "no",
+      "--save_strategy", "steps", "--save_steps", "2000", "--save_total_limit", "1", "--learning_rate", "2e-5",
+      "--weight_decay", "0.", "--warmup_ratio", "0.03", "--lr_scheduler_type", "cosine", "--logging_steps", "1",
+      "--fsdp", "full_shard auto_wrap", "--fsdp_transformer_layer_cls_to_wrap", "LlamaDecoderLayer", "--tf32", "True"};
+  Flags f("train", alpaca);
+  TrainArgs a = parse_train_args(f);
+  EXPECT_NO_THROW(f.finish());
+  EXPECT_EQ(a.fsdp, "full_shard auto_wrap");
+  EXPECT_EQ(a.gradient_accumulation_steps, 8);
+  EXPECT_EQ(a.save_total_limit, 1);
+  EXPECT_TRUE(a.bf16 && a.tf32);
+  EXPECT_DOUBLE_EQ(a.warmup_ratio, 0.03);
+
+  std::vector<std::string> habana = {
+      "--model_name_or_path", "gpt2-xl", "--dataset_name", "wikitext", "--dataset_config_name", "wikitext-2-raw-v1",
+      "--dataset_dir", "/data", "--do_train", "--do_eval", "--per_device_train_batch_size", "4",
+      "--gradient_checkpointing", "--num_train_epochs", "2", "--learning_rate", "5e-5", "--throughput_warmup_steps", "3",
+      "--output_dir", "./out", "--use_habana", "--use_lazy_mode", "--gaudi_config_name", "Habana/gpt2",
+      "--use_hpu_graphs_for_inference"};
+  Flags g("train", habana);
+  TrainArgs b = parse_train_args(g);
+  EXPECT_NO_THROW(g.finish());
+  EXPECT_TRUE(b.do_eval && b.gradient_checkpointing);
+  EXPECT_EQ(b.throughput_warmup_steps, 3);
+  EXPECT_EQ(b.data.dataset_config_name, "wikitext-2-raw-v1");
+}
