@@ -239,6 +239,7 @@ void Transformer::backward(UnitStore& store) {
   be_.embedding_backward(P(groot, r.wte, {V, C}), P(groot, r.wpe, {cfg_.max_seq_len, C}), F(dres_, {N, C}),
                          Tensor(tokens_, DType::i32, {N}), B_, T, (int)C);
   store.grads_done(0);
+  store.backward_done();
 }
 
 FullUnitStore::FullUnitStore(Backend& backend, const ModelLayout& layout) : be_(backend), layout_(layout) {

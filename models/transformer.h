@@ -22,6 +22,7 @@ class UnitStore {
   virtual void prefetch(int /*unit*/) {}  // the model will acquire this unit next: start fetching it
   virtual float* grads(int unit) = 0;    // the unit's full gradient buffer; backward adds into it
   virtual void grads_done(int unit) = 0; // backward will not touch this unit's gradient again
+  virtual void backward_done() {}        // the whole backward pass is over
 };
 
 class Transformer {

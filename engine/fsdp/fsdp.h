@@ -50,6 +50,9 @@ class FsdpStore : public UnitStore {
   void prefetch(int unit) override;
   float* grads(int unit) override;
   void grads_done(int unit) override;
+  // Nothing is left to overlap the last reduction with: complete it, so its buffer is free before
+  // the next micro-batch gathers again.
+  void backward_done() override { finish_reduce(); }
 
   // the trainer's side
   void zero_grads();                // the shards' accumulated gradients, before a step's micro-batches
