@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <set>
 
 #include "engine/core/error.h"
@@ -118,42 +120,71 @@ void write_text_file_atomic(const std::string& path, const std::string& text) {
   }
 }
 
-void save_hf_model(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout,
-                   const std::vector<const float*>& unit_host, const std::string& dtype, uint64_t max_shard_bytes) {
+HfExporter::HfExporter(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout,
+                       const std::string& dtype, uint64_t max_shard_bytes)
+    : layout_(layout), dtype_(dtype) {
   LLMT_CHECK(dtype == "F32" || dtype == "BF16", "save: dtype %s is not supported (F32 or BF16)", dtype.c_str());
-  LLMT_CHECK(unit_host.size() == layout.units.size(), "save: %zu unit buffers for %zu units", unit_host.size(),
-             layout.units.size());
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) fail("cannot create %s: %s", dir.c_str(), std::strerror(errno));
   nlohmann::json j = config_to_hf_json(cfg);
   j["torch_dtype"] = dtype == "BF16" ? "bfloat16" : "float32";
   write_text_file_atomic(dir + "/config.json", j.dump(2) + "\n");
-
-  // Tensors that need a transpose or a conversion are staged; the rest are written in place.
-  std::vector<std::vector<float>> staged_f32;
-  std::vector<std::vector<uint16_t>> staged_bf16;
   std::vector<StEntry> entries;
-  for (size_t u = 0; u < layout.units.size(); u++) {
-    for (const ParamSpec& p : layout.units[u].params) {
-      const float* src = unit_host[u] + p.offset;
-      if (p.hf_transposed) {
-        const int64_t out = p.shape[0], in = p.shape[1];
-        std::vector<float> t((size_t)p.numel());
-        for (int64_t o = 0; o < out; o++)
-          for (int64_t i = 0; i < in; i++) t[(size_t)(i * out + o)] = src[o * in + i];
-        staged_f32.push_back(std::move(t));
-        src = staged_f32.back().data();
-      }
-      StEntry e{p.hf_name, dtype, p.hf_shape(), src};
-      if (dtype == "BF16") {
-        std::vector<uint16_t> h((size_t)p.numel());
-        for (size_t i = 0; i < h.size(); i++) h[i] = f32_to_bf16(src[i]);
-        staged_bf16.push_back(std::move(h));
-        e.data = staged_bf16.back().data();
-      }
-      entries.push_back(e);
+  for (const UnitLayout& u : layout.units) {
+    entry_of_.emplace_back();
+    for (const ParamSpec& p : u.params) {
+      entry_of_.back().push_back(entries.size());
+      entries.push_back({p.hf_name, dtype, p.hf_shape(), nullptr});
     }
   }
-  write_safetensors_model(dir, entries, max_shard_bytes);
+  writer_ = std::make_unique<SafetensorsModelWriter>(dir, entries, max_shard_bytes);
+}
+
+void HfExporter::write_unit(int unit, const float* host) {
+  std::vector<float> t;
+  std::vector<uint16_t> h;
+  const UnitLayout& ul = layout_.units[unit];
+  for (size_t k = 0; k < ul.params.size(); k++) {
+    const ParamSpec& p = ul.params[k];
+    const float* src = host + p.offset;
+    if (p.hf_transposed) {  // llmt keeps [out, in]; the file holds Conv1D's [in, out]
+      const int64_t out = p.shape[0], in = p.shape[1];
+      t.resize((size_t)p.numel());
+      for (int64_t o = 0; o < out; o++)
+        for (int64_t i = 0; i < in; i++) t[(size_t)(i * out + o)] = src[o * in + i];
+      src = t.data();
+    }
+    if (dtype_ == "BF16") {
+      h.resize((size_t)p.numel());
+      for (size_t i = 0; i < h.size(); i++) h[i] = f32_to_bf16(src[i]);
+      writer_->write(entry_of_[unit][k], h.data());
+    } else {
+      writer_->write(entry_of_[unit][k], src);
+    }
+  }
+}
+
+void HfExporter::finish() { writer_->finish(); }
+
+void save_hf_model(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout,
+                   const std::vector<const float*>& unit_host, const std::string& dtype, uint64_t max_shard_bytes) {
+  LLMT_CHECK(unit_host.size() == layout.units.size(), "save: %zu unit buffers for %zu units", unit_host.size(),
+             layout.units.size());
+  HfExporter ex(dir, cfg, layout, dtype, max_shard_bytes);
+  for (size_t u = 0; u < layout.units.size(); u++) ex.write_unit((int)u, unit_host[u]);
+  ex.finish();
+}
+
+int copy_tokenizer_files(const std::string& src_dir, const std::string& dst_dir) {
+  int copied = 0;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                           "merges.txt", "tokenizer.model", "added_tokens.json"}) {
+    std::ifstream in(src_dir + "/" + name, std::ios::binary);
+    if (!in.good()) continue;
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    write_text_file_atomic(dst_dir + "/" + name, text);
+    copied++;
+  }
+  return copied;
 }
 
 }  // namespace llmt

@@ -1,6 +1,7 @@
 // Hugging Face checkpoints: a model directory's config.json and safetensors weights, mapped
 // onto llmt's per-unit flat buffers (models/layout.h) by Hugging Face tensor name.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,11 +20,32 @@ void check_hf_tensors(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg,
 // or F16 to f32 and transposing GPT-2 Conv1D weights.
 void load_hf_unit(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const ModelLayout& layout, int unit,
                   float* host);
+// A Hugging Face export written one unit at a time (so the whole model never sits in memory at
+// once): config.json at construction, then write_unit for every unit in any order, then finish().
+// Weights as save_pretrained writes them: model.safetensors, split at max_shard_bytes with an index.
+class HfExporter {
+ public:
+  HfExporter(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout, const std::string& dtype,
+             uint64_t max_shard_bytes = 5000000000ull);
+  void write_unit(int unit, const float* host);  // layout.units[unit].numel floats
+  void finish();
+
+ private:
+  const ModelLayout& layout_;
+  std::string dtype_;
+  std::vector<std::vector<size_t>> entry_of_;  // [unit][param] -> writer entry
+  std::unique_ptr<SafetensorsModelWriter> writer_;
+};
+
 // Writes dir/config.json and dir/model.safetensors (split at max_shard_bytes with an index, as
 // save_pretrained does) from the units' host buffers; dtype "F32" or "BF16".
 void save_hf_model(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout,
                    const std::vector<const float*>& unit_host, const std::string& dtype,
                    uint64_t max_shard_bytes = 5000000000ull);
+// Copies the tokenizer files a Hugging Face directory carries (tokenizer.json, tokenizer_config.json,
+// special_tokens_map.json, vocab.json, merges.txt, tokenizer.model, added_tokens.json) from src_dir
+// into dst_dir; a missing one is skipped. Returns how many were copied.
+int copy_tokenizer_files(const std::string& src_dir, const std::string& dst_dir);
 // Atomically writes a text file (to a temporary name, fsync, rename).
 void write_text_file_atomic(const std::string& path, const std::string& text);
 

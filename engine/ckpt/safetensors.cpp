@@ -387,7 +387,8 @@ static int dtype_rank(const std::string& dt) {
   return 0;  // F16
 }
 
-static uint64_t entry_bytes(const std::string& path, const StEntry& e) {
+// Validates an entry's dtype and shape and returns its byte count; with need_data, also that its data is there.
+static uint64_t entry_bytes(const std::string& path, const StEntry& e, bool need_data = true) {
   const char* p = path.c_str();
   const char* n = e.name.c_str();
   LLMT_CHECK(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16" || e.dtype == "I32",
@@ -400,28 +401,32 @@ static uint64_t entry_bytes(const std::string& path, const StEntry& e) {
   }
   uint64_t bytes = numel * st_dtype_size(e.dtype);  // numel < 2^63, size <= 4: checked below
   LLMT_CHECK(bytes / st_dtype_size(e.dtype) == numel, "%s: tensor '%s': byte count overflows 64 bits", p, n);
-  LLMT_CHECK(bytes == 0 || e.data, "%s: tensor '%s': data is null", p, n);
+  LLMT_CHECK(!need_data || bytes == 0 || e.data, "%s: tensor '%s': data is null", p, n);
   return bytes;
 }
 
-void write_safetensors(const std::string& path, const std::vector<StEntry>& entries,
-                       const std::map<std::string, std::string>& metadata) {
+// The header of a file holding `entries`, laid out as the reference writer does: tensors sorted by
+// dtype (widest first) then name, keys in its order (metadata first; dtype, shape, data_offsets), padded
+// with spaces so the data section starts 8-byte aligned. Fills data_offset[i] (relative to the data
+// section) for entries[i]; returns the 8-byte length prefix and the header as one string.
+static std::string build_header(const std::string& path, const std::vector<StEntry>& entries,
+                                const std::map<std::string, std::string>& metadata, std::vector<uint64_t>& data_offset) {
   const char* p = path.c_str();
-  std::vector<const StEntry*> order;
+  std::vector<size_t> order;
   std::set<std::string> names;
-  for (const StEntry& e : entries) {
+  for (size_t i = 0; i < entries.size(); i++) {
+    const StEntry& e = entries[i];
     LLMT_CHECK(!e.name.empty() && e.name != "__metadata__", "%s: invalid tensor name '%s'", p, e.name.c_str());
     LLMT_CHECK(names.insert(e.name).second, "%s: tensor '%s' given twice", p, e.name.c_str());
-    entry_bytes(path, e);  // validates
-    order.push_back(&e);
+    entry_bytes(path, e, false);  // validates
+    order.push_back(i);
   }
-  std::sort(order.begin(), order.end(), [](const StEntry* a, const StEntry* b) {
-    int ra = dtype_rank(a->dtype), rb = dtype_rank(b->dtype);
-    return ra != rb ? ra > rb : a->name < b->name;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    int ra = dtype_rank(entries[a].dtype), rb = dtype_rank(entries[b].dtype);
+    return ra != rb ? ra > rb : entries[a].name < entries[b].name;
   });
 
-  // Build the header by hand to keep the reference's key order (metadata first, then tensors in
-  // data order, fields dtype/shape/data_offsets); nlohmann only escapes the strings.
+  // Built by hand to keep the reference's key order; nlohmann only escapes the strings.
   std::string h = "{";
   if (!metadata.empty()) {
     h += "\"__metadata__\":{";
@@ -432,24 +437,37 @@ void write_safetensors(const std::string& path, const std::vector<StEntry>& entr
     }
     h += "}";
   }
+  data_offset.assign(entries.size(), 0);
   uint64_t off = 0;
-  std::vector<Chunk> chunks(2);  // [0] length, [1] header, then the tensors
-  for (const StEntry* e : order) {
-    uint64_t bytes = entry_bytes(path, *e);
+  for (size_t i : order) {
+    const StEntry& e = entries[i];
+    uint64_t bytes = entry_bytes(path, e, false);
     if (h.size() > 1) h += ",";
-    h += json(e->name).dump() + ":{\"dtype\":\"" + e->dtype + "\",\"shape\":[";
-    for (size_t i = 0; i < e->shape.size(); i++) h += (i ? "," : "") + std::to_string(e->shape[i]);
+    h += json(e.name).dump() + ":{\"dtype\":\"" + e.dtype + "\",\"shape\":[";
+    for (size_t k = 0; k < e.shape.size(); k++) h += (k ? "," : "") + std::to_string(e.shape[k]);
     h += "],\"data_offsets\":[" + std::to_string(off) + "," + std::to_string(off + bytes) + "]}";
+    data_offset[i] = off;
     off += bytes;
-    if (bytes > 0) chunks.push_back({e->data, (size_t)bytes});
   }
   h += "}";
-  h.append((8 - h.size() % 8) % 8, ' ');  // pad so the data section starts 8-byte aligned
+  h.append((8 - h.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; i++) out[i] = (char)(uint8_t)((uint64_t)h.size() >> (8 * i));
+  return out + h;
+}
 
-  uint8_t len[8];
-  for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)h.size() >> (8 * i));
-  chunks[0] = {len, 8};
-  chunks[1] = {h.data(), h.size()};
+void write_safetensors(const std::string& path, const std::vector<StEntry>& entries,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<uint64_t> offset;
+  std::string header = build_header(path, entries, metadata, offset);
+  std::vector<size_t> order(entries.size());
+  for (size_t i = 0; i < order.size(); i++) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return offset[a] < offset[b]; });
+  std::vector<Chunk> chunks = {{header.data(), header.size()}};
+  for (size_t i : order) {
+    uint64_t bytes = entry_bytes(path, entries[i]);
+    if (bytes > 0) chunks.push_back({entries[i].data, (size_t)bytes});
+  }
   write_atomic(path, chunks);
 }
 
@@ -468,26 +486,35 @@ static bool is_shard_name(const std::string& f) {
   return true;
 }
 
-void write_safetensors_model(const std::string& dir, const std::vector<StEntry>& entries, uint64_t max_shard_bytes) {
-  const char* d = dir.c_str();
+// fsync a directory so renames in it are durable; best effort (some filesystems refuse).
+static void fsync_dir(const std::string& dir) {
+  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+}
+
+SafetensorsModelWriter::SafetensorsModelWriter(const std::string& dir, const std::vector<StEntry>& entries,
+                                               uint64_t max_shard_bytes)
+    : dir_(dir.back() == '/' ? dir.substr(0, dir.size() - 1) : dir), entries_(entries) {
+  const char* d = dir_.c_str();
   if (mkdir(d, 0755) != 0 && errno != EEXIST) fail("%s: cannot create directory: %s", d, strerror(errno));
-  LLMT_CHECK(is_dir(dir), "%s: not a directory", d);
-  std::string base = dir.back() == '/' ? dir : dir + "/";
+  LLMT_CHECK(is_dir(dir_), "%s: not a directory", d);
+  std::set<std::string> names;
+  for (const StEntry& e : entries_)
+    LLMT_CHECK(names.insert(e.name).second, "%s: tensor '%s' given twice", d, e.name.c_str());
 
   // Split as huggingface_hub's split_state_dict_into_shards_factory does, including its one quirk:
   // a tensor over the limit is appended as its own shard at once, ahead of the shard being filled.
-  std::set<std::string> names;
-  for (const StEntry& e : entries)
-    LLMT_CHECK(names.insert(e.name).second, "%s: tensor '%s' given twice", d, e.name.c_str());
-
-  std::vector<std::vector<StEntry>> shards;
-  std::vector<StEntry> cur;
-  uint64_t cur_bytes = 0, total = 0;
-  for (const StEntry& e : entries) {
-    uint64_t bytes = entry_bytes(base + "model.safetensors", e);
-    total += bytes;
+  std::vector<std::vector<size_t>> shards;
+  std::vector<size_t> cur;
+  uint64_t cur_bytes = 0;
+  for (size_t i = 0; i < entries_.size(); i++) {
+    uint64_t bytes = entry_bytes(dir_ + "/model.safetensors", entries_[i], false);
+    total_bytes_ += bytes;
     if (bytes > max_shard_bytes) {
-      shards.push_back({e});
+      shards.push_back({i});
       continue;
     }
     if (cur_bytes + bytes > max_shard_bytes) {
@@ -495,31 +522,84 @@ void write_safetensors_model(const std::string& dir, const std::vector<StEntry>&
       cur.clear();
       cur_bytes = 0;
     }
-    cur.push_back(e);
+    cur.push_back(i);
     cur_bytes += bytes;
   }
   if (!cur.empty() || shards.empty()) shards.push_back(std::move(cur));
 
+  // Each file: its header now, its tensors' bytes as write() gets them, at precomputed positions.
+  where_.assign(entries_.size(), {0, 0});
+  for (size_t k = 0; k < shards.size(); k++) {
+    File f;
+    f.name = shards.size() == 1 ? "model.safetensors" : shard_name(k, shards.size());
+    f.tmp = dir_ + "/" + f.name + ".tmp";
+    std::vector<StEntry> in_file;
+    for (size_t i : shards[k]) in_file.push_back(entries_[i]);
+    std::vector<uint64_t> offset;
+    std::string header = build_header(dir_ + "/" + f.name, in_file, {{"format", "pt"}}, offset);
+    f.fd = open(f.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    LLMT_CHECK(f.fd >= 0, "%s: cannot create %s: %s", d, f.tmp.c_str(), strerror(errno));
+    files_.push_back(f);
+    pwrite_all(files_.size() - 1, header.data(), header.size(), 0);
+    for (size_t j = 0; j < shards[k].size(); j++) where_[shards[k][j]] = {files_.size() - 1, header.size() + offset[j]};
+  }
+  written_.assign(entries_.size(), false);
+}
+
+SafetensorsModelWriter::~SafetensorsModelWriter() {
+  if (finished_) return;
+  for (File& f : files_) {  // abandoned (an error elsewhere): leave nothing half-written behind
+    if (f.fd >= 0) close(f.fd);
+    unlink(f.tmp.c_str());
+  }
+}
+
+void SafetensorsModelWriter::pwrite_all(size_t file, const void* data, size_t n, uint64_t pos) {
+  File& f = files_[file];
+  const char* s = (const char*)data;
+  while (n > 0) {
+    ssize_t w = pwrite(f.fd, s, n, (off_t)pos);
+    if (w < 0 && errno == EINTR) continue;
+    LLMT_CHECK(w > 0, "%s/%s: write failed: %s", dir_.c_str(), f.name.c_str(), strerror(errno));
+    s += w;
+    n -= (size_t)w;
+    pos += (uint64_t)w;
+  }
+}
+
+void SafetensorsModelWriter::write(size_t index, const void* data) {
+  LLMT_CHECK(index < entries_.size() && !written_[index], "%s: tensor #%zu written twice or unknown", dir_.c_str(),
+             index);
+  uint64_t bytes = entry_bytes(dir_ + "/model.safetensors", entries_[index], false);
+  LLMT_CHECK(bytes == 0 || data, "%s: tensor '%s': data is null", dir_.c_str(), entries_[index].name.c_str());
+  if (bytes > 0) pwrite_all(where_[index].first, data, (size_t)bytes, where_[index].second);
+  written_[index] = true;
+}
+
+void SafetensorsModelWriter::finish() {
+  const char* d = dir_.c_str();
+  for (size_t i = 0; i < entries_.size(); i++)
+    LLMT_CHECK(written_[i], "%s: tensor '%s' was never written", d, entries_[i].name.c_str());
   std::set<std::string> keep;
-  if (shards.size() == 1) {
-    write_safetensors(base + "model.safetensors", shards[0]);
-    keep.insert("model.safetensors");
-  } else {
+  for (File& f : files_) {
+    LLMT_CHECK(fsync(f.fd) == 0, "%s: fsync of %s failed: %s", d, f.tmp.c_str(), strerror(errno));
+    LLMT_CHECK(close(f.fd) == 0, "%s: close of %s failed: %s", d, f.tmp.c_str(), strerror(errno));
+    f.fd = -1;
+  }
+  if (files_.size() > 1) unlink((dir_ + "/model.safetensors").c_str());  // it would win over the index
+  for (File& f : files_) {
+    LLMT_CHECK(rename(f.tmp.c_str(), (dir_ + "/" + f.name).c_str()) == 0, "%s: rename of %s failed: %s", d,
+               f.tmp.c_str(), strerror(errno));
+    keep.insert(f.name);
+  }
+  if (files_.size() > 1) {
     json wm = json::object();
-    for (size_t i = 0; i < shards.size(); i++) {
-      std::string f = shard_name(i, shards.size());
-      write_safetensors(base + f, shards[i]);
-      for (const StEntry& e : shards[i]) wm[e.name] = f;
-      keep.insert(f);
-    }
-    // a stale model.safetensors would be loaded in preference to the new index: remove it first
-    unlink((base + "model.safetensors").c_str());
-    json idx = {{"metadata", {{"total_size", total}}}, {"weight_map", wm}};
+    for (size_t i = 0; i < entries_.size(); i++) wm[entries_[i].name] = files_[where_[i].first].name;
+    json idx = {{"metadata", {{"total_size", total_bytes_}}}, {"weight_map", wm}};
     std::string text = idx.dump(2, ' ', true) + "\n";  // as json.dumps(indent=2, sort_keys=True)
-    write_atomic(base + "model.safetensors.index.json", {{text.data(), text.size()}});
+    write_atomic(dir_ + "/model.safetensors.index.json", {{text.data(), text.size()}});
     keep.insert("model.safetensors.index.json");
   }
-
   // Remove what an earlier save left: the index and shards the new layout does not use.
   std::vector<std::string> stale;
   if (DIR* dp = opendir(d)) {
@@ -529,7 +609,15 @@ void write_safetensors_model(const std::string& dir, const std::vector<StEntry>&
     }
     closedir(dp);
   }
-  for (const std::string& f : stale) unlink((base + f).c_str());
+  for (const std::string& f : stale) unlink((dir_ + "/" + f).c_str());
+  fsync_dir(dir_);
+  finished_ = true;
+}
+
+void write_safetensors_model(const std::string& dir, const std::vector<StEntry>& entries, uint64_t max_shard_bytes) {
+  SafetensorsModelWriter w(dir, entries, max_shard_bytes);
+  for (size_t i = 0; i < entries.size(); i++) w.write(i, entries[i].data);
+  w.finish();
 }
 
 }  // namespace llmt

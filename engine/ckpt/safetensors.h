@@ -93,4 +93,33 @@ void write_safetensors(const std::string& path, const std::vector<StEntry>& entr
 // save there that the new layout does not use.
 void write_safetensors_model(const std::string& dir, const std::vector<StEntry>& entries, uint64_t max_shard_bytes);
 
+// The same model layout written tensor by tensor, so a caller never holds every tensor at once (the
+// trainer's export gathers one FSDP unit at a time). The constructor fixes names, dtypes, shapes and
+// the shard split (the entries' data is not read) and writes the headers to temporary files; write(i)
+// puts entry i's bytes in place, in any order; finish() checks every tensor arrived, fsyncs and
+// renames the files into place and writes the index. Destroyed unfinished, it removes its files.
+class SafetensorsModelWriter {
+ public:
+  SafetensorsModelWriter(const std::string& dir, const std::vector<StEntry>& entries, uint64_t max_shard_bytes);
+  ~SafetensorsModelWriter();
+  SafetensorsModelWriter(const SafetensorsModelWriter&) = delete;
+  SafetensorsModelWriter& operator=(const SafetensorsModelWriter&) = delete;
+  void write(size_t index, const void* data);  // numel * dtype size bytes
+  void finish();
+
+ private:
+  struct File {
+    std::string name, tmp;
+    int fd = -1;
+  };
+  void pwrite_all(size_t file, const void* data, size_t n, uint64_t pos);
+  std::string dir_;
+  std::vector<StEntry> entries_;
+  std::vector<File> files_;
+  std::vector<std::pair<size_t, uint64_t>> where_;  // entry -> (file, byte position)
+  std::vector<bool> written_;
+  uint64_t total_bytes_ = 0;
+  bool finished_ = false;
+};
+
 }  // namespace llmt

@@ -203,6 +203,7 @@ struct Run {
   std::unique_ptr<Tokenizer> tok;
   TokenDataset train, eval;
   int B = 0, T = 0, pad_id = 0;
+  std::string tokenizer_dir;  // where the tokenizer's files are, to copy into saved models
   std::ofstream metrics;
 };
 
@@ -237,18 +238,21 @@ double evaluate(Run& r) {
   return counted > 0 ? loss_sum / counted : NAN;
 }
 
-// Writes the model as a Hugging Face directory: every rank gathers, rank 0 writes.
+// Writes the model as a Hugging Face directory, one unit at a time: every rank takes part in the
+// unit's gather, rank 0 writes it; then the tokenizer's files beside it.
 void save_model(Run& r, const std::string& dir) {
   const ModelLayout& L = r.model->layout();
-  std::vector<std::vector<float>> host(L.units.size());
+  std::unique_ptr<HfExporter> ex;
+  if (r.world.rank() == 0) ex = std::make_unique<HfExporter>(dir, r.cfg, L, r.a.bf16 ? "BF16" : "F32");
+  std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
-    host[u].resize((size_t)L.units[u].numel);
-    r.store->get_unit((int)u, host[u].data());
+    host.resize((size_t)L.units[u].numel);
+    r.store->get_unit((int)u, host.data());
+    if (ex) ex->write_unit((int)u, host.data());
   }
-  if (r.world.rank() == 0) {
-    std::vector<const float*> ptrs;
-    for (auto& h : host) ptrs.push_back(h.data());
-    save_hf_model(dir, r.cfg, L, ptrs, r.a.bf16 ? "BF16" : "F32");
+  if (ex) {
+    ex->finish();
+    if (!r.tokenizer_dir.empty()) copy_tokenizer_files(r.tokenizer_dir, dir);
   }
   r.world.barrier();
 }
@@ -281,7 +285,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
     log_info("note   --bf16/--tf32 select CUDA compute precisions; the CPU backend computes in fp32%s",
              a.bf16 ? " (saved models are written in bf16)" : "");
   Strategy strategy = parse_fsdp(a.fsdp);
-  Run r{a, world, launch, {}, nullptr, nullptr, nullptr, nullptr, {}, {}, 0, 0, 0, {}};
+  Run r{a, world, launch, {}, nullptr, nullptr, nullptr, nullptr, {}, {}, 0, 0, 0, {}, {}};
   if (world.rank() == 0) make_dir(a.output_dir);
   world.barrier();
   log_info("%s", describe_layout(launch, a.device).c_str());
@@ -297,6 +301,11 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
                cfg.arch_name(), want);
   }
   r.tok = pick_tokenizer(a, cfg);
+  {
+    std::string t = a.tokenizer_name_or_path.empty() ? a.model_name_or_path : a.tokenizer_name_or_path;
+    struct stat st;
+    if (t != "bytes" && stat(t.c_str(), &st) == 0) r.tokenizer_dir = S_ISDIR(st.st_mode) ? t : t.substr(0, t.rfind('/'));
+  }
   int threads = a.threads;
   if (threads <= 0) threads = std::max(1, (int)std::thread::hardware_concurrency() / launch.local_size);
   r.be = make_cpu_backend(threads);
