@@ -74,8 +74,8 @@ static void bench(const Tokenizer& tok, const std::string& path, const std::stri
   double line_med = median(by_line, &line_tokens);
   std::printf(
       "{\"impl\": \"llmt\", \"tokenizer\": \"%s\", \"kind\": \"%s\", \"file\": \"%s\", \"bytes\": %zu, "
-      "\"tokens\": %zu, \"threads\": 1, \"repeats\": %d, \"load_s\": %.4f, \"cold_s\": %.5f, \"median_s\": %.5f, "
-      "\"mb_per_s\": %.2f, \"tokens_per_s\": %.0f, \"lines\": %zu, \"line_tokens\": %zu, \"lines_median_s\": %.5f, "
+      "\"tokens\": %zu, \"threads\": 1, \"repeats\": %d, \"load_s\": %.4f, \"cold_s\": %.6f, \"median_s\": %.6f, "
+      "\"mb_per_s\": %.2f, \"tokens_per_s\": %.0f, \"lines\": %zu, \"line_tokens\": %zu, \"lines_median_s\": %.6f, "
       "\"lines_mb_per_s\": %.2f}\n",
       json_escape(tok_path).c_str(), tok.kind().c_str(), json_escape(path).c_str(), text.size(), tokens, repeats,
       load_s, cold, med, text.size() / med / 1e6, tokens / med, lines.size(), line_tokens, line_med,

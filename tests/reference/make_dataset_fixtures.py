@@ -8,30 +8,91 @@ published code so that the `datasets` package is not needed.
 
 Writes tests/reference/datasets/*.json (committed). Hashes are FNV-1a 64 over the little-endian int32
 bytes of a sequence, written as 16 hex digits (tests/data/test_datasets.cpp computes the same).
+
+LLaMA-2 is tokenized as llmt tokenizes a tokenizer.model by default (SentencePieceFlavor::kScoreMerges):
+LlamaTokenizerFast over the legacy tokenizer.json with merges ranked by piece score (the form of the
+meta-llama/Llama-2-*-hf tokenizer.json, transformers 4), built from tests/reference/tokenizers_sp/ as
+make_sentencepiece_fixtures.py builds its score_merges form; BOS added, no EOS. Its ids are checked
+against that script's score_merges hashes and compared with the sentencepiece library's (printed, and
+recorded under "sentencepiece" in the llama2 fixtures).
 """
 import argparse
 import json
 import os
 import sys
+import tempfile
 from io import StringIO
 
+import sentencepiece as spm
 import tokenizers
 import transformers
+from sentencepiece import sentencepiece_model_pb2
 from transformers import GPT2TokenizerFast, LlamaTokenizerFast
+from transformers.tokenization_utils_base import generate_merges
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "datasets")
+SP_FIXTURES = os.path.join(HERE, "tokenizers_sp")  # written by make_sentencepiece_fixtures.py
 
 # ---- tokenizers, as the real checkpoints configure them ----
 
 
+def fnv1a64_lines(list_of_ids):  # make_sentencepiece_fixtures.py's corpus hash: all lines, each followed by -1
+    h = 0xCBF29CE484222325
+    for ids in list_of_ids:
+        for i in list(ids) + [-1]:
+            for b in (i & 0xFFFFFFFF).to_bytes(4, "little"):
+                h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+
+
+def alpaca_strings(data):  # make_sentencepiece_fixtures.py's Alpaca corpus
+    out = []
+    for name in ("alpaca_seed_tasks.json", "gpteacher-codegen.json"):
+        with open(os.path.join(data, "alpaca", name), encoding="utf-8") as f:
+            for rec in json.load(f):
+                out += [rec[k] for k in ("instruction", "input", "output", "response") if isinstance(rec.get(k), str)]
+    return out
+
+
+def llama2_score_merges(data):
+    """LlamaTokenizerFast over the score-ordered legacy LLaMA-2 tokenizer.json: tokenizers_sp/tokenizer.json
+    with variants.json's "legacy_normalizer" (Prepend "▁" + Replace " " -> "▁", no pre-tokenizer) and the
+    merges ranked by piece score (generate_merges with the tokenizer.model's scores), i.e.
+    make_sentencepiece_fixtures.py's score_merges form, which that script does not store."""
+    with open(os.path.join(SP_FIXTURES, "tokenizer.json"), encoding="utf-8") as f:
+        base = json.load(f)
+    with open(os.path.join(SP_FIXTURES, "variants.json"), encoding="utf-8") as f:
+        variants = json.load(f)
+    proto = sentencepiece_model_pb2.ModelProto()
+    with open(os.path.join(data, "tokenizers/llama2/tokenizer.model"), "rb") as f:
+        proto.ParseFromString(f.read())
+    vocab = {p.piece: i for i, p in enumerate(proto.pieces)}
+    assert vocab == base["model"]["vocab"], "tokenizers_sp/tokenizer.json is not this tokenizer.model's"
+    merges = [list(m) for m in generate_merges(vocab, {p.piece: p.score for p in proto.pieces})]
+    score_json = {**base, **variants["legacy_normalizer"], "model": dict(base["model"], merges=merges)}
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "tokenizer.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(score_json, f, ensure_ascii=False)
+    # meta-llama/Llama-2-*-hf: tokenizer_config.json sets add_bos_token=True, add_eos_token=False.
+    llama = LlamaTokenizerFast(tokenizer_file=path, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                               add_bos_token=True, add_eos_token=False)
+    # Same ids as make_sentencepiece_fixtures.py's score_merges form (its Alpaca corpus hash), so the
+    # tokenizer was used as written (LlamaTokenizerFast did not rebuild its pipeline).
+    with open(os.path.join(SP_FIXTURES, "corpora.json")) as f:
+        want = json.load(f)["alpaca"]["fnv64"]["score_merges"]
+    got = fnv1a64_lines(llama(alpaca_strings(data), add_special_tokens=False).input_ids)
+    assert got == want, f"score-merge tokenizer differs from tokenizers_sp/corpora.json ({got} vs {want})"
+    return llama
+
+
 def load_tokenizers(data):
     gpt2 = GPT2TokenizerFast.from_pretrained(os.path.join(data, "tokenizers/gpt2"))  # vocab.json + merges.txt
-    # meta-llama/Llama-2-*-hf: tokenizer_config.json sets add_bos_token=True, add_eos_token=False.
-    llama = LlamaTokenizerFast.from_pretrained(
-        os.path.join(data, "tokenizers/llama2"), add_bos_token=True, add_eos_token=False
-    )
+    llama = llama2_score_merges(data)
     assert llama("Hello world!").input_ids == [1, 15043, 3186, 29991], llama("Hello world!").input_ids
+    assert (llama.bos_token_id, llama.eos_token_id, llama.unk_token_id) == (1, 2, 0)
+    assert llama("a").input_ids[0] == 1 and llama("a").input_ids[-1] != 2  # BOS added, no EOS
     assert gpt2("Hello world").input_ids == [15496, 995]
     return {"gpt2": gpt2, "llama2": llama}
 
@@ -154,6 +215,40 @@ def stanford_alpaca(recs, tok, max_len):
     return out
 
 
+# ---- the sentencepiece library, for comparison ----
+
+SPECIAL_LITERALS = ("<s>", "</s>", "<unk>")  # Hugging Face turns these into their ids; sentencepiece does not
+
+
+def sentencepiece_alpaca(recs, tok, sp, max_len):
+    """llmt_alpaca's records and the sentencepiece library's: [BOS] + prompt, response + [EOS]; counts of
+    records whose prompt ids, response ids, and (cut) input_ids agree, and of those with special literals."""
+    sources, _ = sources_targets(recs, tok)
+    same = {"records": len(recs), "same_prompt_ids": 0, "same_response_ids": 0, "same_ids": 0,
+            "with_special_literals": 0, "differ_without_special_literals": 0}
+    for s, e in zip(sources, recs):
+        p, t = tok(s).input_ids, tok(e["output"], add_special_tokens=False).input_ids
+        sp_p, sp_t = [sp.bos_id()] + sp.encode(s), sp.encode(e["output"])
+        ok = (p + t + [tok.eos_token_id])[:max_len] == (sp_p + sp_t + [sp.eos_id()])[:max_len]
+        same["same_prompt_ids"] += p == sp_p
+        same["same_response_ids"] += t == sp_t
+        same["same_ids"] += ok
+        special = any(x in s + e["output"] for x in SPECIAL_LITERALS)
+        same["with_special_literals"] += special
+        same["differ_without_special_literals"] += not ok and not special
+    return same
+
+
+def sentencepiece_lines(lines, tok, sp):
+    same = {"lines": len(lines), "same_ids": 0, "with_special_literals": 0, "differ_without_special_literals": 0}
+    for line, a, b in zip(lines, tok(lines).input_ids, sp.encode(lines)):
+        ok, special = a == [sp.bos_id()] + b, any(x in line for x in SPECIAL_LITERALS)
+        same["same_ids"] += ok
+        same["with_special_literals"] += special
+        same["differ_without_special_literals"] += not ok and not special
+    return same
+
+
 # ---- main ----
 
 
@@ -173,16 +268,22 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     toks = load_tokenizers(data)
     made_with = {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(data, "tokenizers/llama2/tokenizer.model"))
+    sp_made_with = dict(made_with, sentencepiece=spm.__version__)
 
     block_size, n_blocks_checked, n_full = 128, 50, 2
     for tname, tok in toks.items():
         for rule, reader in (("text", text_loader_lines), ("wikitext", wikitext_lines)):
             lines = reader(os.path.join(data, "wikitext-2/valid.txt"))
             blocks, dropped = run_clm_blocks(lines, tok, block_size)
+            extra = {}
+            if tname == "llama2":  # line by line, [BOS] + sentencepiece's ids
+                extra["sentencepiece"] = sentencepiece_lines(lines, tok, sp)
+                print("sentencepiece, wikitext-2 valid,", rule, extra["sentencepiece"], file=sys.stderr)
             write(
                 f"wikitext2_valid_{rule}_{tname}_b{block_size}.json",
                 {
-                    "made_with": made_with,
+                    "made_with": sp_made_with if extra else made_with,
                     "tokenizer": tname,
                     "file": "wikitext-2/valid.txt",
                     "rule": rule,
@@ -194,20 +295,26 @@ def main():
                     "hash_all": fnv1a64([t for b in blocks for t in b]),
                     "block_hashes": [fnv1a64(b) for b in blocks[:n_blocks_checked]],
                     "first_blocks": blocks[:n_full],
+                    **extra,
                 },
             )
 
     max_len, n_records, n_full = 512, 30, 3
     for fname in ("alpaca/alpaca_seed_tasks.json", "alpaca/gpteacher-codegen.json"):
-        recs = alpaca_records(os.path.join(data, fname))[:n_records]
+        all_recs = alpaca_records(os.path.join(data, fname))
+        recs = all_recs[:n_records]
         for tname, tok in toks.items():
             ours = llmt_alpaca(recs, tok, max_len)
             theirs = stanford_alpaca(recs, tok, max_len)
             stem = os.path.splitext(os.path.basename(fname))[0].replace("-", "_")
+            extra = {}
+            if tname == "llama2":  # every record of the file, not only the first n_records
+                extra["sentencepiece"] = sentencepiece_alpaca(all_recs, tok, sp, max_len)
+                print("sentencepiece,", fname, extra["sentencepiece"], file=sys.stderr)
             write(
                 f"{stem}_{tname}.json",
                 {
-                    "made_with": made_with,
+                    "made_with": sp_made_with if extra else made_with,
                     "tokenizer": tname,
                     "file": fname,
                     "model_max_length": max_len,
@@ -224,6 +331,7 @@ def main():
                         [x for x in a[1] if x != IGNORE_INDEX] == [x for x in b[1] if x != IGNORE_INDEX]
                         for a, b in zip(ours, theirs)
                     ),
+                    **extra,
                 },
             )
     return 0
