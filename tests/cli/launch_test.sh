@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# scripts/launch.sh: the mpirun command it builds for given hostfiles and env files (--dry-run,
+# compared word for word), the hostfile and env-file errors (each must name its line), and one real
+# launch on this machine that shows env-file variables reaching every rank.
+# Usage: launch_test.sh path/to/scripts/launch.sh [path/to/llmt]
+set -uo pipefail
+launch=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+llmt=${2:-}
+[ -z "$llmt" ] || llmt=$(cd "$(dirname "$llmt")" && pwd)/$(basename "$llmt")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work" || exit 1
+mkdir -p home sys/class/net/{eth0,eth1,ib0,lo,docker0}
+root=""
+[ "$(id -u)" -ne 0 ] || root=" --allow-run-as-root"
+failures=0
+
+# A clean environment: only what each case sets reaches launch.sh.
+run() { env -i HOME="$work/home" PATH=/usr/bin:/bin LLMT_GPUS_PER_NODE=0 "$@"; }
+
+expect() {  # expect NAME EXPECTED -- command...
+  local name=$1 want=$2
+  shift 3
+  local got
+  got=$("$@" 2> "$work/stderr")
+  local rc=$?
+  if [ $rc -ne 0 ] || [ "$got" != "$want" ]; then
+    echo "FAIL $name (rc $rc)"
+    echo "  want: $want"
+    echo "  got:  $got"
+    sed 's/^/  stderr: /' "$work/stderr"
+    failures=$((failures + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+
+expect_error() {  # expect_error NAME TEXT -- command...   (must fail and say TEXT)
+  local name=$1 text=$2
+  shift 3
+  "$@" > "$work/stdout" 2> "$work/stderr"
+  local rc=$?
+  if [ $rc -eq 0 ] || ! grep -qF -- "$text" "$work/stderr"; then
+    echo "FAIL $name (rc $rc): stderr should say: $text"
+    sed 's/^/  stderr: /' "$work/stderr"
+    failures=$((failures + 1))
+  else
+    echo "ok   $name: $(head -n 1 "$work/stderr")"
+  fi
+}
+
+cat > two-nodes <<'EOF'
+# two nodes, 8 GPUs each
+10.0.0.1 slots=8 max_slots=8
+
+10.0.0.2   slots=8   # the second node
+EOF
+cat > netcheck.env <<'EOF'
+# written by llmt netcheck --write-env
+NCCL_IB_HCA==mlx5_0:1,mlx5_1:1
+
+export NCCL_SOCKET_IFNAME==eth0
+LLMT_GREETING="hello world"
+   NCCL_DEBUG=WARN
+EOF
+
+# 1. env file (comments, blanks, export, quotes), the caller's NCCL_/UCX_ variables (the file wins),
+#    NCCL_SOCKET_IFNAME's '=' stripped for Open MPI
+expect "two nodes, env file, caller's NCCL/UCX variables" \
+  "mpirun$root --hostfile two-nodes -np 16 --map-by ppr:8:node --bind-to numa --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 -x NCCL_IB_HCA==mlx5_0:1,mlx5_1:1 -x NCCL_SOCKET_IFNAME==eth0 -x 'LLMT_GREETING=hello world' -x NCCL_DEBUG=WARN -x NCCL_ALGO -x UCX_TLS -x PATH llmt train --fsdp 'full_shard auto_wrap'" \
+  -- run NCCL_DEBUG=INFO NCCL_ALGO=Ring UCX_TLS=rc,sm OTHER=1 bash "$launch" --hostfile two-nodes --env-file netcheck.env --dry-run -- llmt train --fsdp "full_shard auto_wrap"
+grep -q "NCCL_DEBUG=INFO in this shell is overridden by the env file: WARN" "$work/stderr" ||
+  { echo "FAIL the override note is missing"; failures=$((failures + 1)); }
+
+# 2. NCCL prefixes expand over this node's interfaces; '^' becomes an exclusion that keeps lo out
+expect "NCCL_SOCKET_IFNAME=eth (prefix)" \
+  "mpirun$root --hostfile two-nodes -np 16 --map-by ppr:8:node --bind-to numa --mca btl_tcp_if_include eth0,eth1 --mca oob_tcp_if_include eth0,eth1 -x NCCL_SOCKET_IFNAME -x PATH llmt" \
+  -- run LLMT_SYSFS_ROOT="$work/sys" NCCL_SOCKET_IFNAME=eth bash "$launch" --hostfile two-nodes --dry-run -- llmt
+expect "NCCL_SOCKET_IFNAME=^docker (exclusion)" \
+  "mpirun$root --hostfile two-nodes -np 16 --map-by ppr:8:node --bind-to numa --mca btl_tcp_if_exclude lo,docker0 --mca oob_tcp_if_exclude lo,docker0 -x NCCL_SOCKET_IFNAME -x PATH llmt" \
+  -- run LLMT_SYSFS_ROOT="$work/sys" NCCL_SOCKET_IFNAME=^docker bash "$launch" --hostfile two-nodes --dry-run -- llmt
+expect "NCCL_SOCKET_IFNAME==ib0,eth1 (exact list)" \
+  "mpirun$root --hostfile two-nodes -np 16 --map-by ppr:8:node --bind-to numa --mca btl_tcp_if_include ib0,eth1 --mca oob_tcp_if_include ib0,eth1 -x NCCL_SOCKET_IFNAME -x PATH llmt" \
+  -- run LLMT_SYSFS_ROOT="$work/sys" NCCL_SOCKET_IFNAME==ib0,eth1 bash "$launch" --hostfile two-nodes --dry-run -- llmt
+
+# 3. ./.llmt_env is found by itself, then ~/.llmt_env; --np, --bind-to, --mpirun-arg; GPUs agree
+echo "LLMT_FROM=home" > home/.llmt_env
+expect "HOME/.llmt_env when ./.llmt_env is absent" \
+  "mpirun$root --hostfile two-nodes -np 4 --map-by ppr:8:node --bind-to none -x LLMT_FROM=home -x PATH --report-bindings llmt" \
+  -- run LLMT_GPUS_PER_NODE=8 bash "$launch" --hostfile two-nodes --np 4 --bind-to none --mpirun-arg --report-bindings --dry-run -- llmt
+echo "LLMT_FROM=cwd" > .llmt_env
+expect "./.llmt_env first" \
+  "mpirun$root --hostfile two-nodes -np 16 --map-by ppr:8:node --bind-to numa -x LLMT_FROM=cwd -x PATH -x OMP_NUM_THREADS llmt" \
+  -- run OMP_NUM_THREADS=4 bash "$launch" --hostfile two-nodes --dry-run -- llmt
+rm .llmt_env
+expect "hostfile check" "two-nodes: 2 host(s) x 8 slots = 16 ranks" -- run bash "$launch" --hostfile two-nodes --check
+
+# 4. errors, each naming where
+printf 'a slots=2\nb slots=2\na slots=2\n' > dup
+expect_error "duplicate host" "dup line 3: a is already on line 1" -- run bash "$launch" --hostfile dup --check
+printf '# c\nnode1\n' > noslots
+expect_error "missing slots" "noslots line 2: node1 has no slots=N" -- run bash "$launch" --hostfile noslots --check
+printf 'node1 slots=0\n' > zero
+expect_error "zero slots" "zero line 1: node1 has zero slots" -- run bash "$launch" --hostfile zero --check
+printf 'n1 slots=8\n\nn2 slots=4\n' > unequal
+expect_error "unequal slots" "unequal line 3: n2 has slots=4 but n1 (line 1) has slots=8" -- run bash "$launch" --hostfile unequal --check
+expect_error "slots vs GPUs" "two-nodes line 2: slots=8 but the nodes have 4 GPUs (LLMT_GPUS_PER_NODE)" \
+  -- run LLMT_GPUS_PER_NODE=4 bash "$launch" --hostfile two-nodes --check
+printf 'n1 slots=2 cpus=4\n' > token
+expect_error "unknown word" "token line 1: 'cpus=4' is not understood" -- run bash "$launch" --hostfile token --check
+printf 'n1 slots=4 max_slots=2\n' > maxs
+expect_error "max_slots below slots" "maxs line 1: max_slots=2 is below slots=4" -- run bash "$launch" --hostfile maxs --check
+printf '# nothing\n\n' > empty
+expect_error "no hosts" "empty names no host" -- run bash "$launch" --hostfile empty --check
+printf 'GOOD=1\nthis is not an assignment\n' > bad.env
+expect_error "bad env-file line" "bad.env line 2: 'this is not an assignment' is not KEY=value" \
+  -- run bash "$launch" --hostfile two-nodes --env-file bad.env --dry-run -- llmt
+expect_error "np over slots" "--np 17 is more than the 16 slots of two-nodes" \
+  -- run bash "$launch" --hostfile two-nodes --np 17 --dry-run -- llmt
+expect_error "no program" "no program given" -- run bash "$launch" --hostfile two-nodes --dry-run
+
+# 5. a real launch on this machine: env-file variables reach every rank, and llmt netcheck runs
+printf 'localhost slots=2\n' > local
+printf '# for every rank\nLLMT_PROBE="reached me"\n' > probe.env
+out=$(run OMPI_MCA_mpi_yield_when_idle=1 bash "$launch" --hostfile local --env-file probe.env -- \
+      bash -c 'echo "rank $OMPI_COMM_WORLD_RANK: $LLMT_PROBE"' 2>&1)
+if [ "$(echo "$out" | grep -c ': reached me$')" -eq 2 ]; then
+  echo "ok   real launch: both ranks see LLMT_PROBE"
+else
+  echo "FAIL real launch"; echo "$out" | sed 's/^/  /'; failures=$((failures + 1))
+fi
+if [ -n "$llmt" ]; then
+  out=$(run OMPI_MCA_mpi_yield_when_idle=1 bash "$launch" --hostfile local -- "$llmt" netcheck --write-env "$work/out.env" 2>&1)
+  if echo "$out" | grep -q "2 ranks on 1 node" && grep -q "^NCCL_SOCKET_IFNAME=" "$work/out.env"; then
+    echo "ok   real launch: llmt netcheck on 2 ranks wrote $(grep -c '^[A-Z]' "$work/out.env") settings"
+  else
+    echo "FAIL llmt netcheck through launch.sh"; echo "$out" | sed 's/^/  /'; failures=$((failures + 1))
+  fi
+fi
+
+if [ $failures -ne 0 ]; then echo "$failures FAILED"; exit 1; fi
+echo "PASS"
