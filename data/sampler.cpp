@@ -1,20 +1,15 @@
 #include "data/sampler.h"
 
 #include "engine/core/error.h"
+#include "engine/core/rng.h"
 
 namespace llmt {
 
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) {
   std::vector<int64_t> p((size_t)n);
   for (int64_t i = 0; i < n; i++) p[(size_t)i] = i;
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + (uint64_t)epoch + 1;
-  for (int64_t i = n - 1; i > 0; i--) {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);  // splitmix64
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    std::swap(p[(size_t)i], p[(size_t)(z % (uint64_t)(i + 1))]);
-  }
+  SplitMix64 rng{stream_state(seed, (uint64_t)epoch)};
+  for (int64_t i = n - 1; i > 0; i--) std::swap(p[(size_t)i], p[(size_t)(rng.next() % (uint64_t)(i + 1))]);
   return p;
 }
 

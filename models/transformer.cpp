@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/core/error.h"
+#include "engine/core/rng.h"
 
 namespace llmt {
 
@@ -258,23 +259,8 @@ void FullUnitStore::zero_grads() {
   for (size_t u = 0; u < grads_.size(); u++) be_.zero(grads_[u], sizeof(float) * layout_.units[u].numel);
 }
 
-namespace {
-// splitmix64: a small, well-mixed generator; normals by Box-Muller.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return ((next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }  // (0, 1)
-  double normal() { return std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform()); }
-};
-}  // namespace
-
 void init_unit_params(const ModelConfig& cfg, const UnitLayout& unit, int unit_index, uint64_t seed, float* host) {
-  Rng rng{seed * 0x100000001b3ull + (uint64_t)unit_index * 0x9e3779b97f4a7c15ull + 1};
+  SplitMix64 rng{stream_state(seed, (uint64_t)unit_index)};
   const float std_dev = 0.02f;
   const float proj_std = std_dev / std::sqrt(2.0f * cfg.n_layer);
   for (const ParamSpec& p : unit.params) {

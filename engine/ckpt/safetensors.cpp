@@ -529,27 +529,37 @@ SafetensorsModelWriter::SafetensorsModelWriter(const std::string& dir, const std
 
   // Each file: its header now, its tensors' bytes as write() gets them, at precomputed positions.
   where_.assign(entries_.size(), {0, 0});
-  for (size_t k = 0; k < shards.size(); k++) {
-    File f;
-    f.name = shards.size() == 1 ? "model.safetensors" : shard_name(k, shards.size());
-    f.tmp = dir_ + "/" + f.name + ".tmp";
-    std::vector<StEntry> in_file;
-    for (size_t i : shards[k]) in_file.push_back(entries_[i]);
-    std::vector<uint64_t> offset;
-    std::string header = build_header(dir_ + "/" + f.name, in_file, {{"format", "pt"}}, offset);
-    f.fd = open(f.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    LLMT_CHECK(f.fd >= 0, "%s: cannot create %s: %s", d, f.tmp.c_str(), strerror(errno));
-    files_.push_back(f);
-    pwrite_all(files_.size() - 1, header.data(), header.size(), 0);
-    for (size_t j = 0; j < shards[k].size(); j++) where_[shards[k][j]] = {files_.size() - 1, header.size() + offset[j]};
+  try {
+    for (size_t k = 0; k < shards.size(); k++) {
+      File f;
+      f.name = shards.size() == 1 ? "model.safetensors" : shard_name(k, shards.size());
+      f.tmp = dir_ + "/" + f.name + ".tmp";
+      std::vector<StEntry> in_file;
+      for (size_t i : shards[k]) in_file.push_back(entries_[i]);
+      std::vector<uint64_t> offset;
+      std::string header = build_header(dir_ + "/" + f.name, in_file, {{"format", "pt"}}, offset);
+      f.fd = open(f.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      LLMT_CHECK(f.fd >= 0, "%s: cannot create %s: %s", d, f.tmp.c_str(), strerror(errno));
+      files_.push_back(f);
+      pwrite_all(files_.size() - 1, header.data(), header.size(), 0);
+      for (size_t j = 0; j < shards[k].size(); j++) where_[shards[k][j]] = {files_.size() - 1, header.size() + offset[j]};
+    }
+  } catch (...) {
+    abandon();  // the destructor does not run for a constructor that throws
+    throw;
   }
   written_.assign(entries_.size(), false);
 }
 
 SafetensorsModelWriter::~SafetensorsModelWriter() {
-  if (finished_) return;
-  for (File& f : files_) {  // abandoned (an error elsewhere): leave nothing half-written behind
+  if (!finished_) abandon();
+}
+
+// Unfinished (an error here or elsewhere): leave nothing half-written behind.
+void SafetensorsModelWriter::abandon() {
+  for (File& f : files_) {
     if (f.fd >= 0) close(f.fd);
+    f.fd = -1;
     unlink(f.tmp.c_str());
   }
 }
@@ -586,7 +596,6 @@ void SafetensorsModelWriter::finish() {
     LLMT_CHECK(close(f.fd) == 0, "%s: close of %s failed: %s", d, f.tmp.c_str(), strerror(errno));
     f.fd = -1;
   }
-  if (files_.size() > 1) unlink((dir_ + "/model.safetensors").c_str());  // it would win over the index
   for (File& f : files_) {
     LLMT_CHECK(rename(f.tmp.c_str(), (dir_ + "/" + f.name).c_str()) == 0, "%s: rename of %s failed: %s", d,
                f.tmp.c_str(), strerror(errno));
@@ -599,6 +608,8 @@ void SafetensorsModelWriter::finish() {
     std::string text = idx.dump(2, ' ', true) + "\n";  // as json.dumps(indent=2, sort_keys=True)
     write_atomic(dir_ + "/model.safetensors.index.json", {{text.data(), text.size()}});
     keep.insert("model.safetensors.index.json");
+    // only now, with the new shards and index in place: an old single file would win over the index
+    unlink((dir_ + "/model.safetensors").c_str());
   }
   // Remove what an earlier save left: the index and shards the new layout does not use.
   std::vector<std::string> stale;

@@ -113,6 +113,7 @@ class SafetensorsModelWriter {
     int fd = -1;
   };
   void pwrite_all(size_t file, const void* data, size_t n, uint64_t pos);
+  void abandon();
   std::string dir_;
   std::vector<StEntry> entries_;
   std::vector<File> files_;

@@ -180,8 +180,13 @@ std::vector<int64_t> checkpoint_steps(const std::string& dir) {
   return steps;
 }
 
+// --tokenizer_name_or_path, else the model directory: a directory, a tokenizer file, or "bytes".
+std::string tokenizer_source(const TrainArgs& a) {
+  return a.tokenizer_name_or_path.empty() ? a.model_name_or_path : a.tokenizer_name_or_path;
+}
+
 std::unique_ptr<Tokenizer> pick_tokenizer(const TrainArgs& a, const ModelConfig& cfg) {
-  std::string name = a.tokenizer_name_or_path.empty() ? a.model_name_or_path : a.tokenizer_name_or_path;
+  std::string name = tokenizer_source(a);
   LLMT_CHECK(!name.empty(), "no tokenizer: give --tokenizer_name_or_path (a tokenizer directory or file, or \"bytes\" "
                             "for byte-level ids 0..255)");
   std::unique_ptr<Tokenizer> tok = name == "bytes" ? make_byte_tokenizer() : load_tokenizer(name);
@@ -209,7 +214,9 @@ struct Run {
 
 // Mean loss over every token counted on every rank.
 double evaluate(Run& r) {
-  const int B = r.B, W = r.world.size(), rank = r.world.rank();
+  // per_device_eval_batch_size examples per rank per round, in rows of the training-sized activations
+  const int B = r.a.per_device_eval_batch_size > 0 ? r.a.per_device_eval_batch_size : r.B;
+  const int W = r.world.size(), rank = r.world.rank();
   const int64_t n = r.eval.size(), per_round = (int64_t)W * B;
   const int64_t rounds = (n + per_round - 1) / per_round;  // the same on every rank: forward is collective
   std::vector<int32_t> tokens, targets;
@@ -222,9 +229,9 @@ double evaluate(Run& r) {
     }
     int T = 1;
     if (!idx.empty()) T = collate(r.eval, idx, r.pad_id, tokens, targets);
-    T = std::min(T, r.T);
-    // rows past the examples (the last round) are padding with no targets
-    std::vector<int32_t> tok_full((size_t)B * T, r.pad_id), tgt_full((size_t)B * T, -100);
+    LLMT_CHECK(T <= r.T, "internal: evaluation batch of %d tokens over the %d the model was sized for", T, r.T);
+    // rows past the examples (the last round, and beyond the eval batch) are padding with no targets
+    std::vector<int32_t> tok_full((size_t)r.B * T, r.pad_id), tgt_full((size_t)r.B * T, -100);
     for (size_t b = 0; b < idx.size(); b++)
       for (int t = 0; t < T; t++) {
         tok_full[b * T + t] = tokens[b * T + t];
@@ -301,10 +308,12 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
                cfg.arch_name(), want);
   }
   r.tok = pick_tokenizer(a, cfg);
-  {
-    std::string t = a.tokenizer_name_or_path.empty() ? a.model_name_or_path : a.tokenizer_name_or_path;
+  const std::string tok_src = tokenizer_source(a);
+  if (tok_src != "bytes") {  // the directory whose tokenizer files saved models carry
     struct stat st;
-    if (t != "bytes" && stat(t.c_str(), &st) == 0) r.tokenizer_dir = S_ISDIR(st.st_mode) ? t : t.substr(0, t.rfind('/'));
+    size_t slash = tok_src.rfind('/');
+    if (stat(tok_src.c_str(), &st) == 0)
+      r.tokenizer_dir = S_ISDIR(st.st_mode) ? tok_src : slash == std::string::npos ? "." : tok_src.substr(0, slash);
   }
   int threads = a.threads;
   if (threads <= 0) threads = std::max(1, (int)std::thread::hardware_concurrency() / launch.local_size);
@@ -315,8 +324,14 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   if (da.block_size <= 0) da.block_size = std::min(1024, cfg.max_seq_len);
   LLMT_CHECK(da.block_size <= cfg.max_seq_len, "--block_size %d exceeds the model's context of %d", da.block_size,
              cfg.max_seq_len);
-  if (da.tokenizer_path.empty() && a.tokenizer_name_or_path != "bytes")
-    da.tokenizer_path = a.tokenizer_name_or_path.empty() ? a.model_name_or_path : a.tokenizer_name_or_path;
+  if (da.tokenizer_path.empty() && tok_src != "bytes") da.tokenizer_path = tok_src;
+  // Alpaca examples longer than the model's context are cut at it, like those past model_max_length
+  if (da.model_max_length > cfg.max_seq_len) {
+    if (!da.data_path.empty())
+      log_info("data   --model_max_length %d is beyond the model's context: examples are cut at %d tokens",
+               da.model_max_length, cfg.max_seq_len);
+    da.model_max_length = cfg.max_seq_len;
+  }
   r.train = load_train_dataset(da, *r.tok, world.rank(), world.size());
   if (a.do_eval || a.evaluation_strategy != "no") {
     r.eval = load_eval_dataset(da, *r.tok, world.rank(), world.size());
@@ -357,7 +372,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   const ShardGroups& g = r.store->groups();
   PlanArgs pa;
   pa.world = world.size();
-  pa.ranks_per_node = local_size;
+  pa.ranks_per_node = strategy == Strategy::hybrid_shard ? local_size : world.size();
   pa.fsdp = a.fsdp.empty() ? "no_shard" : a.fsdp;
   pa.batch = r.B;
   pa.seq_len = r.T;
@@ -381,8 +396,6 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   const int accum = a.gradient_accumulation_steps, W = world.size();
   Sampler sampler(r.train.size(), W, world.rank(), r.B, accum, a.seed);
   const int64_t steps_per_epoch = sampler.steps_per_epoch();
-  LLMT_CHECK(steps_per_epoch > 0, "%lld training examples fill no global batch of %d ranks x %d x %d accumulation",
-             (long long)r.train.size(), W, r.B, accum);
   const int64_t total_steps =
       a.max_steps > 0 ? a.max_steps : (int64_t)std::ceil(a.num_train_epochs * (double)steps_per_epoch);
   Schedule sched = make_schedule(a.lr_scheduler_type, total_steps, a.warmup_steps, a.warmup_ratio);
@@ -400,8 +413,10 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   // terminal but ends up in logs.
   const bool live = world.rank() == 0 && isatty(fileno(stdout)) && launch.launcher == "single process";
 
-  // FLOPs per token by the PaLM convention (DESIGN.md); no peak figure exists for CPUs, so no MFU there.
-  const double flops_per_token = 6.0 * (double)L.matmul_numel + 12.0 * cfg.n_layer * cfg.d_model * r.T;
+  // FLOPs by the PaLM convention (DESIGN.md): per token 6 * N_matmul + 12 * layers * d_model * T, with T
+  // each batch's own length. No peak figure exists for CPUs, so no MFU there.
+  auto flops_per_token = [&](int T) { return 6.0 * (double)L.matmul_numel + 12.0 * cfg.n_layer * cfg.d_model * T; };
+  double window_flops = 0.0;  // this rank's
   std::vector<std::vector<int32_t>> tokens(accum), targets(accum);
   double window_start = now_s(), window_loss = 0.0, run_start = 0.0;
   int64_t window_tokens = 0, window_steps = 0, run_tokens = 0;
@@ -411,6 +426,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   int fail_rank = -1;
   long long fail_step = -1;
   if (const char* f = std::getenv("LLMT_FAIL_AT_STEP")) std::sscanf(f, "%d:%lld", &fail_rank, &fail_step);
+  const int64_t eval_every = a.eval_steps > 0 ? a.eval_steps : a.logging_steps;  // Hugging Face's fallback
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   int64_t stopped_at = -1;
@@ -425,6 +441,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
       LLMT_CHECK(len <= r.T, "internal: batch length %d over %d", len, r.T);
       micro.push_back({tokens[m].data(), targets[m].data(), len});
       step_tokens += (int64_t)r.B * len;
+      window_flops += (double)r.B * len * flops_per_token(len);
     }
     double lr = a.learning_rate * sched.multiplier(step);
     StepResult res = train_step(*r.model, *r.store, world, micro, (float)lr, oc, a.max_grad_norm);
@@ -453,18 +470,19 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
                                     {"loss", mean_loss},       {"learning_rate", lr},
                                     {"grad_norm", grad_norm},  {"tokens_per_s", tps},
                                     {"tokens_per_s_per_rank", tps / W},
-                                    {"gflops_per_rank", tps / W * flops_per_token / 1e9},
+                                    {"gflops_rank0", window_flops / dt / 1e9},
+                                    {"flops_convention", "6*N_matmul + 12*L*d*T per token (PaLM B)"},
                                     {"peak_rss_gib", peak_rss_gib()}}
                          .dump()
                   << "\n";
         r.metrics.flush();
       }
       window_start = now_s();
-      window_loss = 0.0;
+      window_loss = window_flops = 0.0;
       window_tokens = window_steps = 0;
     }
     bool epoch_end = (step + 1) % steps_per_epoch == 0;
-    bool eval_now = (a.evaluation_strategy == "steps" && a.eval_steps > 0 && (step + 1) % a.eval_steps == 0) ||
+    bool eval_now = (a.evaluation_strategy == "steps" && (step + 1) % eval_every == 0) ||
                     (a.evaluation_strategy == "epoch" && epoch_end);
     if (eval_now) {
       double el = evaluate(r);

@@ -187,3 +187,21 @@ TEST(ModelConfig, PresetsMatchPublishedParameterCounts) {
   EXPECT_EQ(count("llama2-7b"), 6738415616.0);
   EXPECT_EQ(count("llama-13b"), 13015864320.0);
 }
+
+TEST(ModelInit, UnitsAndBlocksAreIndependentDraws) {
+  // Two blocks' weights must not be shifted copies of each other (a seeding mistake makes them so).
+  ModelConfig cfg = config_from_preset("gpt2-small-byte");  // 4 blocks: units 1..4
+  ModelLayout L = make_layout(cfg);
+  std::vector<float> b0((size_t)L.units[1].numel), b1((size_t)L.units[3].numel);
+  init_unit_params(cfg, L.units[1], 1, 42, b0.data());
+  init_unit_params(cfg, L.units[3], 3, 42, b1.data());
+  int64_t off = L.block.qkv_w, n = 3 * cfg.d_model * cfg.d_model;
+  for (int shift = -3; shift <= 3; shift++) {
+    int same = 0;
+    for (int64_t i = 8; i < n - 8; i++) same += b0[(size_t)(off + i)] == b1[(size_t)(off + i + shift)];
+    EXPECT_LT(same, 3) << "block 1 is block 0 shifted by " << shift;
+  }
+  std::vector<float> again((size_t)L.units[1].numel);
+  init_unit_params(cfg, L.units[1], 1, 42, again.data());
+  EXPECT_EQ(b0, again);  // deterministic
+}
