@@ -37,6 +37,7 @@ int cli_train(const std::vector<std::string>& args) {
         "  --logging_steps N (500)  --throughput_warmup_steps N (0)  --seed N (42)\n"
         "  --do_eval  --evaluation_strategy no|steps|epoch  --eval_steps N\n"
         "  --save_strategy no|steps|epoch (steps)  --save_steps N (500)  --save_total_limit N\n"
+        "  --resume_from_checkpoint DIR|latest  --overwrite_output_dir   (any world size and strategy can resume)\n"
         "  --bf16 True|False  --tf32 True|False   (CUDA precisions; the CPU computes fp32)\n"
         "  --device cpu  --threads N (per rank; default: the node's cores / ranks per node)\n"
         "accepted and ignored, with a warning: --use_habana --use_lazy_mode --use_hpu_graphs* --gaudi_config_name\n"

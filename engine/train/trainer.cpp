@@ -21,6 +21,8 @@
 #include "data/sampler.h"
 #include "data/tokenizer.h"
 #include "engine/backend/backend.h"
+#include "engine/ckpt/checkpoint.h"
+#include "engine/ckpt/train_state.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/fsdp/fsdp.h"
@@ -84,6 +86,8 @@ TrainArgs parse_train_args(Flags& f) {
   a.save_strategy = f.get_string("save_strategy", a.save_strategy);
   a.save_steps = f.get_int64("save_steps", a.save_steps);
   a.save_total_limit = f.get_int("save_total_limit", 0);
+  a.resume_from_checkpoint = f.get_string("resume_from_checkpoint", "");
+  a.overwrite_output_dir = f.get_bool("overwrite_output_dir", false);
   a.seed = (uint64_t)f.get_int64("seed", (long long)a.seed);
   a.bf16 = f.get_bool("bf16", a.bf16);
   a.tf32 = f.get_bool("tf32", a.tf32);
@@ -152,34 +156,6 @@ void make_dir(const std::string& dir) {
   std::remove(probe.c_str());
 }
 
-void remove_tree(const std::string& path) {
-  DIR* d = opendir(path.c_str());
-  if (d) {
-    while (dirent* e = readdir(d)) {
-      std::string name = e->d_name;
-      if (name == "." || name == "..") continue;
-      remove_tree(path + "/" + name);
-    }
-    closedir(d);
-  }
-  std::remove(path.c_str());
-}
-
-// The checkpoint-<step> directories in output_dir, oldest first.
-std::vector<int64_t> checkpoint_steps(const std::string& dir) {
-  std::vector<int64_t> steps;
-  DIR* d = opendir(dir.c_str());
-  if (!d) return steps;
-  while (dirent* e = readdir(d)) {
-    long long step;
-    char tail;
-    if (std::sscanf(e->d_name, "checkpoint-%lld%c", &step, &tail) == 1) steps.push_back(step);
-  }
-  closedir(d);
-  std::sort(steps.begin(), steps.end());
-  return steps;
-}
-
 // --tokenizer_name_or_path, else the model directory: a directory, a tokenizer file, or "bytes".
 std::string tokenizer_source(const TrainArgs& a) {
   return a.tokenizer_name_or_path.empty() ? a.model_name_or_path : a.tokenizer_name_or_path;
@@ -210,7 +186,17 @@ struct Run {
   int B = 0, T = 0, pad_id = 0;
   std::string tokenizer_dir;  // where the tokenizer's files are, to copy into saved models
   std::ofstream metrics;
+  std::vector<nlohmann::json> log_history;  // what was logged, for trainer_state.json (rank 0)
+  int64_t steps_per_epoch = 1;
 };
+
+// A metrics record: to metrics.jsonl and the log history (rank 0 only).
+void record(Run& r, const nlohmann::json& j) {
+  if (r.world.rank() != 0) return;
+  r.log_history.push_back(j);
+  r.metrics << j.dump() << "\n";
+  r.metrics.flush();
+}
 
 // Mean loss over every token counted on every rank.
 double evaluate(Run& r) {
@@ -264,23 +250,56 @@ void save_model(Run& r, const std::string& dir) {
   r.world.barrier();
 }
 
-// output_dir/checkpoint-<step>: written under a temporary name and renamed, so it is complete or
-// absent; then the oldest beyond save_total_limit are removed.
+// output_dir/checkpoint-<step>: the Hugging Face export, the exact training state (state.h5) and
+// trainer_state.json, written under a temporary name, checksummed into manifest.json and renamed,
+// so a checkpoint is complete or absent; then the oldest beyond save_total_limit are removed.
 void save_checkpoint(Run& r, int64_t step) {
-  std::string final_dir = r.a.output_dir + "/checkpoint-" + std::to_string(step);
-  std::string tmp_dir = final_dir + ".tmp";
-  if (r.world.rank() == 0) remove_tree(tmp_dir);
-  save_model(r, tmp_dir);
+  std::string dir = save_checkpoint_dir(r.a.output_dir, step, r.world, [&](const std::string& tmp) {
+    save_model(r, tmp);
+    nlohmann::json scalars = {{"global_step", step}, {"seed", r.a.seed}, {"steps_per_epoch", r.steps_per_epoch}};
+    save_train_state(tmp + "/state.h5", r.world, r.model->layout(), *r.store, step, scalars.dump(),
+                     config_to_hf_json(r.cfg).dump());
+    if (r.world.rank() == 0) {
+      nlohmann::json ts = {{"global_step", step},
+                           {"epoch", (double)step / r.steps_per_epoch},
+                           {"max_steps", r.a.max_steps},
+                           {"num_train_epochs", r.a.num_train_epochs},
+                           {"logging_steps", r.a.logging_steps},
+                           {"save_steps", r.a.save_steps},
+                           {"train_batch_size", r.B},
+                           {"log_history", r.log_history}};
+      write_text_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
+    }
+    r.world.barrier();
+  });
   if (r.world.rank() == 0) {
-    remove_tree(final_dir);
-    LLMT_CHECK(std::rename(tmp_dir.c_str(), final_dir.c_str()) == 0, "cannot rename %s to %s: %s", tmp_dir.c_str(),
-               final_dir.c_str(), std::strerror(errno));
-    std::vector<int64_t> steps = checkpoint_steps(r.a.output_dir);
-    for (size_t i = 0; r.a.save_total_limit > 0 && i + r.a.save_total_limit < steps.size(); i++)
-      remove_tree(r.a.output_dir + "/checkpoint-" + std::to_string(steps[i]));
-    log_info("saved  %s", final_dir.c_str());
+    for (const std::string& gone : apply_save_total_limit(r.a.output_dir, r.a.save_total_limit))
+      log_info("removed %s (--save_total_limit %d)", gone.c_str(), r.a.save_total_limit);
+    log_info("saved  %s", dir.c_str());
   }
   r.world.barrier();
+}
+
+// The checkpoint --resume_from_checkpoint names ("latest"/"True": the newest complete one whose
+// checksums verify), agreed on every rank; "" when not resuming.
+std::string resume_path(Run& r) {
+  const std::string& want = r.a.resume_from_checkpoint;
+  if (want.empty() || want == "False" || want == "false") return "";
+  if (want != "latest" && want != "True" && want != "true") {
+    if (r.world.rank() == 0) verify_checkpoint(want);
+    r.world.barrier();
+    return want;
+  }
+  // rank 0 looks (checksums cost a full read), every rank learns the step
+  double step = 0.0;
+  if (r.world.rank() == 0) {
+    std::string latest = find_latest_checkpoint(r.a.output_dir, true);
+    LLMT_CHECK(!latest.empty(), "--resume_from_checkpoint %s: %s holds no complete checkpoint", want.c_str(),
+               r.a.output_dir.c_str());
+    step = (double)std::stoll(latest.substr(latest.rfind('-') + 1));
+  }
+  step = r.world.all_reduce_sum(step);
+  return checkpoint_path(r.a.output_dir, (int64_t)step);
 }
 
 }  // namespace
@@ -292,8 +311,13 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
     log_info("note   --bf16/--tf32 select CUDA compute precisions; the CPU backend computes in fp32%s",
              a.bf16 ? " (saved models are written in bf16)" : "");
   Strategy strategy = parse_fsdp(a.fsdp);
-  Run r{a, world, launch, {}, nullptr, nullptr, nullptr, nullptr, {}, {}, 0, 0, 0, {}, {}};
-  if (world.rank() == 0) make_dir(a.output_dir);
+  Run r{a, world, launch, {}, nullptr, nullptr, nullptr, nullptr, {}, {}, 0, 0, 0, {}, {}, {}, 1};
+  if (world.rank() == 0) {
+    make_dir(a.output_dir);
+    LLMT_CHECK(!list_checkpoint_dirs(a.output_dir).size() || !a.resume_from_checkpoint.empty() || a.overwrite_output_dir,
+               "%s already holds checkpoints: pass --resume_from_checkpoint latest to continue, or "
+               "--overwrite_output_dir to train from the start beside them", a.output_dir.c_str());
+  }
   world.barrier();
   log_info("%s", describe_layout(launch, a.device).c_str());
 
@@ -396,6 +420,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   const int accum = a.gradient_accumulation_steps, W = world.size();
   Sampler sampler(r.train.size(), W, world.rank(), r.B, accum, a.seed);
   const int64_t steps_per_epoch = sampler.steps_per_epoch();
+  r.steps_per_epoch = steps_per_epoch;
   const int64_t total_steps =
       a.max_steps > 0 ? a.max_steps : (int64_t)std::ceil(a.num_train_epochs * (double)steps_per_epoch);
   Schedule sched = make_schedule(a.lr_scheduler_type, total_steps, a.warmup_steps, a.warmup_ratio);
@@ -430,10 +455,25 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   int64_t stopped_at = -1;
-  for (int64_t step = 0; step < total_steps; step++) {
+  int64_t first_step = 0;
+  if (std::string ck = resume_path(r); !ck.empty()) {
+    LoadedTrainState st = load_train_state(ck + "/state.h5", world, L, *r.store, config_to_hf_json(cfg).dump());
+    first_step = st.global_step;
+    if (world.rank() == 0) {  // the log so far, so trainer_state.json keeps the whole history
+      std::ifstream f(ck + "/trainer_state.json");
+      nlohmann::json ts = nlohmann::json::parse(f, nullptr, false);
+      if (ts.is_object() && ts.contains("log_history") && ts["log_history"].is_array())
+        for (auto& rec : ts["log_history"]) r.log_history.push_back(rec);
+    }
+    log_info("resume %s: step %lld, Adam step %d; continuing to step %lld", ck.c_str(), (long long)first_step,
+             st.adam_step, (long long)total_steps);
+    LLMT_CHECK(first_step < total_steps, "%s is at step %lld, and the run ends at step %lld: nothing left to train",
+               ck.c_str(), (long long)first_step, (long long)total_steps);
+  }
+  for (int64_t step = first_step; step < total_steps; step++) {
     LLMT_CHECK(!(world.rank() == fail_rank && step + 1 == fail_step), "injected failure (LLMT_FAIL_AT_STEP) at step %lld",
                (long long)step + 1);
-    if (step == a.throughput_warmup_steps) run_start = now_s(), run_tokens = 0;
+    if (step - first_step == a.throughput_warmup_steps) run_start = now_s(), run_tokens = 0;
     std::vector<MicroBatch> micro;
     int64_t step_tokens = 0;
     for (int m = 0; m < accum; m++) {
@@ -446,7 +486,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
     double lr = a.learning_rate * sched.multiplier(step);
     StepResult res = train_step(*r.model, *r.store, world, micro, (float)lr, oc, a.max_grad_norm);
     const double loss = res.loss, grad_norm = res.grad_norm;
-    if (step == 0) comm_first_step = world.stats().total() + r.store->comm_bytes() - comm_before;
+    if (step == first_step) comm_first_step = world.stats().total() + r.store->comm_bytes() - comm_before;
 
     const int64_t global_tokens = step_tokens * W;
     window_loss += loss;
@@ -465,18 +505,16 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
                "%.0f ms/step | rss %.2f GiB",
                (long long)step + 1, (long long)total_steps, epoch, mean_loss, lr, grad_norm, tps, tps / W,
                1000.0 * dt / window_steps, peak_rss_gib());
-      if (r.metrics.is_open()) {
-        r.metrics << nlohmann::json{{"step", step + 1},        {"epoch", epoch},
-                                    {"loss", mean_loss},       {"learning_rate", lr},
-                                    {"grad_norm", grad_norm},  {"tokens_per_s", tps},
-                                    {"tokens_per_s_per_rank", tps / W},
-                                    {"gflops_rank0", window_flops / dt / 1e9},
-                                    {"flops_convention", "6*N_matmul + 12*L*d*T per token (PaLM B)"},
-                                    {"peak_rss_gib", peak_rss_gib()}}
-                         .dump()
-                  << "\n";
-        r.metrics.flush();
-      }
+      record(r, {{"step", step + 1},
+                 {"epoch", epoch},
+                 {"loss", mean_loss},
+                 {"learning_rate", lr},
+                 {"grad_norm", grad_norm},
+                 {"tokens_per_s", tps},
+                 {"tokens_per_s_per_rank", tps / W},
+                 {"gflops_rank0", window_flops / dt / 1e9},
+                 {"flops_convention", "6*N_matmul + 12*L*d*T per token (PaLM B)"},
+                 {"peak_rss_gib", peak_rss_gib()}});
       window_start = now_s();
       window_loss = window_flops = 0.0;
       window_tokens = window_steps = 0;
@@ -487,8 +525,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
     if (eval_now) {
       double el = evaluate(r);
       log_info("eval   step %lld | eval_loss %.4f | perplexity %.3f", (long long)step + 1, el, std::exp(el));
-      if (r.metrics.is_open())
-        r.metrics << nlohmann::json{{"step", step + 1}, {"eval_loss", el}, {"perplexity", std::exp(el)}}.dump() << "\n";
+      record(r, {{"step", step + 1}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
     }
     bool save_now = (a.save_strategy == "steps" && (step + 1) % a.save_steps == 0) ||
                     (a.save_strategy == "epoch" && epoch_end);
@@ -509,7 +546,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
     return;
   }
   double run_s = now_s() - run_start;
-  if (total_steps > a.throughput_warmup_steps)
+  if (total_steps - first_step > a.throughput_warmup_steps)
     log_info("done   %.0f tok/s over steps %d..%lld (%.0f per rank); measured per rank: %.1f MiB sent in step 1, "
              "gathered buffers peaked at %.1f MiB, peak rss %.2f GiB",
              run_tokens / run_s, a.throughput_warmup_steps + 1, (long long)total_steps, run_tokens / run_s / W,
@@ -517,8 +554,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   if (a.do_eval) {
     double el = evaluate(r);
     log_info("eval   eval_loss %.4f | perplexity %.3f", el, std::exp(el));
-    if (r.metrics.is_open())
-      r.metrics << nlohmann::json{{"step", total_steps}, {"eval_loss", el}, {"perplexity", std::exp(el)}}.dump() << "\n";
+    record(r, {{"step", total_steps}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
   }
   save_model(r, a.output_dir);
   log_info("saved  %s (config.json, model.safetensors)", a.output_dir.c_str());

@@ -43,6 +43,8 @@ struct TrainArgs {
   std::string save_strategy = "steps";     // no, steps, epoch (Hugging Face's default is steps)
   int64_t save_steps = 500;
   int save_total_limit = 0;                // 0 = keep every checkpoint
+  std::string resume_from_checkpoint;      // a checkpoint directory, or "latest" / "True"
+  bool overwrite_output_dir = false;       // train into an output_dir that holds checkpoints
   uint64_t seed = 42;
   bool bf16 = false;
   bool tf32 = false;

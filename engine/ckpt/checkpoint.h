@@ -1,0 +1,80 @@
+// Checkpoint directories: output_dir/checkpoint-<step>/, complete or absent.
+//
+// A save (collective over every rank):
+//   begin_checkpoint   rank 0 removes stale checkpoint-*.tmp-* directories (killed runs, interrupted
+//                      deletions) and creates checkpoint-<step>.tmp-<id>; id is picked by rank 0 and
+//                      broadcast, unique per save.
+//   ...                the caller writes its files there (save_train_state, the Hugging Face export, ...)
+//   commit_checkpoint  checksums every file (CRC-32C; the bytes split over the ranks, the pieces
+//                      combined), fsyncs every file, writes manifest.json, fsyncs the directory, renames
+//                      it to checkpoint-<step> (atomically swapping out an existing one of that step)
+//                      and fsyncs output_dir.
+// save_checkpoint_dir does all three and removes the temporary directory on any failure, so a full
+// disk or an unwritable directory is a clear error with every earlier checkpoint intact.
+//
+// manifest.json:
+//   {"format": "llmt-checkpoint", "version": 1, "step": <step>, "checksum": "crc32c",
+//    "files": {"<relative path>": {"size": <bytes>, "crc32c": "<8 hex digits>"}, ...}}
+// A checkpoint is complete when its manifest parses and every file it lists exists with its size;
+// verify_checkpoint also recomputes every checksum.
+//
+// Every failure of a collective call is agreed between the ranks: all throw llmt::Error together.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/dist/communicator.h"
+
+namespace llmt {
+
+// CRC-32C (Castagnoli, as iSCSI and ext4 use it): crc32c(0, data, n) for a whole buffer, or
+// continue a running value. SSE 4.2 instructions where the CPU has them (several GB/s), else tables.
+uint32_t crc32c(uint32_t crc, const void* data, size_t n);
+// The CRC of A followed by B, from crc(A), crc(B) and B's length (zlib's crc32_combine for CRC-32C).
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+// The CRC-32C of a file's bytes [begin, end) (end = -1: to the end); throws naming the file.
+uint32_t crc32c_file(const std::string& path, int64_t begin = 0, int64_t end = -1);
+
+std::string checkpoint_path(const std::string& output_dir, int64_t step);  // output_dir/checkpoint-<step>
+
+// Collective. Returns the temporary directory's path (the same on every rank). Creates output_dir
+// when absent.
+std::string begin_checkpoint(const std::string& output_dir, int64_t step, Communicator& world);
+// Collective. Returns the final directory's path.
+std::string commit_checkpoint(const std::string& tmp_dir, Communicator& world);
+// Collective: rank 0 removes the temporary directory (best effort; never throws).
+void abandon_checkpoint(const std::string& tmp_dir, Communicator& world);
+// begin, write(tmp_dir) on every rank, commit; any rank's failure (an exception from write on any
+// rank, after the collective parts of write are done) abandons the temporary directory and throws
+// on every rank. write must itself be all-or-nothing in its collective calls (save_train_state is).
+std::string save_checkpoint_dir(const std::string& output_dir, int64_t step, Communicator& world,
+                                const std::function<void(const std::string& dir)>& write);
+
+// Checks that dir/manifest.json parses and lists files that exist with their sizes; with `verify`,
+// also recomputes every checksum. Returns "" when complete, else what is wrong.
+std::string checkpoint_problem(const std::string& dir, bool verify);
+// Throws llmt::Error naming the checkpoint, the file and what differs (size, checksum, missing).
+void verify_checkpoint(const std::string& dir);
+
+struct CheckpointEntry {
+  int64_t step = 0;
+  std::string path;
+};
+// Every output_dir/checkpoint-<step> directory (never a .tmp-*), oldest first, complete or not.
+std::vector<CheckpointEntry> list_checkpoint_dirs(const std::string& output_dir);
+// The complete checkpoint with the highest step ("" when none); with `verify`, checksums are
+// recomputed and a corrupt checkpoint is skipped for the next older one.
+std::string find_latest_checkpoint(const std::string& output_dir, bool verify = false);
+// Keeps the newest `limit` checkpoints (limit <= 0: keep all), and always the newest complete one
+// and `keep` (a path, e.g. the best model's; "" for none); deletes the others, oldest first, each
+// renamed to a .tmp- name before its files go, so an interrupted deletion is never taken for a
+// checkpoint. Call on one rank, after commit_checkpoint. Returns the paths deleted.
+std::vector<std::string> apply_save_total_limit(const std::string& output_dir, int limit, const std::string& keep = "");
+
+// Removes a directory tree (best effort).
+void remove_dir_tree(const std::string& path);
+
+}  // namespace llmt
