@@ -267,6 +267,7 @@ void save_checkpoint(Run& r, int64_t step) {
                            {"logging_steps", r.a.logging_steps},
                            {"save_steps", r.a.save_steps},
                            {"train_batch_size", r.B},
+                           {"model_config", config_to_hf_json(r.cfg)},
                            {"log_history", r.log_history}};
       write_text_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
     }
@@ -462,9 +463,14 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
     if (world.rank() == 0) {  // the log so far, so trainer_state.json keeps the whole history
       std::ifstream f(ck + "/trainer_state.json");
       nlohmann::json ts = nlohmann::json::parse(f, nullptr, false);
-      if (ts.is_object() && ts.contains("log_history") && ts["log_history"].is_array())
-        for (auto& rec : ts["log_history"]) r.log_history.push_back(rec);
+      LLMT_CHECK(ts.is_object() && ts.contains("log_history") && ts["log_history"].is_array(),
+                 "%s/trainer_state.json is missing or malformed", ck.c_str());
+      LLMT_CHECK(!ts.contains("model_config") || ts["model_config"] == config_to_hf_json(cfg),
+                 "%s/trainer_state.json belongs to another model (%s), not this %s", ck.c_str(),
+                 ts["model_config"].dump().c_str(), cfg.describe().c_str());
+      for (auto& rec : ts["log_history"]) r.log_history.push_back(rec);
     }
+    world.barrier();
     log_info("resume %s: step %lld, Adam step %d; continuing to step %lld", ck.c_str(), (long long)first_step,
              st.adam_step, (long long)total_steps);
     LLMT_CHECK(first_step < total_steps, "%s is at step %lld, and the run ends at step %lld: nothing left to train",

@@ -23,6 +23,15 @@ losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/.*"loss":\([^,}]*\).*"step"
 
 [ "$(losses "$work/a" | wc -l)" -eq 30 ] || { echo "FAIL: expected 30 logged losses"; exit 1; }
 
+# export from the exact state: the same bytes as the checkpoint's own Hugging Face export
+"$llmt" export "$work/a/checkpoint-10" "$work/e" > "$work/e.log" 2>&1 || { echo "FAIL: export"; cat "$work/e.log"; exit 1; }
+cmp "$work/a/checkpoint-10/model.safetensors" "$work/e/model.safetensors" || { echo "FAIL: export differs"; exit 1; }
+cp -r "$work/a/checkpoint-10" "$work/bad"
+printf 'X' | dd of="$work/bad/state.h5" bs=1 seek=5000 conv=notrunc 2> /dev/null
+if "$llmt" export "$work/bad" "$work/e2" > "$work/e2.log" 2>&1; then echo "FAIL: a damaged state exported"; exit 1; fi
+grep -q "state.h5" "$work/e2.log" || { echo "FAIL: the error does not name state.h5"; cat "$work/e2.log"; exit 1; }
+echo "export: identical to the checkpoint's weights; a damaged state.h5 is refused"
+
 # same world size and strategy: bitwise
 "${mpi[@]}" -np 2 "$llmt" train "${common[@]}" --max_steps 30 --gradient_accumulation_steps 3 \
   --fsdp "full_shard auto_wrap" --save_strategy no --output_dir "$work/b" \
