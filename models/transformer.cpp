@@ -75,6 +75,30 @@ Transformer::~Transformer() {
 
 Tensor Transformer::logits() const { return F(logits_, {(int64_t)B_ * cur_T_, cfg_.vocab_size}); }
 
+// The family's norm over the current batch's rows: LayerNorm (GPT-2, weight and bias) or RMSNorm
+// (LLaMA, weight only; mean unused). w_off/b_off are offsets into the unit `w`.
+void Transformer::norm_forward(float* out, float* mean, float* rstd, Tensor x, const float* w, int64_t w_off,
+                               int64_t b_off) {
+  const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model;
+  if (cfg_.arch == Arch::gpt2)
+    be_.layernorm_forward(F(out, {N, C}), F(mean, {N}), F(rstd, {N}), x, P(w, w_off, {C}), P(w, b_off, {C}), N, (int)C,
+                          cfg_.norm_eps);
+  else
+    be_.rmsnorm_forward(F(out, {N, C}), F(rstd, {N}), x, P(w, w_off, {C}), N, (int)C, cfg_.norm_eps);
+}
+
+// Backward of norm_forward: dres_ += dx (from dnorm_), and the weight (and bias) gradients into unit g.
+void Transformer::norm_backward(Tensor x, const float* mean, const float* rstd, const float* w, float* g,
+                                int64_t w_off, int64_t b_off) {
+  const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model;
+  if (cfg_.arch == Arch::gpt2)
+    be_.layernorm_backward(F(dres_, {N, C}), P(g, w_off, {C}), P(g, b_off, {C}), F(dnorm_, {N, C}), x,
+                           P(w, w_off, {C}), F(mean, {N}), F(rstd, {N}), N, (int)C);
+  else
+    be_.rmsnorm_backward(F(dres_, {N, C}), P(g, w_off, {C}), F(dnorm_, {N, C}), x, P(w, w_off, {C}), F(rstd, {N}), N,
+                         (int)C);
+}
+
 void Transformer::block_forward(int l, const float* w) {
   const int T = cur_T_, a = act(l);
   const BlockOffsets& o = layout_.block;
@@ -85,11 +109,7 @@ void Transformer::block_forward(int l, const float* w) {
   Tensor x = F(resid_[l], {N, C});
 
   // attention sub-block: resid_mid = x + proj(attention(norm1(x)))
-  if (gpt2)
-    be_.layernorm_forward(F(ln1_[a], {N, C}), F(ln1_mean_[a], {N}), F(ln1_rstd_[a], {N}), x, P(w, o.ln1_w, {C}),
-                          P(w, o.ln1_b, {C}), N, (int)C, cfg_.norm_eps);
-  else
-    be_.rmsnorm_forward(F(ln1_[a], {N, C}), F(ln1_rstd_[a], {N}), x, P(w, o.ln1_w, {C}), N, (int)C, cfg_.norm_eps);
+  norm_forward(ln1_[a], ln1_mean_[a], ln1_rstd_[a], x, w, o.ln1_w, o.ln1_b);
   be_.matmul(F(qkv_[a], {N, QKV}), F(ln1_[a], {N, C}), P(w, o.qkv_w, {QKV, C}), P(w, o.qkv_b, {QKV}), N, QKV, C,
              false, true, false);
   if (!gpt2) be_.rope_forward(F(qkv_[a], {N, QKV}), B_, T, NH, NKV, hs, cfg_.rope_theta);
@@ -101,11 +121,7 @@ void Transformer::block_forward(int l, const float* w) {
 
   // MLP sub-block: resid[l+1] = resid_mid + mlp(norm2(resid_mid))
   Tensor xm = F(resid_mid_[a], {N, C});
-  if (gpt2)
-    be_.layernorm_forward(F(ln2_[a], {N, C}), F(ln2_mean_[a], {N}), F(ln2_rstd_[a], {N}), xm, P(w, o.ln2_w, {C}),
-                          P(w, o.ln2_b, {C}), N, (int)C, cfg_.norm_eps);
-  else
-    be_.rmsnorm_forward(F(ln2_[a], {N, C}), F(ln2_rstd_[a], {N}), xm, P(w, o.ln2_w, {C}), N, (int)C, cfg_.norm_eps);
+  norm_forward(ln2_[a], ln2_mean_[a], ln2_rstd_[a], xm, w, o.ln2_w, o.ln2_b);
   be_.matmul(F(mlp_in_[a], {N, FI}), F(ln2_[a], {N, C}), P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C,
              false, true, false);
   if (gpt2)
@@ -139,12 +155,7 @@ void Transformer::block_backward(int l, const float* w, float* g) {
   if (gpt2) be_.bias_backward(P(g, o.mlp_in_b, {FI}), F(dmlp_in_, {N, FI}), N, FI);
   be_.matmul(F(dnorm_, {N, C}), F(dmlp_in_, {N, FI}), P(w, o.mlp_in_w, {FI, C}), none(), N, C, FI, false, false, false);
   Tensor xm = F(resid_mid_[a], {N, C});
-  if (gpt2)
-    be_.layernorm_backward(dres, P(g, o.ln2_w, {C}), P(g, o.ln2_b, {C}), F(dnorm_, {N, C}), xm, P(w, o.ln2_w, {C}),
-                           F(ln2_mean_[a], {N}), F(ln2_rstd_[a], {N}), N, (int)C);
-  else
-    be_.rmsnorm_backward(dres, P(g, o.ln2_w, {C}), F(dnorm_, {N, C}), xm, P(w, o.ln2_w, {C}), F(ln2_rstd_[a], {N}), N,
-                         (int)C);
+  norm_backward(xm, ln2_mean_[a], ln2_rstd_[a], w, g, o.ln2_w, o.ln2_b);
 
   // attention: resid_mid = x + attn_out W_proj^T + b_proj
   be_.matmul(P(g, o.attn_proj_w, {C, C}), dres, F(attn_out_[a], {N, C}), none(), C, C, N, true, false, true);
@@ -157,12 +168,7 @@ void Transformer::block_backward(int l, const float* w, float* g) {
   if (gpt2) be_.bias_backward(P(g, o.qkv_b, {QKV}), F(dqkv_, {N, QKV}), N, QKV);
   be_.matmul(F(dnorm_, {N, C}), F(dqkv_, {N, QKV}), P(w, o.qkv_w, {QKV, C}), none(), N, C, QKV, false, false, false);
   Tensor x = F(resid_[l], {N, C});
-  if (gpt2)
-    be_.layernorm_backward(dres, P(g, o.ln1_w, {C}), P(g, o.ln1_b, {C}), F(dnorm_, {N, C}), x, P(w, o.ln1_w, {C}),
-                           F(ln1_mean_[a], {N}), F(ln1_rstd_[a], {N}), N, (int)C);
-  else
-    be_.rmsnorm_backward(dres, P(g, o.ln1_w, {C}), F(dnorm_, {N, C}), x, P(w, o.ln1_w, {C}), F(ln1_rstd_[a], {N}), N,
-                         (int)C);
+  norm_backward(x, ln1_mean_[a], ln1_rstd_[a], w, g, o.ln1_w, o.ln1_b);
 }
 
 double Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t* targets, bool want_grad,
@@ -190,11 +196,7 @@ double Transformer::forward(UnitStore& store, const int32_t* tokens, const int32
   }
   root = store.acquire(0);
   Tensor x = F(resid_[cfg_.n_layer], {N, C});
-  if (cfg_.arch == Arch::gpt2)
-    be_.layernorm_forward(F(lnf_, {N, C}), F(lnf_mean_, {N}), F(lnf_rstd_, {N}), x, P(root, r.lnf_w, {C}),
-                          P(root, r.lnf_b, {C}), N, (int)C, cfg_.norm_eps);
-  else
-    be_.rmsnorm_forward(F(lnf_, {N, C}), F(lnf_rstd_, {N}), x, P(root, r.lnf_w, {C}), N, (int)C, cfg_.norm_eps);
+  norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, root, r.lnf_w, r.lnf_b);
   be_.matmul(F(logits_, {N, V}), F(lnf_, {N, C}), P(root, r.lm_head, {V, C}), none(), N, V, C, false, true, false);
   store.release(0);
   have_grad_ = want_grad;
@@ -219,12 +221,7 @@ void Transformer::backward(UnitStore& store) {
   be_.matmul(F(dnorm_, {N, C}), dlogits, P(root, r.lm_head, {V, C}), none(), N, C, V, false, false, false);
   be_.zero(dres_, sizeof(float) * N * C);
   Tensor x = F(resid_[cfg_.n_layer], {N, C});
-  if (cfg_.arch == Arch::gpt2)
-    be_.layernorm_backward(F(dres_, {N, C}), P(groot, r.lnf_w, {C}), P(groot, r.lnf_b, {C}), F(dnorm_, {N, C}), x,
-                           P(root, r.lnf_w, {C}), F(lnf_mean_, {N}), F(lnf_rstd_, {N}), N, (int)C);
-  else
-    be_.rmsnorm_backward(F(dres_, {N, C}), P(groot, r.lnf_w, {C}), F(dnorm_, {N, C}), x, P(root, r.lnf_w, {C}),
-                         F(lnf_rstd_, {N}), N, (int)C);
+  norm_backward(x, lnf_mean_, lnf_rstd_, root, groot, r.lnf_w, r.lnf_b);
   store.release(0);
 
   for (int l = cfg_.n_layer - 1; l >= 0; l--) {

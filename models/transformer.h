@@ -54,6 +54,9 @@ class Transformer {
   Tensor logits() const;
 
  private:
+  void norm_forward(float* out, float* mean, float* rstd, Tensor x, const float* w, int64_t w_off, int64_t b_off);
+  void norm_backward(Tensor x, const float* mean, const float* rstd, const float* w, float* g, int64_t w_off,
+                     int64_t b_off);
   void block_forward(int l, const float* w);
   void block_backward(int l, const float* w, float* g);
   int act(int l) const { return checkpointing_ ? 0 : l; }  // which set of block activations layer l uses
