@@ -24,6 +24,7 @@
 #include "engine/fsdp/fsdp.h"
 #include "engine/train/step.h"
 #include "models/transformer.h"
+#include "tests/mpi/tiny_models.h"
 
 using namespace llmt;
 namespace fs = std::filesystem;
@@ -34,22 +35,6 @@ Communicator* g_world = nullptr;
 int g_local_size = 1;
 std::string g_dir;  // a fresh directory, the same on every rank
 const int kGlobal = 12, kT = 11, kSaveAt = 3, kSteps = 6;
-
-// Odd sizes, as in fsdp_equivalence: no unit divides evenly over 2, 3 or 4 ranks.
-ModelConfig tiny(Arch arch, int d_model = 0) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 259;
-  c.max_seq_len = 16;
-  c.n_layer = 2;
-  c.n_head = arch == Arch::gpt2 ? 5 : 3;
-  c.n_kv_head = arch == Arch::gpt2 ? 5 : 1;
-  c.d_model = d_model ? d_model : arch == Arch::gpt2 ? 25 : 18;
-  c.d_ff = arch == Arch::gpt2 ? 80 : 34;
-  c.tied_embeddings = arch == Arch::gpt2;
-  c.norm_eps = 1e-5f;
-  return c;
-}
 
 std::string config_json(const ModelConfig& c) { return config_to_hf_json(c).dump(); }
 
@@ -154,7 +139,7 @@ void on_rank0(F&& f) {
 
 void check_resume(Arch arch, Strategy save_strategy, int save_local) {
   const int W = g_world->size(), r = g_world->rank();
-  ModelConfig cfg = tiny(arch);
+  ModelConfig cfg = tiny_model(arch);
   std::string tag = std::string(arch == Arch::gpt2 ? "gpt2" : "llama") + " saved " + strategy_name(save_strategy) +
                     " W=" + std::to_string(W);
   std::string path = shared_path(std::string("state_") + cfg.arch_name() + "_" + strategy_name(save_strategy) + ".h5");
@@ -248,7 +233,7 @@ TEST(CkptResume, LlamaHybridShard) {
 }
 
 TEST(CkptErrors, DamagedOrForeignState) {
-  ModelConfig cfg = tiny(Arch::gpt2);
+  ModelConfig cfg = tiny_model(Arch::gpt2);
   TrainRun a(cfg, *g_world, Strategy::full_shard, g_local_size);
   a.init();
   a.step(0);
@@ -274,13 +259,13 @@ TEST(CkptErrors, DamagedOrForeignState) {
 
   // another configuration: the config keys that differ, and the first tensor that differs
   {
-    ModelConfig other = tiny(Arch::gpt2, 30);
+    ModelConfig other = tiny_model(Arch::gpt2, 30);
     TrainRun b(other, *g_world, Strategy::full_shard, g_local_size);
     expect_error_everywhere([&] { b.load(good); },
                             {"good.h5", "another model configuration", "n_embd 25 in the file, 30 here",
                              "transformer.wte.weight [259,25] in the file, transformer.wte.weight [259,30] here"},
                             "another d_model");
-    ModelConfig llama = tiny(Arch::llama);
+    ModelConfig llama = tiny_model(Arch::llama);
     TrainRun c(llama, *g_world, Strategy::full_shard, g_local_size);
     expect_error_everywhere([&] { load_train_state(good, *g_world, c.layout(), *c.store, ""); },
                             {"another model configuration", "tensor 0 is"}, "another family, no config given");
@@ -320,7 +305,7 @@ TEST(CkptErrors, DamagedOrForeignState) {
 }
 
 TEST(CkptDirs, SaveCommitVerifyAcrossRanks) {
-  ModelConfig cfg = tiny(Arch::llama);
+  ModelConfig cfg = tiny_model(Arch::llama);
   TrainRun a(cfg, *g_world, Strategy::full_shard, g_local_size);
   a.init();
   a.step(0);

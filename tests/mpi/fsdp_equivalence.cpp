@@ -12,6 +12,7 @@
 #include "engine/fsdp/fsdp.h"
 #include "engine/train/step.h"
 #include "models/transformer.h"
+#include "tests/mpi/tiny_models.h"
 #include "tests/test_util.h"
 
 using namespace llmt;
@@ -22,23 +23,6 @@ Communicator* g_world = nullptr;
 int g_local_size = 1;
 const int kSteps = 4, kGlobal = 12, kT = 11;
 const double kTol = 1e-5;
-
-// Odd sizes on purpose: GPT-2's units (6925 and 6805 parameters) divide by none of 2, 3, 4;
-// LLaMA's root (9342) not by 4, and it groups 3 query heads over 1 kv head.
-ModelConfig tiny(Arch arch) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 259;
-  c.max_seq_len = 16;
-  c.n_layer = 2;
-  c.n_head = arch == Arch::gpt2 ? 5 : 3;
-  c.n_kv_head = arch == Arch::gpt2 ? 5 : 1;
-  c.d_model = arch == Arch::gpt2 ? 25 : 18;
-  c.d_ff = arch == Arch::gpt2 ? 80 : 34;
-  c.tied_embeddings = arch == Arch::gpt2;
-  c.norm_eps = 1e-5f;
-  return c;
-}
 
 // The global batch: kGlobal sequences, some targets masked (the same every step, so the loss must fall).
 void global_batch(std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
@@ -104,7 +88,7 @@ void expect_same(const Outcome& got, const Outcome& want, const std::string& wha
 }
 
 void check_family(Arch arch) {
-  ModelConfig cfg = tiny(arch);
+  ModelConfig cfg = tiny_model(arch);
   const int W = g_world->size(), r = g_world->rank();
   // reference: this rank alone, the whole global batch in one micro-batch, unsharded
   std::unique_ptr<Communicator> self = g_world->split(r, 0);
