@@ -19,7 +19,7 @@ set -euo pipefail
 prog=launch.sh
 die() { echo "$prog: error: $*" >&2; exit 2; }
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 
 hostfile="" dry_run=0 check_only=0 np="" bind="numa"
 env_files=() extra=()
@@ -109,7 +109,7 @@ if [ ${#env_files[@]} -eq 0 ]; then
   fi
 fi
 env_keys=() env_vals=()
-for f in "${env_files[@]}"; do
+for f in ${env_files[@]+"${env_files[@]}"}; do
   [ -f "$f" ] || die "env file '$f' does not exist"
   lineno=0
   while IFS= read -r raw || [ -n "$raw" ]; do
@@ -178,7 +178,7 @@ for i in "${!env_keys[@]}"; do cmd+=(-x "${env_keys[$i]}=${env_vals[$i]}"); done
 while IFS= read -r name; do
   [ -n "$name" ] || continue
   skip=0
-  for k in "${env_keys[@]}"; do
+  for k in ${env_keys[@]+"${env_keys[@]}"}; do
     if [ "$k" = "$name" ]; then
       skip=1
       [ "${!name}" = "$(env_value "$name")" ] ||
@@ -189,10 +189,10 @@ while IFS= read -r name; do
 done < <(compgen -e | grep -E '^(NCCL|UCX)_' | LC_ALL=C sort || true)
 for name in PATH LD_LIBRARY_PATH OMP_NUM_THREADS; do
   skip=0
-  for k in "${env_keys[@]}"; do [ "$k" != "$name" ] || skip=1; done
+  for k in ${env_keys[@]+"${env_keys[@]}"}; do [ "$k" != "$name" ] || skip=1; done
   [ $skip -eq 1 ] || [ -z "${!name:-}" ] || cmd+=(-x "$name")
 done
-cmd+=("${extra[@]}" "$@")
+cmd+=(${extra[@]+"${extra[@]}"} "$@")
 
 # the command as one line a shell reads back: plain words bare, others in single quotes
 quote() {

@@ -13,10 +13,13 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  as_root=(env DEBIAN_FRONTEND=noninteractive)  # through env: sudo would drop the variable
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "setup: run as root or install sudo to install: ${missing[*]}" >&2; exit 1; }
+    as_root=(sudo env DEBIAN_FRONTEND=noninteractive)
+  fi
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 # nvcc lives outside PATH in the usual CUDA install

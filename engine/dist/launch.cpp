@@ -1,7 +1,10 @@
 #include "engine/dist/launch.h"
 
 #include <mpi.h>
+#include <sched.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <cstdlib>
 #include <vector>
@@ -83,6 +86,13 @@ LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<Communicator>* w
   log_set_rank(info.rank, info.world);
   if (world) *world = make_mpi_world_communicator();
   return info;
+}
+
+int default_threads_per_rank(const LaunchInfo& info) {
+  int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t set;
+  int allowed = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : cores;
+  return std::max(1, std::min(allowed, cores / std::max(1, info.local_size)));
 }
 
 std::string describe_layout(const LaunchInfo& info, const std::string& device) {

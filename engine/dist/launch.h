@@ -21,6 +21,10 @@ struct LaunchInfo {
 // Initialises MPI (once); returns the layout and the world communicator. Throws on an
 // inconsistent layout (e.g. the launcher's local rank disagrees with MPI's).
 LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<Communicator>* world);
+// CPU threads a rank should use by default: the cores this process may run on (the launcher's
+// binding: Open MPI binds each of 1-2 ranks to one core), and at most the node's cores shared
+// evenly among its ranks.
+int default_threads_per_rank(const LaunchInfo& info);
 // A one-line description of the layout for rank 0 to print.
 std::string describe_layout(const LaunchInfo& info, const std::string& device);
 // Ends MPI cleanly (every rank).

@@ -41,7 +41,7 @@ static double median_of(std::vector<double> v) {
 
 void run_bench(const BenchArgs& a, Communicator& world, const LaunchInfo& launch) {
   ModelConfig cfg = resolve_model_config(a.model);
-  int threads = a.threads > 0 ? a.threads : std::max(1, (int)std::thread::hardware_concurrency() / launch.local_size);
+  int threads = a.threads > 0 ? a.threads : default_threads_per_rank(launch);
   auto be = make_cpu_backend(threads);
   Transformer model(cfg, *be, a.batch, a.seq_len, a.gradient_checkpointing);
   const ModelLayout& L = model.layout();

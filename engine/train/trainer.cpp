@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <functional>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -87,6 +88,7 @@ TrainArgs parse_train_args(Flags& f) {
   a.save_steps = f.get_int64("save_steps", a.save_steps);
   a.save_total_limit = f.get_int("save_total_limit", 0);
   a.resume_from_checkpoint = f.get_string("resume_from_checkpoint", "");
+  if (a.resume_from_checkpoint == "False" || a.resume_from_checkpoint == "false") a.resume_from_checkpoint.clear();
   a.overwrite_output_dir = f.get_bool("overwrite_output_dir", false);
   a.seed = (uint64_t)f.get_int64("seed", (long long)a.seed);
   a.bf16 = f.get_bool("bf16", a.bf16);
@@ -188,6 +190,7 @@ struct Run {
   std::ofstream metrics;
   std::vector<nlohmann::json> log_history;  // what was logged, for trainer_state.json (rank 0)
   int64_t steps_per_epoch = 1;
+  int64_t global_batch = 1;  // sequences per step over every rank: with the seed, it fixes the data order
 };
 
 // A metrics record: to metrics.jsonl and the log history (rank 0 only).
@@ -233,21 +236,33 @@ double evaluate(Run& r) {
 
 // Writes the model as a Hugging Face directory, one unit at a time: every rank takes part in the
 // unit's gather, rank 0 writes it; then the tokenizer's files beside it.
+// A failure writing (rank 0: a full disk, say) must not leave the other ranks waiting in the
+// gathers: rank 0 keeps taking part, and every rank learns of the error at the end.
 void save_model(Run& r, const std::string& dir) {
   const ModelLayout& L = r.model->layout();
   std::unique_ptr<HfExporter> ex;
-  if (r.world.rank() == 0) ex = std::make_unique<HfExporter>(dir, r.cfg, L, r.a.bf16 ? "BF16" : "F32");
+  std::string error;
+  auto attempt = [&](const std::function<void()>& fn) {
+    if (!error.empty()) return;
+    try {
+      fn();
+    } catch (const Error& e) {
+      error = e.what();
+      ex.reset();  // removes its temporary files
+    }
+  };
+  if (r.world.rank() == 0) attempt([&] { ex = std::make_unique<HfExporter>(dir, r.cfg, L, r.a.bf16 ? "BF16" : "F32"); });
   std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
     host.resize((size_t)L.units[u].numel);
     r.store->get_unit((int)u, host.data());
-    if (ex) ex->write_unit((int)u, host.data());
+    if (ex) attempt([&] { ex->write_unit((int)u, host.data()); });
   }
-  if (ex) {
+  if (ex) attempt([&] {
     ex->finish();
     if (!r.tokenizer_dir.empty()) copy_tokenizer_files(r.tokenizer_dir, dir);
-  }
-  r.world.barrier();
+  });
+  agree_or_throw(r.world, error.empty(), error);
 }
 
 // output_dir/checkpoint-<step>: the Hugging Face export, the exact training state (state.h5) and
@@ -256,10 +271,14 @@ void save_model(Run& r, const std::string& dir) {
 void save_checkpoint(Run& r, int64_t step) {
   std::string dir = save_checkpoint_dir(r.a.output_dir, step, r.world, [&](const std::string& tmp) {
     save_model(r, tmp);
-    nlohmann::json scalars = {{"global_step", step}, {"seed", r.a.seed}, {"steps_per_epoch", r.steps_per_epoch}};
+    nlohmann::json scalars = {{"global_step", step},
+                              {"seed", r.a.seed},
+                              {"steps_per_epoch", r.steps_per_epoch},
+                              {"global_batch", r.global_batch}};
     save_train_state(tmp + "/state.h5", r.world, r.model->layout(), *r.store, step, scalars.dump(),
                      config_to_hf_json(r.cfg).dump());
-    if (r.world.rank() == 0) {
+    std::string error;
+    if (r.world.rank() == 0) try {
       nlohmann::json ts = {{"global_step", step},
                            {"epoch", (double)step / r.steps_per_epoch},
                            {"max_steps", r.a.max_steps},
@@ -270,11 +289,13 @@ void save_checkpoint(Run& r, int64_t step) {
                            {"model_config", config_to_hf_json(r.cfg)},
                            {"log_history", r.log_history}};
       write_text_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
+    } catch (const Error& e) {
+      error = e.what();
     }
-    r.world.barrier();
+    agree_or_throw(r.world, error.empty(), error);
   });
   if (r.world.rank() == 0) {
-    for (const std::string& gone : apply_save_total_limit(r.a.output_dir, r.a.save_total_limit))
+    for (const std::string& gone : apply_save_total_limit(r.a.output_dir, r.a.save_total_limit, dir))
       log_info("removed %s (--save_total_limit %d)", gone.c_str(), r.a.save_total_limit);
     log_info("saved  %s", dir.c_str());
   }
@@ -285,7 +306,7 @@ void save_checkpoint(Run& r, int64_t step) {
 // checksums verify), agreed on every rank; "" when not resuming.
 std::string resume_path(Run& r) {
   const std::string& want = r.a.resume_from_checkpoint;
-  if (want.empty() || want == "False" || want == "false") return "";
+  if (want.empty()) return "";
   if (want != "latest" && want != "True" && want != "true") {
     if (r.world.rank() == 0) verify_checkpoint(want);
     r.world.barrier();
@@ -312,12 +333,18 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
     log_info("note   --bf16/--tf32 select CUDA compute precisions; the CPU backend computes in fp32%s",
              a.bf16 ? " (saved models are written in bf16)" : "");
   Strategy strategy = parse_fsdp(a.fsdp);
-  Run r{a, world, launch, {}, nullptr, nullptr, nullptr, nullptr, {}, {}, 0, 0, 0, {}, {}, {}, 1};
+  Run r{a, world, launch, {}, nullptr, nullptr, nullptr, nullptr, {}, {}, 0, 0, 0, {}, {}, {}, 1, 1};
   if (world.rank() == 0) {
     make_dir(a.output_dir);
-    LLMT_CHECK(!list_checkpoint_dirs(a.output_dir).size() || !a.resume_from_checkpoint.empty() || a.overwrite_output_dir,
+    std::vector<CheckpointEntry> old = list_checkpoint_dirs(a.output_dir);
+    LLMT_CHECK(old.empty() || !a.resume_from_checkpoint.empty() || a.overwrite_output_dir,
                "%s already holds checkpoints: pass --resume_from_checkpoint latest to continue, or "
-               "--overwrite_output_dir to train from the start beside them", a.output_dir.c_str());
+               "--overwrite_output_dir to start again there (it removes them)", a.output_dir.c_str());
+    if (a.overwrite_output_dir && a.resume_from_checkpoint.empty())
+      for (const CheckpointEntry& c : old) {  // a new run's checkpoints must not mix with the old run's steps
+        log_info("remove %s (--overwrite_output_dir)", c.path.c_str());
+        remove_dir_tree(c.path);
+      }
   }
   world.barrier();
   log_info("%s", describe_layout(launch, a.device).c_str());
@@ -341,7 +368,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
       r.tokenizer_dir = S_ISDIR(st.st_mode) ? tok_src : slash == std::string::npos ? "." : tok_src.substr(0, slash);
   }
   int threads = a.threads;
-  if (threads <= 0) threads = std::max(1, (int)std::thread::hardware_concurrency() / launch.local_size);
+  if (threads <= 0) threads = default_threads_per_rank(launch);
   r.be = make_cpu_backend(threads);
 
   // data
@@ -422,6 +449,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   Sampler sampler(r.train.size(), W, world.rank(), r.B, accum, a.seed);
   const int64_t steps_per_epoch = sampler.steps_per_epoch();
   r.steps_per_epoch = steps_per_epoch;
+  r.global_batch = (int64_t)W * r.B * accum;
   const int64_t total_steps =
       a.max_steps > 0 ? a.max_steps : (int64_t)std::ceil(a.num_train_epochs * (double)steps_per_epoch);
   Schedule sched = make_schedule(a.lr_scheduler_type, total_steps, a.warmup_steps, a.warmup_ratio);
@@ -434,7 +462,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   oc.beta2 = (float)a.adam_beta2;
   oc.eps = (float)a.adam_epsilon;
   oc.weight_decay = (float)a.weight_decay;
-  if (world.rank() == 0) r.metrics.open(a.output_dir + "/metrics.jsonl", std::ios::app);
+
   // A live progress line on a terminal; not under mpirun or srun, whose ranks' output may look like a
   // terminal but ends up in logs.
   const bool live = world.rank() == 0 && isatty(fileno(stdout)) && launch.launcher == "single process";
@@ -471,11 +499,24 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
       for (auto& rec : ts["log_history"]) r.log_history.push_back(rec);
     }
     world.barrier();
+    nlohmann::json sc = nlohmann::json::parse(st.scalars_json, nullptr, false);
+    LLMT_CHECK(sc.is_object() && sc.value("global_batch", r.global_batch) == r.global_batch &&
+                   sc.value("seed", a.seed) == a.seed,
+               "%s was trained with a global batch of %lld sequences and --seed %llu; this run has %lld and %llu, so "
+               "it would not continue with the same data (keep ranks x per-device batch x accumulation, and the seed)",
+               ck.c_str(), (long long)sc.value("global_batch", (int64_t)0), (unsigned long long)sc.value("seed", (uint64_t)0),
+               (long long)r.global_batch, (unsigned long long)a.seed);
     log_info("resume %s: step %lld, Adam step %d; continuing to step %lld", ck.c_str(), (long long)first_step,
              st.adam_step, (long long)total_steps);
     LLMT_CHECK(first_step < total_steps, "%s is at step %lld, and the run ends at step %lld: nothing left to train",
                ck.c_str(), (long long)first_step, (long long)total_steps);
   }
+  if (world.rank() == 0) {  // metrics.jsonl: this run's records, after the resumed checkpoint's history
+    r.metrics.open(a.output_dir + "/metrics.jsonl", std::ios::trunc);
+    for (const auto& rec : r.log_history) r.metrics << rec.dump() << "\n";
+    r.metrics.flush();
+  }
+  window_start = now_s();
   for (int64_t step = first_step; step < total_steps; step++) {
     LLMT_CHECK(!(world.rank() == fail_rank && step + 1 == fail_step), "injected failure (LLMT_FAIL_AT_STEP) at step %lld",
                (long long)step + 1);
@@ -537,18 +578,18 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
                     (a.save_strategy == "epoch" && epoch_end);
     if (save_now) save_checkpoint(r, step + 1);
     // a signal reaches some ranks and not others: agree before acting, so every rank saves together
-    if (world.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) > 0) {
+    if (step + 1 < total_steps && world.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) > 0) {
       log_info("signal received: saving at step %lld and stopping", (long long)step + 1);
       if (!save_now) save_checkpoint(r, step + 1);
       stopped_at = step + 1;
       break;
     }
   }
-  std::signal(SIGUSR1, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
   if (stopped_at > 0) {
     log_info("stopped at step %lld of %lld by a signal; checkpoint-%lld holds the model", (long long)stopped_at,
              (long long)total_steps, (long long)stopped_at);
+    std::signal(SIGUSR1, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
     return;
   }
   double run_s = now_s() - run_start;
@@ -562,7 +603,9 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
     log_info("eval   eval_loss %.4f | perplexity %.3f", el, std::exp(el));
     record(r, {{"step", total_steps}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
   }
-  save_model(r, a.output_dir);
+  save_model(r, a.output_dir);  // a signal arriving now changes nothing: this is the end of the run
+  std::signal(SIGUSR1, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
   log_info("saved  %s (config.json, model.safetensors)", a.output_dir.c_str());
 }
 

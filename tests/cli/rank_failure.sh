@@ -24,8 +24,9 @@ echo "error on rank 1: exit $rc after ${took}s"
 # 2. kill -9 of one rank while the others train
 timeout 90 "${mpi[@]}" "${train[@]}" --output_dir "$work/b" > "$work/b.log" 2>&1 &
 job=$!
-for _ in $(seq 100); do grep -q "step .*10/" "$work/b.log" 2>/dev/null && break; sleep 0.3; done
-victim=$(pgrep -f "llmt train.*$work/b" | tail -n 1)
+for _ in $(seq 300); do grep -q "step .*10/" "$work/b.log" 2>/dev/null && break; sleep 0.3; done
+grep -q "step .*10/" "$work/b.log" || { echo "FAIL: training did not start"; tail "$work/b.log"; exit 1; }
+victim=$(pgrep -f "^$llmt train.*$work/b" | tail -n 1)  # a rank, not mpirun or timeout
 [ -n "$victim" ] || { echo "FAIL: no rank to kill"; cat "$work/b.log"; exit 1; }
 start=$(date +%s)
 kill -9 "$victim"
@@ -35,11 +36,12 @@ took=$(( $(date +%s) - start ))
 echo "kill -9 of pid $victim: exit $rc after ${took}s"
 [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "FAIL: the job did not end (rc $rc)"; tail -20 "$work/b.log"; exit 1; }
 [ $took -le 30 ] || { echo "FAIL: took ${took}s to end"; exit 1; }
-if pgrep -f "llmt train.*$work/b" > /dev/null; then echo "FAIL: ranks left running"; exit 1; fi
+if pgrep -f "^$llmt train.*$work/b" > /dev/null; then echo "FAIL: ranks left running"; exit 1; fi
 # 3. SIGUSR1 (Slurm's warning before the time limit) to the ranks: save a checkpoint, exit 0
-"${mpi[@]}" "${train[@]}" --output_dir "$work/c" > "$work/c.log" 2>&1 &
+timeout 120 "${mpi[@]}" "${train[@]}" --output_dir "$work/c" > "$work/c.log" 2>&1 &
 job=$!
-for _ in $(seq 100); do grep -q "step .*10/" "$work/c.log" 2>/dev/null && break; sleep 0.3; done
+for _ in $(seq 300); do grep -q "step .*10/" "$work/c.log" 2>/dev/null && break; sleep 0.3; done
+grep -q "step .*10/" "$work/c.log" || { echo "FAIL: training did not start"; tail "$work/c.log"; exit 1; }
 pkill -USR1 -f "^$llmt train.*$work/c"
 wait $job
 rc=$?

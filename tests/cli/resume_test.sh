@@ -36,42 +36,49 @@ echo "export: identical to the checkpoint's weights; a damaged state.h5 is refus
 "${mpi[@]}" -np 2 "$llmt" train "${common[@]}" --max_steps 30 --gradient_accumulation_steps 3 \
   --fsdp "full_shard auto_wrap" --save_strategy no --output_dir "$work/b" \
   --resume_from_checkpoint "$work/a/checkpoint-10" > "$work/b.log" 2>&1 || { echo "FAIL: resume"; tail "$work/b.log"; exit 1; }
-[ "$(losses "$work/b" | wc -l)" -eq 20 ] || { echo "FAIL: expected steps 11..30 logged"; exit 1; }
-diff <(losses "$work/a" | awk '$1 > 10') <(losses "$work/b") > /dev/null \
-  || { echo "FAIL: resumed losses differ"; paste <(losses "$work/a" | awk '$1 > 10') <(losses "$work/b") | head; exit 1; }
+# metrics.jsonl of the resumed run: the checkpoint's history (steps 1..10), then steps 11..30
+[ "$(losses "$work/b" | wc -l)" -eq 30 ] || { echo "FAIL: expected steps 1..30 logged once each"; losses "$work/b" | head; exit 1; }
+diff <(losses "$work/a") <(losses "$work/b") > /dev/null \
+  || { echo "FAIL: resumed losses differ"; paste <(losses "$work/a") <(losses "$work/b") | head -20; exit 1; }
 echo "resume at 2 ranks full_shard: steps 11..30 bitwise equal"
 
 # 3 ranks, no_shard: the global batch must stay the same, so 2 x 4 x 3 = 3 x 4 x 2
 "${mpi[@]}" -np 3 "$llmt" train "${common[@]}" --max_steps 30 --gradient_accumulation_steps 2 --fsdp no_shard --save_strategy no \
   --output_dir "$work/c" --resume_from_checkpoint "$work/a/checkpoint-10" > "$work/c.log" 2>&1 \
   || { echo "FAIL: resume at 3 ranks"; tail "$work/c.log"; exit 1; }
-paste <(losses "$work/a" | awk '$1 > 10') <(losses "$work/c") | \
+[ "$(losses "$work/c" | wc -l)" -eq 30 ] || { echo "FAIL: expected steps 1..30 logged once each"; exit 1; }
+paste <(losses "$work/a" | awk '$1 > 10') <(losses "$work/c" | awk '$1 > 10') | \
   awk '{ d = $2 - $4; if (d < 0) d = -d; if (d > 1e-5 * $2) { print "FAIL: step " $1 ": " $2 " vs " $4; bad = 1 } } END { exit bad }' \
   || exit 1
 echo "resume at 3 ranks no_shard: steps 11..30 within 1e-5"
 
-# kill -9 at several moments of a run that saves every step: latest is always complete
-for delay in 1.0 1.7 2.4; do
+# kill -9 at several moments of a run that saves every step: every checkpoint-N left is complete
+# (its checksums verify and it exports), and `latest` resumes
+for delay in 0.2 0.9 1.6; do
   d="$work/k"
   rm -rf "$d"
   "${mpi[@]}" -np 2 "$llmt" train "${common[@]}" --max_steps 1000 --save_steps 1 --save_total_limit 2 --output_dir "$d" \
     > "$work/k.log" 2>&1 &
   job=$!
+  # wait for the first checkpoint (however slow the machine), then kill somewhere in the saves that follow
+  for _ in $(seq 600); do ls "$d" 2> /dev/null | grep -q '^checkpoint-' && break; sleep 0.1; done
   sleep "$delay"
   pkill -9 -f "^$llmt train.*$d" ; wait $job 2> /dev/null
-  if ls "$d" | grep -q '^checkpoint-[0-9]*$'; then
-    # resume from latest until it has loaded and trained a step, then stop it
-    rm -f "$d/metrics.jsonl"
-    "${mpi[@]}" -np 2 "$llmt" train "${common[@]}" --max_steps 1000 --save_strategy no --output_dir "$d" \
-      --resume_from_checkpoint latest > "$work/r.log" 2>&1 &
-    job=$!
-    for _ in $(seq 100); do [ -s "$d/metrics.jsonl" ] && break; kill -0 $job 2> /dev/null || break; sleep 0.2; done
-    pkill -9 -f "^$llmt train.*$d"; wait $job 2> /dev/null
-    grep -q "resume .*checkpoint-" "$work/r.log" && [ -s "$d/metrics.jsonl" ] \
-      || { echo "FAIL: resuming from latest after kill at ${delay}s"; tail "$work/r.log"; exit 1; }
-    echo "kill -9 at ${delay}s: $(grep -o 'resume [^:]*' "$work/r.log")"
-  else
-    echo "kill -9 at ${delay}s: before the first save"
-  fi
+  n=0
+  for c in "$d"/checkpoint-*; do
+    case "$c" in *.tmp-*) continue ;; esac
+    "$llmt" export "$c" "$work/x" > "$work/x.log" 2>&1 || { echo "FAIL: $c is not complete"; cat "$work/x.log"; exit 1; }
+    n=$((n + 1))
+  done
+  [ $n -ge 1 ] || { echo "FAIL: no complete checkpoint after kill at ${delay}s"; ls "$d"; exit 1; }
+  # resume from latest until it has loaded and trained a step, then stop it
+  "${mpi[@]}" -np 2 "$llmt" train "${common[@]}" --max_steps 1000 --save_strategy no --output_dir "$d" \
+    --resume_from_checkpoint latest > "$work/r.log" 2>&1 &
+  job=$!
+  for _ in $(seq 300); do grep -q '"step"' "$d/metrics.jsonl" 2> /dev/null && grep -q "step .*/1000" "$work/r.log" && break
+                          kill -0 $job 2> /dev/null || break; sleep 0.2; done
+  pkill -9 -f "^$llmt train.*$d"; wait $job 2> /dev/null
+  grep -q "resume .*checkpoint-" "$work/r.log" || { echo "FAIL: resuming from latest after kill"; tail "$work/r.log"; exit 1; }
+  echo "kill -9 ${delay}s after the first save: $n complete checkpoint(s); $(grep -o 'resume [^:]*' "$work/r.log")"
 done
 echo "PASS"
