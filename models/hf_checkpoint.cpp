@@ -1,11 +1,8 @@
 #include "models/hf_checkpoint.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -95,31 +92,6 @@ void load_hf_unit(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, con
   }
 }
 
-void write_text_file_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  LLMT_CHECK(fd >= 0, "cannot write %s: %s", tmp.c_str(), std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail("cannot write %s: %s", tmp.c_str(), std::strerror(e));
-    }
-    done += (size_t)n;
-  }
-  bool ok = ::fsync(fd) == 0;
-  ok = ::close(fd) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    fail("cannot write %s: %s", path.c_str(), std::strerror(e));
-  }
-}
-
 HfExporter::HfExporter(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout,
                        const std::string& dtype, uint64_t max_shard_bytes)
     : layout_(layout), dtype_(dtype) {
@@ -127,7 +99,7 @@ HfExporter::HfExporter(const std::string& dir, const ModelConfig& cfg, const Mod
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) fail("cannot create %s: %s", dir.c_str(), std::strerror(errno));
   nlohmann::json j = config_to_hf_json(cfg);
   j["torch_dtype"] = dtype == "BF16" ? "bfloat16" : "float32";
-  write_text_file_atomic(dir + "/config.json", j.dump(2) + "\n");
+  write_file_atomic(dir + "/config.json", j.dump(2) + "\n");
   std::vector<StEntry> entries;
   for (const UnitLayout& u : layout.units) {
     entry_of_.emplace_back();
@@ -181,7 +153,7 @@ int copy_tokenizer_files(const std::string& src_dir, const std::string& dst_dir)
     std::ifstream in(src_dir + "/" + name, std::ios::binary);
     if (!in.good()) continue;
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    write_text_file_atomic(dst_dir + "/" + name, text);
+    write_file_atomic(dst_dir + "/" + name, text);
     copied++;
   }
   return copied;

@@ -46,7 +46,5 @@ void save_hf_model(const std::string& dir, const ModelConfig& cfg, const ModelLa
 // special_tokens_map.json, vocab.json, merges.txt, tokenizer.model, added_tokens.json) from src_dir
 // into dst_dir; a missing one is skipped. Returns how many were copied.
 int copy_tokenizer_files(const std::string& src_dir, const std::string& dst_dir);
-// Atomically writes a text file (to a temporary name, fsync, rename).
-void write_text_file_atomic(const std::string& path, const std::string& text);
 
 }  // namespace llmt

@@ -378,6 +378,10 @@ static void write_atomic(const std::string& path, const std::vector<Chunk>& chun
   }
 }
 
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  write_atomic(path, {{bytes.data(), bytes.size()}});
+}
+
 // The reference writer orders tensors by dtype, widest first, then by name: with the header padded to
 // 8 bytes this aligns every tensor to its element size. Rank as in its Dtype enum: F32 > I32 > BF16 > F16.
 static int dtype_rank(const std::string& dt) {

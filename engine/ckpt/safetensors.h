@@ -79,6 +79,10 @@ struct StEntry {  // a tensor to write; dtype "F32", "BF16", "F16" or "I32"; byt
   const void* data;
 };
 
+// Writes any file atomically: to path + ".tmp", fsync, rename over path, fsync the directory; on a
+// failure the temporary is removed and path is left as it was.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
 // Writes one file atomically (path + ".tmp", fsync, rename), laid out as the reference writer does:
 // tensors sorted by dtype (widest first) then name, header padded with spaces to a multiple of 8 bytes,
 // so every tensor is aligned to its element size. Empty metadata writes no "__metadata__".

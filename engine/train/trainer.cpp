@@ -12,10 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 #include <fstream>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "data/byte_tokenizer.h"
@@ -288,7 +286,7 @@ void save_checkpoint(Run& r, int64_t step) {
                            {"train_batch_size", r.B},
                            {"model_config", config_to_hf_json(r.cfg)},
                            {"log_history", r.log_history}};
-      write_text_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
+      write_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
     } catch (const Error& e) {
       error = e.what();
     }

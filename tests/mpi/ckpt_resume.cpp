@@ -38,22 +38,6 @@ const int kGlobal = 12, kT = 11, kSaveAt = 3, kSteps = 6;
 
 std::string config_json(const ModelConfig& c) { return config_to_hf_json(c).dump(); }
 
-// The global batch of a step: different every step.
-void global_batch(int step, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
-  tokens.resize(kGlobal * kT);
-  targets.resize(kGlobal * kT);
-  uint64_t s = 1000 + (uint64_t)step * 7919;
-  for (int i = 0; i < kGlobal * kT; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    tokens[i] = (int32_t)((s >> 33) % 259);
-  }
-  for (int b = 0; b < kGlobal; b++)
-    for (int t = 0; t < kT; t++) {
-      int i = b * kT + t;
-      targets[i] = t + 1 == kT || (b % 3 == 0 && t < 4) ? -100 : tokens[i + 1];
-    }
-}
-
 // One training run: a model, its store over `comm`, this rank's slice of each global batch.
 struct TrainRun {
   ModelConfig cfg;
@@ -79,7 +63,7 @@ struct TrainRun {
   }
   double step(int step) {
     std::vector<int32_t> tokens, targets;
-    global_batch(step, tokens, targets);
+    tiny_global_batch(step, kGlobal, kT, tokens, targets);  // different every step
     size_t off = (size_t)(comm.rank() * B) * kT;
     AdamWConfig oc;
     oc.weight_decay = 0.1f;
