@@ -245,7 +245,7 @@ void FsdpStore::get_unit(int unit, float* full_host) {
 
 FsdpStore::ShardState FsdpStore::shard_state(int unit) const {
   const Unit& u = units_[unit];
-  return {u.lo, u.hi, u.master, u.m, u.v};
+  return {u.lo, u.hi, u.master, u.m, u.v, u.grad};
 }
 
 int FsdpStore::replica_index() const { return replica_comm_ ? replica_comm_->rank() : 0; }

@@ -65,10 +65,11 @@ class FsdpStore : public UnitStore {
   void get_unit(int unit, float* full_host);
 
   // This rank's shard of a unit: elements [lo, hi) of the unit's flat buffer (hi <= lo when the
-  // shard is all padding) and its master weights and Adam moments, for checkpoints.
+  // shard is all padding), its master weights and Adam moments (for checkpoints), and its gradient
+  // as the last step left it.
   struct ShardState {
     int64_t lo = 0, hi = 0;
-    float *master = nullptr, *m = nullptr, *v = nullptr;
+    float *master = nullptr, *m = nullptr, *v = nullptr, *grad = nullptr;
   };
   ShardState shard_state(int unit) const;
   // Which copy of the shards this rank holds (0 .. replicas - 1): checkpoints write replica 0 only.

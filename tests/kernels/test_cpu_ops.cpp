@@ -6,13 +6,8 @@
 //    pre-filled with garbage and must be overwritten.
 // Inputs are random (fixed std::mt19937 seeds), never zero, with odd sizes so that swapped dimensions show.
 //
-// Error measure: rel = max|got - want| / max|want| over the whole tensor.
-//  - kFwdTol = 1e-5: an fp32 forward against double. fp32 unit roundoff is 6e-8; the reductions here
-//    are at most ~65 terms and the transcendental functions are accurate to a few ulp, so a correct fp32
-//    kernel lands near 1e-7..1e-6; any indexing or formula slip lands far above 1e-3.
-//  - kGradTol = 1e-4: an fp32 backward against double central differences (eps = 1e-6; the FD error is
-//    ~eps^2 truncation plus ~1e-10 cancellation, far below fp32 roundoff), with the fp32 saved statistics
-//    (mean, rstd, att) of the backend's own forward feeding the backward.
+// Error measure: rel = max|got - want| / max|want| over the whole tensor; the limits are
+// tests/tolerances.h's kF32OpForward and kF32OpBackward (central differences with eps = 1e-6).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,6 +24,7 @@
 #include "engine/core/error.h"
 #include "engine/core/tensor.h"
 #include "tests/kernels/reference_ops.h"
+#include "tests/tolerances.h"
 
 namespace {
 
@@ -39,8 +35,8 @@ using DV = std::vector<double>;
 using FV = std::vector<float>;
 using IV = std::vector<int32_t>;
 
-constexpr double kFwdTol = 1e-5;
-constexpr double kGradTol = 1e-4;
+constexpr double kFwdTol = llmt_test::tol::kF32OpForward;
+constexpr double kGradTol = llmt_test::tol::kF32OpBackward;
 constexpr double kFdEps = 1e-6;
 
 Backend& be() {

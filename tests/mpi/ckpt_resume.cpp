@@ -1,7 +1,8 @@
 // Resuming from the parallel-HDF5 training state under mpirun (ctest runs this at 1, 2, 3 and 4
 // ranks): a run saved at one world size and strategy, loaded at another, holds bitwise the same
 // master weights and Adam moments, and trains on to the same losses as the run never stopped
-// (bitwise at the same split; within 1e-6 relative at another, where sums group differently).
+// (bitwise at the same split; within tests/tolerances.h's fp32 loss bound at another, where sums
+// group differently).
 // Also: every error a damaged or foreign state.h5 can cause is one clear llmt::Error on every rank
 // at once (none hangs), and checkpoint directories commit with checksums computed over all ranks.
 #include <gtest/gtest.h>
@@ -25,6 +26,7 @@
 #include "engine/train/step.h"
 #include "models/transformer.h"
 #include "tests/mpi/tiny_models.h"
+#include "tests/tolerances.h"
 
 using namespace llmt;
 namespace fs = std::filesystem;
@@ -158,7 +160,7 @@ void check_resume(Arch arch, Strategy save_strategy, int save_local) {
     b.load(path);
     expect_bitwise(gather_state(b), saved, tag + ", loaded full_shard");
     for (int s = kSaveAt; s < kSteps; s++)
-      EXPECT_NEAR(b.step(s), ref[s], 1e-6 * std::fabs(ref[s])) << tag << ", loaded full_shard, step " << s;
+      EXPECT_NEAR(b.step(s), ref[s], llmt_test::tol::kF32Loss * std::fabs(ref[s])) << tag << ", loaded full_shard, step " << s;
   }
   // every rank alone (no_shard on a communicator of one), the whole batch in one micro-batch
   {
@@ -167,7 +169,7 @@ void check_resume(Arch arch, Strategy save_strategy, int save_local) {
     b.load(path);
     expect_bitwise(gather_state(b), saved, tag + ", loaded alone");
     for (int s = kSaveAt; s < kSteps; s++)
-      EXPECT_NEAR(b.step(s), ref[s], 1e-6 * std::fabs(ref[s])) << tag << ", loaded alone, step " << s;
+      EXPECT_NEAR(b.step(s), ref[s], llmt_test::tol::kF32Loss * std::fabs(ref[s])) << tag << ", loaded alone, step " << s;
   }
   // full_shard over two of three ranks (and the third alone), while both groups read at once
   if (W >= 3) {
@@ -177,7 +179,7 @@ void check_resume(Arch arch, Strategy save_strategy, int save_local) {
       b.load(path);
       expect_bitwise(gather_state(b), saved, tag + ", loaded on a sub-communicator");
       for (int s = kSaveAt; s < kSteps; s++)
-        EXPECT_NEAR(b.step(s), ref[s], 1e-6 * std::fabs(ref[s])) << tag << ", sub-communicator, step " << s;
+        EXPECT_NEAR(b.step(s), ref[s], llmt_test::tol::kF32Loss * std::fabs(ref[s])) << tag << ", sub-communicator, step " << s;
     }
   }
 }

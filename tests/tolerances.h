@@ -1,0 +1,82 @@
+// The tolerance table of docs/design.md ("Numerics and tolerances"), in one place: every numeric
+// test reads its limits from here, and each limit says what it compares and why it is that size.
+//
+// Errors are relative to the reference tensor's largest magnitude (rel = max|got - want| / max|want|)
+// unless a bound says otherwise. u is a format's unit roundoff: 2^-24 for fp32, 2^-8 for bf16 (8
+// significant bits, round to nearest even).
+//
+// Bitwise equality is asserted only where the reduction order is fixed by construction: the same
+// world size, strategy, thread count and batch split (e.g. a resumed run against an unbroken one).
+// Everything else is compared within these bounds, which hold for any BLAS kernel set
+// (OPENBLAS_CORETYPE=Haswell or SkylakeX, oneDNN's AVX2 or AVX-512 code paths): each is at least
+// 10x what was measured on both.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace llmt_test::tol {
+
+constexpr double kUnitF32 = 0x1p-24;
+constexpr double kUnitBf16 = 0x1p-8;
+
+// ---- one op of a backend against a double-precision plain-loop reference ----
+// fp32 forward: reductions of at most ~65 terms and transcendental functions accurate to a few ulp
+// land near 1e-7..1e-6; an indexing or formula slip lands far above 1e-3.
+constexpr double kF32OpForward = 1e-5;
+// fp32 backward against double central differences (FD error ~eps^2 + 1e-10, far below fp32 roundoff),
+// with the fp32 statistics saved by the backend's own forward feeding the backward.
+constexpr double kF32OpBackward = 1e-4;
+
+// ---- fp32 against fp32 computed another way (Hugging Face transformers, another rank split) ----
+// Sums of at most a few hundred terms, grouped differently: each differs by ~sqrt(K) u per sum, a
+// few 1e-7 after two layers (measured: logits 1e-6 at most).
+constexpr double kF32Logits = 1e-5;
+constexpr double kF32Loss = 1e-5;
+// Backward goes through the softmax and norm Jacobians, whose cancellations lift the relative error
+// of small entries (measured: 2e-5 at most, GPT-2's attention weights).
+constexpr double kF32Grad = 1e-4;
+// The same model split over ranks, micro-batches or checkpointed blocks: only the order in which
+// gradient pieces are added differs (reduce-scatter, accumulation). Measured: 2e-6.
+constexpr double kF32ReorderGrad = 1e-5;
+
+// ---- parameters after AdamW steps ----
+// Adam's step lr * m / (sqrt(v) + eps) does not depend on the gradient's scale, only on its
+// direction and history: a gradient element known to a relative accuracy e = grad_err / |g| moves
+// the step by at most ~2e * lr (first order; m and v each carry e), and by up to 2 * lr once e ~ 1,
+// where even the sign is rounding noise (GPT-2's key bias has an exact gradient of zero). So each
+// element is bounded by its own gradient's accuracy, summed over the steps, with a factor of 4 for
+// the gradients of later steps, which the reference records only for the first, plus the rounding
+// of the weights themselves.
+//   g: the reference gradient of this element (first step); grad_err: the absolute gradient error
+//   bound (the tensor's gradient tolerance times its largest gradient); w: the reference weight.
+inline double adam_param_bound(double w, double g, double grad_err, double lr, int steps, double unit = kUnitF32) {
+  double e = grad_err / std::max(std::fabs(g), 1e-30);
+  return steps * lr * std::min(2.0, 4.0 * 2.0 * e) + 16.0 * unit * std::fabs(w) + 1e-12;
+}
+
+// Compares weights after `steps` AdamW steps element by element with adam_param_bound; returns ""
+// when every element is within its bound, else the worst element and its bound.
+inline std::string check_adam_params(const float* got, const float* want, const float* grad0, int64_t n,
+                                     double grad_tol, double lr, int steps, double unit = kUnitF32,
+                                     double* worst_ratio = nullptr) {
+  double gmax = 0.0;
+  for (int64_t i = 0; i < n; i++) gmax = std::max(gmax, (double)std::fabs(grad0[i]));
+  double worst = 0.0;
+  int64_t wi = -1;
+  for (int64_t i = 0; i < n; i++) {
+    double d = std::fabs((double)got[i] - (double)want[i]);
+    double b = adam_param_bound(want[i], grad0[i], grad_tol * gmax, lr, steps, unit);
+    double r = d / b;
+    if (!(r <= worst)) worst = r, wi = i;  // NaN counts as worst
+  }
+  if (worst_ratio) *worst_ratio = worst;
+  if (worst <= 1.0) return "";
+  return "element " + std::to_string(wi) + ": got " + std::to_string(got[wi]) + ", want " + std::to_string(want[wi]) +
+         " (gradient " + std::to_string(grad0[wi]) + " of max " + std::to_string(gmax) + "), off by " +
+         std::to_string(worst) + "x its bound";
+}
+
+}  // namespace llmt_test::tol
