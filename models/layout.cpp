@@ -4,35 +4,6 @@
 
 namespace llmt {
 
-int64_t ParamSpec::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-std::vector<int64_t> ParamSpec::hf_shape() const {
-  if (!hf_transposed) return shape;
-  return {shape[1], shape[0]};
-}
-
-namespace {
-
-// Appends a tensor to the unit and returns its offset.
-int64_t add(UnitLayout& u, const std::string& hf_name, std::vector<int64_t> shape, bool decay,
-            bool hf_transposed = false) {
-  ParamSpec p;
-  p.hf_name = hf_name;
-  p.offset = u.numel;
-  p.shape = std::move(shape);
-  p.decay = decay;
-  p.hf_transposed = hf_transposed;
-  u.numel += p.numel();
-  u.params.push_back(p);
-  return p.offset;
-}
-
-}  // namespace
-
 ModelLayout make_layout(const ModelConfig& c) {
   ModelLayout L;
   const int64_t C = c.d_model, V = c.vocab_size, F = c.d_ff, hs = c.head_size();
@@ -41,15 +12,15 @@ ModelLayout make_layout(const ModelConfig& c) {
   UnitLayout root;
   root.name = "root";
   if (c.arch == Arch::gpt2) {
-    L.root.wte = add(root, "transformer.wte.weight", {V, C}, true);
-    L.root.wpe = add(root, "transformer.wpe.weight", {c.max_seq_len, C}, true);
-    L.root.lnf_w = add(root, "transformer.ln_f.weight", {C}, false);
-    L.root.lnf_b = add(root, "transformer.ln_f.bias", {C}, false);
+    L.root.wte = root.add("transformer.wte.weight", {V, C}, true);
+    L.root.wpe = root.add("transformer.wpe.weight", {c.max_seq_len, C}, true);
+    L.root.lnf_w = root.add("transformer.ln_f.weight", {C}, false);
+    L.root.lnf_b = root.add("transformer.ln_f.bias", {C}, false);
     L.root.lm_head = L.root.wte;
   } else {
-    L.root.wte = add(root, "model.embed_tokens.weight", {V, C}, true);
-    L.root.lnf_w = add(root, "model.norm.weight", {C}, false);
-    L.root.lm_head = c.tied_embeddings ? L.root.wte : add(root, "lm_head.weight", {V, C}, true);
+    L.root.wte = root.add("model.embed_tokens.weight", {V, C}, true);
+    L.root.lnf_w = root.add("model.norm.weight", {C}, false);
+    L.root.lm_head = c.tied_embeddings ? L.root.wte : root.add("lm_head.weight", {V, C}, true);
   }
   L.units.push_back(root);
 
@@ -59,29 +30,29 @@ ModelLayout make_layout(const ModelConfig& c) {
     BlockOffsets b;
     if (c.arch == Arch::gpt2) {
       std::string p = "transformer.h." + std::to_string(l) + ".";
-      b.ln1_w = add(u, p + "ln_1.weight", {C}, false);
-      b.ln1_b = add(u, p + "ln_1.bias", {C}, false);
-      b.qkv_w = add(u, p + "attn.c_attn.weight", {3 * C, C}, true, true);
-      b.qkv_b = add(u, p + "attn.c_attn.bias", {3 * C}, false);
-      b.attn_proj_w = add(u, p + "attn.c_proj.weight", {C, C}, true, true);
-      b.attn_proj_b = add(u, p + "attn.c_proj.bias", {C}, false);
-      b.ln2_w = add(u, p + "ln_2.weight", {C}, false);
-      b.ln2_b = add(u, p + "ln_2.bias", {C}, false);
-      b.mlp_in_w = add(u, p + "mlp.c_fc.weight", {F, C}, true, true);
-      b.mlp_in_b = add(u, p + "mlp.c_fc.bias", {F}, false);
-      b.mlp_out_w = add(u, p + "mlp.c_proj.weight", {C, F}, true, true);
-      b.mlp_out_b = add(u, p + "mlp.c_proj.bias", {C}, false);
+      b.ln1_w = u.add(p + "ln_1.weight", {C}, false);
+      b.ln1_b = u.add(p + "ln_1.bias", {C}, false);
+      b.qkv_w = u.add(p + "attn.c_attn.weight", {3 * C, C}, true, true);
+      b.qkv_b = u.add(p + "attn.c_attn.bias", {3 * C}, false);
+      b.attn_proj_w = u.add(p + "attn.c_proj.weight", {C, C}, true, true);
+      b.attn_proj_b = u.add(p + "attn.c_proj.bias", {C}, false);
+      b.ln2_w = u.add(p + "ln_2.weight", {C}, false);
+      b.ln2_b = u.add(p + "ln_2.bias", {C}, false);
+      b.mlp_in_w = u.add(p + "mlp.c_fc.weight", {F, C}, true, true);
+      b.mlp_in_b = u.add(p + "mlp.c_fc.bias", {F}, false);
+      b.mlp_out_w = u.add(p + "mlp.c_proj.weight", {C, F}, true, true);
+      b.mlp_out_b = u.add(p + "mlp.c_proj.bias", {C}, false);
     } else {
       std::string p = "model.layers." + std::to_string(l) + ".";
-      b.ln1_w = add(u, p + "input_layernorm.weight", {C}, false);
-      b.qkv_w = add(u, p + "self_attn.q_proj.weight", {q_dim, C}, true);
-      add(u, p + "self_attn.k_proj.weight", {kv_dim, C}, true);  // follows q: one fused [q|k|v] matrix
-      add(u, p + "self_attn.v_proj.weight", {kv_dim, C}, true);
-      b.attn_proj_w = add(u, p + "self_attn.o_proj.weight", {C, q_dim}, true);
-      b.ln2_w = add(u, p + "post_attention_layernorm.weight", {C}, false);
-      b.mlp_in_w = add(u, p + "mlp.gate_proj.weight", {F, C}, true);
-      add(u, p + "mlp.up_proj.weight", {F, C}, true);  // follows gate: one fused [gate|up] matrix
-      b.mlp_out_w = add(u, p + "mlp.down_proj.weight", {C, F}, true);
+      b.ln1_w = u.add(p + "input_layernorm.weight", {C}, false);
+      b.qkv_w = u.add(p + "self_attn.q_proj.weight", {q_dim, C}, true);
+      u.add(p + "self_attn.k_proj.weight", {kv_dim, C}, true);  // follows q: one fused [q|k|v] matrix
+      u.add(p + "self_attn.v_proj.weight", {kv_dim, C}, true);
+      b.attn_proj_w = u.add(p + "self_attn.o_proj.weight", {C, q_dim}, true);
+      b.ln2_w = u.add(p + "post_attention_layernorm.weight", {C}, false);
+      b.mlp_in_w = u.add(p + "mlp.gate_proj.weight", {F, C}, true);
+      u.add(p + "mlp.up_proj.weight", {F, C}, true);  // follows gate: one fused [gate|up] matrix
+      b.mlp_out_w = u.add(p + "mlp.down_proj.weight", {C, F}, true);
     }
     L.block = b;
     L.units.push_back(u);

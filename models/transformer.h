@@ -1,29 +1,15 @@
-// GPT-2 and LLaMA forward and backward, built from Backend ops, unit by unit.
-//
-// The model never owns its parameters: it asks a UnitStore for a unit's buffer just before
-// using it and hands it back right after, and it asks where to accumulate a unit's gradient
-// and says when that gradient is complete. A single process keeps full buffers; FSDP gathers
-// on acquire and reduce-scatters on grads_done.
+// GPT-2 and LLaMA forward and backward, built from Backend ops, unit by unit through a UnitStore
+// (engine/params/unit_store.h).
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/params/unit_store.h"
 #include "models/config.h"
 #include "models/layout.h"
 
 namespace llmt {
-
-class UnitStore {
- public:
-  virtual ~UnitStore() = default;
-  virtual float* acquire(int unit) = 0;  // the unit's full parameters, valid until release
-  virtual void release(int unit) = 0;
-  virtual void prefetch(int /*unit*/) {}  // the model will acquire this unit next: start fetching it
-  virtual float* grads(int unit) = 0;    // the unit's full gradient buffer; backward adds into it
-  virtual void grads_done(int unit) = 0; // backward will not touch this unit's gradient again
-  virtual void backward_done() {}        // the whole backward pass is over
-};
 
 class Transformer {
  public:

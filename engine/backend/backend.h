@@ -105,7 +105,4 @@ class Backend {
   virtual void convert(Tensor out, Tensor in, int64_t n) = 0;  // f32 <-> bf16 (round to nearest even)
 };
 
-// The CPU backend; threads <= 0 means every core OpenMP reports.
-std::unique_ptr<Backend> make_cpu_backend(int threads);
-
 }  // namespace llmt

@@ -158,7 +158,7 @@ struct Part {
   int64_t a = 0, b = 0, offset = 0;
 };
 
-std::vector<Part> parts_of(const ModelLayout& layout, const FsdpStore& store, bool selects) {
+std::vector<Part> parts_of(const ParamLayout& layout, const FsdpStore& store, bool selects) {
   std::vector<Part> parts;
   for (size_t u = 0; u < layout.units.size(); u++) {
     FsdpStore::ShardState s = store.shard_state((int)u);
@@ -202,7 +202,7 @@ herr_t transfer(hid_t dset, const Part& part, float* shard, hid_t dxpl, bool wri
 
 float* shard_ptr(const FsdpStore::ShardState& s, int kind) { return kind == 0 ? s.master : kind == 1 ? s.m : s.v; }
 
-json layout_json(const ModelLayout& layout) {
+json layout_json(const ParamLayout& layout) {
   json j = json::array();
   for (const UnitLayout& u : layout.units)
     for (const ParamSpec& p : u.params) j.push_back({p.hf_name, p.shape});
@@ -353,7 +353,7 @@ void agree_or_throw(Communicator& world, bool ok, const std::string& what) {
   throw Error(msg);
 }
 
-void save_train_state(const std::string& path, Communicator& world, const ModelLayout& layout, const FsdpStore& store,
+void save_train_state(const std::string& path, Communicator& world, const ParamLayout& layout, const FsdpStore& store,
                       int64_t global_step, const std::string& scalars_json, const std::string& config_json) {
   MPI_Comm comm = mpi_comm(world, "saving the training state to", path);
   QuietHdf5 quiet;
@@ -463,7 +463,7 @@ void save_train_state(const std::string& path, Communicator& world, const ModelL
   });
 }
 
-LoadedTrainState load_train_state(const std::string& path, Communicator& world, const ModelLayout& layout,
+LoadedTrainState load_train_state(const std::string& path, Communicator& world, const ParamLayout& layout,
                                   FsdpStore& store, const std::string& config_json) {
   MPI_Comm comm = mpi_comm(world, "loading the training state from", path);
   QuietHdf5 quiet;

@@ -30,14 +30,14 @@
 
 #include "engine/dist/communicator.h"
 #include "engine/fsdp/fsdp.h"
-#include "models/layout.h"
+#include "engine/params/layout.h"
 
 namespace llmt {
 
 // Writes path (replacing any file there) from every rank's shards. Collective over `world`, which
 // must be an "mpi" communicator holding every rank of the store. store.steps_done() is saved as
 // the Adam step. The file is flushed to disk (MPI_File_sync) before this returns.
-void save_train_state(const std::string& path, Communicator& world, const ModelLayout& layout, const FsdpStore& store,
+void save_train_state(const std::string& path, Communicator& world, const ParamLayout& layout, const FsdpStore& store,
                       int64_t global_step, const std::string& scalars_json, const std::string& config_json);
 
 struct LoadedTrainState {
@@ -50,7 +50,7 @@ struct LoadedTrainState {
 // whatever world size and strategy wrote it. Collective over `world`. Errors (all ranks throw):
 // a missing, truncated or corrupt file; a file of another model configuration (names the differing
 // config keys and the first tensor whose name or shape differs).
-LoadedTrainState load_train_state(const std::string& path, Communicator& world, const ModelLayout& layout,
+LoadedTrainState load_train_state(const std::string& path, Communicator& world, const ParamLayout& layout,
                                   FsdpStore& store, const std::string& config_json);
 
 // Throws, on every rank at once, when any rank's `ok` is false: the message is the lowest failing

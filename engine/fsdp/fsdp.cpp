@@ -58,7 +58,7 @@ ShardGroups shard_groups(Strategy s, int world, int local_size) {
   return g;
 }
 
-FsdpStore::FsdpStore(Backend& be, const ModelLayout& layout, Strategy strategy, Communicator& world, int local_size)
+FsdpStore::FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, Communicator& world, int local_size)
     : be_(be), layout_(layout), strategy_(strategy), groups_(shard_groups(strategy, world.size(), local_size)) {
   // Shard group: consecutive ranks (a node's ranks for hybrid_shard); replicas: same position in each group.
   const int r = world.rank();

@@ -17,8 +17,8 @@
 #include "engine/backend/backend.h"
 #include "engine/dist/communicator.h"
 #include "engine/optim/adamw.h"
-#include "models/layout.h"
-#include "models/transformer.h"
+#include "engine/params/layout.h"
+#include "engine/params/unit_store.h"
 
 namespace llmt {
 
@@ -39,7 +39,7 @@ ShardGroups shard_groups(Strategy s, int world, int local_size);
 class FsdpStore : public UnitStore {
  public:
   // world: every rank. local_size: ranks per node (hybrid_shard shards within a node).
-  FsdpStore(Backend& be, const ModelLayout& layout, Strategy strategy, Communicator& world, int local_size);
+  FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, Communicator& world, int local_size);
   ~FsdpStore() override;
   FsdpStore(const FsdpStore&) = delete;
   FsdpStore& operator=(const FsdpStore&) = delete;
@@ -100,7 +100,7 @@ class FsdpStore : public UnitStore {
   void finish_reduce();
 
   Backend& be_;
-  const ModelLayout& layout_;
+  const ParamLayout& layout_;
   Strategy strategy_;
   ShardGroups groups_;
   std::unique_ptr<Communicator> shard_comm_, replica_comm_;  // replica_comm_ null without replicas

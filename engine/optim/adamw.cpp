@@ -17,7 +17,7 @@ void adamw_step_range(Backend& be, const UnitLayout& unit, int64_t lo, int64_t h
   }
 }
 
-AdamW::AdamW(Backend& be, const ModelLayout& layout, const AdamWConfig& cfg) : be_(be), layout_(layout), cfg_(cfg) {
+AdamW::AdamW(Backend& be, const ParamLayout& layout, const AdamWConfig& cfg) : be_(be), layout_(layout), cfg_(cfg) {
   for (auto& u : layout.units) {
     m_.push_back((float*)be_.alloc(sizeof(float) * u.numel));
     v_.push_back((float*)be_.alloc(sizeof(float) * u.numel));

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
-#include "models/layout.h"
+#include "engine/params/layout.h"
 
 namespace llmt {
 
@@ -25,7 +25,7 @@ void adamw_step_range(Backend& be, const UnitLayout& unit, int64_t lo, int64_t h
 // Moments for whole units, for a single process (FSDP keeps its own, per shard).
 class AdamW {
  public:
-  AdamW(Backend& be, const ModelLayout& layout, const AdamWConfig& cfg);
+  AdamW(Backend& be, const ParamLayout& layout, const AdamWConfig& cfg);
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -35,7 +35,7 @@ class AdamW {
 
  private:
   Backend& be_;
-  const ModelLayout& layout_;
+  const ParamLayout& layout_;
   AdamWConfig cfg_;
   std::vector<float*> m_, v_;
   int t_ = 0;

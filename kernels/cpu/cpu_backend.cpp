@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/backend/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace llmt {
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace llmt {

@@ -23,6 +23,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/tensor.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "tests/kernels/reference_ops.h"
 #include "tests/tolerances.h"
 

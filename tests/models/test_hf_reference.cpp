@@ -6,6 +6,7 @@
 
 #include "engine/ckpt/safetensors.h"
 #include "engine/optim/adamw.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
 #include "tests/test_util.h"

@@ -25,6 +25,7 @@
 #include "engine/core/error.h"
 #include "engine/dist/launch.h"
 #include "engine/fsdp/fsdp.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "models/config.h"
 #include "models/layout.h"
 

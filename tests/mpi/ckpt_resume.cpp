@@ -23,10 +23,11 @@
 #include "engine/core/error.h"
 #include "engine/dist/launch.h"
 #include "engine/fsdp/fsdp.h"
-#include "engine/train/step.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "models/transformer.h"
 #include "tests/mpi/tiny_models.h"
 #include "tests/tolerances.h"
+#include "train/step.h"
 
 using namespace llmt;
 namespace fs = std::filesystem;

@@ -5,8 +5,8 @@
 
 #include "engine/core/error.h"
 #include "engine/optim/schedule.h"
-#include "engine/train/flags.h"
-#include "engine/train/trainer.h"
+#include "train/flags.h"
+#include "train/trainer.h"
 #include "tests/test_util.h"
 
 #include <fstream>

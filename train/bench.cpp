@@ -1,4 +1,4 @@
-#include "engine/train/bench.h"
+#include "train/bench.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,8 +10,9 @@
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/fsdp/fsdp.h"
-#include "engine/train/step.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "models/transformer.h"
+#include "train/step.h"
 
 namespace llmt {
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "engine/dist/launch.h"
-#include "engine/train/flags.h"
+#include "train/flags.h"
 
 namespace llmt {
 

@@ -7,12 +7,12 @@
 #include <cstdio>
 #include <fstream>
 
-#include "engine/cli/commands.h"
+#include "cli/commands.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/dist/launch.h"
 #include "engine/dist/nccl_log.h"
-#include "engine/train/flags.h"
+#include "train/flags.h"
 #ifdef LLMT_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.h"
 #endif

@@ -1,4 +1,4 @@
-#include "engine/train/trainer.h"
+#include "train/trainer.h"
 
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -27,10 +27,11 @@
 #include "engine/fsdp/fsdp.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/schedule.h"
-#include "engine/train/plan.h"
-#include "engine/train/step.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
+#include "train/plan.h"
+#include "train/step.h"
 
 namespace llmt {
 

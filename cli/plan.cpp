@@ -1,8 +1,8 @@
 #include <cstdio>
 
-#include "engine/cli/commands.h"
-#include "engine/train/flags.h"
-#include "engine/train/plan.h"
+#include "cli/commands.h"
+#include "train/flags.h"
+#include "train/plan.h"
 
 namespace llmt {
 

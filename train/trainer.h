@@ -7,7 +7,7 @@
 #include "data/dataset.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/launch.h"
-#include "engine/train/flags.h"
+#include "train/flags.h"
 
 namespace llmt {
 

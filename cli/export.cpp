@@ -1,10 +1,10 @@
 #include <cstdio>
 
-#include "engine/cli/commands.h"
+#include "cli/commands.h"
 #include "engine/core/error.h"
 #include "engine/dist/launch.h"
-#include "engine/train/export.h"
-#include "engine/train/flags.h"
+#include "train/export.h"
+#include "train/flags.h"
 
 namespace llmt {
 

@@ -1,7 +1,7 @@
 #include <cstdio>
 
-#include "engine/cli/commands.h"
-#include "engine/train/bench.h"
+#include "cli/commands.h"
+#include "train/bench.h"
 
 namespace llmt {
 

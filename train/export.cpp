@@ -1,4 +1,4 @@
-#include "engine/train/export.h"
+#include "train/export.h"
 
 #include <vector>
 
@@ -8,6 +8,7 @@
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/fsdp/fsdp.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "models/hf_checkpoint.h"
 
 namespace llmt {

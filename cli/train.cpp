@@ -1,8 +1,8 @@
 #include <cstdio>
 
-#include "engine/cli/commands.h"
+#include "cli/commands.h"
 #include "engine/dist/launch.h"
-#include "engine/train/trainer.h"
+#include "train/trainer.h"
 
 namespace llmt {
 

@@ -1,4 +1,4 @@
-#include "engine/train/flags.h"
+#include "train/flags.h"
 
 #include <cerrno>
 #include <cstdlib>

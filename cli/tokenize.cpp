@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "data/tokenizer.h"
-#include "engine/cli/commands.h"
+#include "cli/commands.h"
 #include "engine/core/error.h"
-#include "engine/train/flags.h"
+#include "train/flags.h"
 
 namespace llmt {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/cli/commands.h"
+#include "cli/commands.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/dist/launch.h"

@@ -1,4 +1,4 @@
-#include "engine/train/step.h"
+#include "train/step.h"
 
 #include <cmath>
 

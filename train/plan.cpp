@@ -1,4 +1,4 @@
-#include "engine/train/plan.h"
+#include "train/plan.h"
 
 #include <algorithm>
 
