@@ -21,7 +21,7 @@ int cli_bench(const std::vector<std::string>& args) {
   Flags flags("bench", args);
   BenchArgs a = parse_bench_args(flags);
   flags.finish();
-  std::unique_ptr<Communicator> world;
+  std::unique_ptr<ControlComm> world;
   LaunchInfo launch = init_launch(nullptr, nullptr, &world);
   run_bench(a, *world, launch);
   return 0;

@@ -20,7 +20,7 @@ int cli_export(const std::vector<std::string>& args) {
   std::string dtype = f.get_string("dtype", "F32");
   f.finish();
   LLMT_CHECK(dtype == "F32" || dtype == "BF16", "llmt export: --dtype must be F32 or BF16, got %s", dtype.c_str());
-  std::unique_ptr<Communicator> world;
+  std::unique_ptr<ControlComm> world;
   init_launch(nullptr, nullptr, &world);
   run_export(args[0], args[1], dtype, *world);
   return 0;

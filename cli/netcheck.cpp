@@ -11,6 +11,7 @@
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/dist/launch.h"
+#include "engine/dist/mpi_communicator.h"
 #include "engine/dist/nccl_log.h"
 #include "train/flags.h"
 #ifdef LLMT_HAVE_CUDA
@@ -68,7 +69,7 @@ int cli_netcheck(const std::vector<std::string>& args) {
         "  --write-env FILE     also write the recommended settings as KEY=value lines (e.g. .llmt_env)\n"
         "  --strict             exit 3 when there are warnings\n"
         "  --sysfs_root DIR     read sysfs below DIR instead of /sys (default $LLMT_SYSFS_ROOT or /sys)\n"
-        "  --bench              time all_gather, reduce_scatter, all_reduce over the Communicator instead:\n"
+        "  --bench              time all_gather, reduce_scatter, all_reduce over the data communicator instead:\n"
         "    --min_bytes N (8)  --max_bytes N (1073741824)  --iters N (20)  --warmup N (5)  --json\n"
         "  --nccl_log F[,F..]   which transports NCCL chose, from NCCL_DEBUG=INFO output (files or directories,\n"
         "                       e.g. what NCCL_DEBUG_FILE=/tmp/nccl.%%h.%%p wrote); needs no launcher\n");
@@ -100,11 +101,12 @@ int cli_netcheck(const std::vector<std::string>& args) {
     return strict && !s.warnings.empty() ? 3 : 0;
   }
 
-  std::unique_ptr<Communicator> world;
+  std::unique_ptr<ControlComm> world;
   LaunchInfo launch = init_launch(nullptr, nullptr, &world);
   if (bench) {
     if (launch.world == 1) log_info("netcheck --bench: one rank: nothing crosses a network (run it under mpirun)");
-    std::vector<BenchRow> rows = run_collective_bench(*world, b);
+    std::unique_ptr<DataComm> data = make_mpi_data_comm(*world);
+    std::vector<BenchRow> rows = run_collective_bench(*data, *world, b);
     if (launch.rank == 0) {
       if (json)
         std::printf("%s\n", format_bench_json(rows, launch.world).c_str());

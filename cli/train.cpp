@@ -47,7 +47,7 @@ int cli_train(const std::vector<std::string>& args) {
   Flags flags("train", args);
   TrainArgs a = parse_train_args(flags);
   flags.finish();
-  std::unique_ptr<Communicator> world;
+  std::unique_ptr<ControlComm> world;
   LaunchInfo launch = init_launch(nullptr, nullptr, &world);
   run_training(a, *world, launch);
   return 0;

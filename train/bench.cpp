@@ -9,6 +9,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
+#include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/transformer.h"
@@ -39,14 +40,15 @@ static double median_of(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-void run_bench(const BenchArgs& a, Communicator& world, const LaunchInfo& launch) {
+void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch) {
   ModelConfig cfg = resolve_model_config(a.model);
   int threads = a.threads > 0 ? a.threads : default_threads_per_rank(launch);
   auto be = make_cpu_backend(threads);
   Transformer model(cfg, *be, a.batch, a.seq_len, a.gradient_checkpointing);
   const ModelLayout& L = model.layout();
   Strategy strategy = parse_fsdp(a.fsdp);
-  FsdpStore store(*be, L, strategy, world, launch.local_size);
+  std::unique_ptr<DataComm> data = make_mpi_data_comm(world);
+  FsdpStore store(*be, L, strategy, *data, launch.local_size);
   std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
     host.resize((size_t)L.units[u].numel);

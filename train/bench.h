@@ -22,6 +22,6 @@ struct BenchArgs {
 };
 
 BenchArgs parse_bench_args(Flags& flags);
-void run_bench(const BenchArgs& args, Communicator& world, const LaunchInfo& launch);
+void run_bench(const BenchArgs& args, ControlComm& world, const LaunchInfo& launch);
 
 }  // namespace llmt

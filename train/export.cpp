@@ -7,6 +7,7 @@
 #include "engine/ckpt/train_state.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
+#include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/hf_checkpoint.h"
@@ -14,13 +15,14 @@
 namespace llmt {
 
 void run_export(const std::string& checkpoint_dir, const std::string& out_dir, const std::string& dtype,
-                Communicator& world) {
+                ControlComm& world) {
   if (world.rank() == 0) verify_checkpoint(checkpoint_dir);  // checksums first: never export a damaged state
   world.barrier();
   ModelConfig cfg = config_from_json_file(checkpoint_dir + "/config.json");
   ModelLayout L = make_layout(cfg);
   auto be = make_cpu_backend(0);
-  FsdpStore store(*be, L, Strategy::full_shard, world, world.size());
+  std::unique_ptr<DataComm> data = make_mpi_data_comm(world);
+  FsdpStore store(*be, L, Strategy::full_shard, *data, world.size());
   LoadedTrainState st = load_train_state(checkpoint_dir + "/state.h5", world, L, store, config_to_hf_json(cfg).dump());
   std::unique_ptr<HfExporter> ex;
   if (world.rank() == 0) ex = std::make_unique<HfExporter>(out_dir, cfg, L, dtype);

@@ -9,6 +9,6 @@
 namespace llmt {
 
 void run_export(const std::string& checkpoint_dir, const std::string& out_dir, const std::string& dtype,
-                Communicator& world);
+                ControlComm& world);
 
 }  // namespace llmt

@@ -6,7 +6,7 @@
 
 namespace llmt {
 
-StepResult train_step(Transformer& model, FsdpStore& store, Communicator& world, const std::vector<MicroBatch>& micro,
+StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& world, const std::vector<MicroBatch>& micro,
                       float lr, const AdamWConfig& adamw, double max_grad_norm) {
   StepResult r;
   const int B = model.batch();

@@ -23,7 +23,7 @@ struct StepResult {
   double counted = 0.0;    // tokens with a target, over every rank
 };
 
-StepResult train_step(Transformer& model, FsdpStore& store, Communicator& world, const std::vector<MicroBatch>& micro,
+StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& world, const std::vector<MicroBatch>& micro,
                       float lr, const AdamWConfig& adamw, double max_grad_norm);
 
 }  // namespace llmt

@@ -24,6 +24,7 @@
 #include "engine/ckpt/train_state.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
+#include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/schedule.h"
@@ -176,7 +177,8 @@ std::unique_ptr<Tokenizer> pick_tokenizer(const TrainArgs& a, const ModelConfig&
 // Everything one run holds, so the loop below reads as the step it is.
 struct Run {
   const TrainArgs& a;
-  Communicator& world;
+  ControlComm& world;
+  std::unique_ptr<DataComm> data;  // the store's collectives
   const LaunchInfo& launch;
   ModelConfig cfg;
   std::unique_ptr<Backend> be;
@@ -325,14 +327,14 @@ std::string resume_path(Run& r) {
 
 }  // namespace
 
-void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& launch) {
+void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch) {
   LLMT_CHECK(a.device == "cpu", "--device cuda: the CUDA backend is not built into llmt yet (only its first kernels); "
                                 "use --device cpu");
   if (a.bf16 || a.tf32)
     log_info("note   --bf16/--tf32 select CUDA compute precisions; the CPU backend computes in fp32%s",
              a.bf16 ? " (saved models are written in bf16)" : "");
   Strategy strategy = parse_fsdp(a.fsdp);
-  Run r{a, world, launch, {}, nullptr, nullptr, nullptr, nullptr, {}, {}, 0, 0, 0, {}, {}, {}, 1, 1};
+  Run r{a, world, make_mpi_data_comm(world), launch, {}, nullptr, nullptr, nullptr, nullptr, {}, {}, 0, 0, 0, {}, {}, {}, 1, 1};
   if (world.rank() == 0) {
     make_dir(a.output_dir);
     std::vector<CheckpointEntry> old = list_checkpoint_dirs(a.output_dir);
@@ -405,7 +407,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
     LLMT_CHECK(world.rank() / launch.local_size == launch.node,
                "hybrid_shard shards within a node, so each node's ranks must be consecutive (mpirun's default "
                "--map-by slot, or ppr:N:node); rank %d sits on node %d", world.rank(), launch.node);
-  r.store = std::make_unique<FsdpStore>(*r.be, L, strategy, world, local_size);
+  r.store = std::make_unique<FsdpStore>(*r.be, L, strategy, *r.data, local_size);
   {
     std::unique_ptr<SafetensorsCheckpoint> ckpt;
     if (from_hf) {
@@ -473,7 +475,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
   std::vector<std::vector<int32_t>> tokens(accum), targets(accum);
   double window_start = now_s(), window_loss = 0.0, run_start = 0.0;
   int64_t window_tokens = 0, window_steps = 0, run_tokens = 0;
-  const double comm_before = world.stats().total() + r.store->comm_bytes();
+  const double comm_before = r.store->comm_bytes();
   double comm_first_step = 0.0;
   // Fault injection for the tests: LLMT_FAIL_AT_STEP=rank:step makes that rank fail at that step.
   int fail_rank = -1;
@@ -532,7 +534,7 @@ void run_training(const TrainArgs& a, Communicator& world, const LaunchInfo& lau
     double lr = a.learning_rate * sched.multiplier(step);
     StepResult res = train_step(*r.model, *r.store, world, micro, (float)lr, oc, a.max_grad_norm);
     const double loss = res.loss, grad_norm = res.grad_norm;
-    if (step == first_step) comm_first_step = world.stats().total() + r.store->comm_bytes() - comm_before;
+    if (step == first_step) comm_first_step = r.store->comm_bytes() - comm_before;
 
     const int64_t global_tokens = step_tokens * W;
     window_loss += loss;

@@ -1,4 +1,4 @@
-// The training loop: FSDP over a Communicator, gradient accumulation, clipping, AdamW, the LR
+// The training loop: FSDP over a data communicator, gradient accumulation, clipping, AdamW, the LR
 // schedule, logging, evaluation and saving. Arguments carry the Hugging Face TrainingArguments names.
 #pragma once
 #include <cstdint>
@@ -53,6 +53,6 @@ struct TrainArgs {
 // Reads every train flag llmt implements from `flags` (then flags.finish() rejects the rest).
 TrainArgs parse_train_args(Flags& flags);
 // Runs the job on every rank of `world`.
-void run_training(const TrainArgs& args, Communicator& world, const LaunchInfo& launch);
+void run_training(const TrainArgs& args, ControlComm& world, const LaunchInfo& launch);
 
 }  // namespace llmt

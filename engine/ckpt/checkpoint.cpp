@@ -231,7 +231,7 @@ void walk(const std::string& dir, const std::string& rel, std::vector<std::strin
   std::sort(files.begin(), files.end());
 }
 
-void broadcast_string(Communicator& world, std::string& s, int root) {
+void broadcast_string(ControlComm& world, std::string& s, int root) {
   int32_t len = (int32_t)s.size();
   world.broadcast(&len, 1, DType::i32, root);
   std::vector<int32_t> words((size_t)(len + 3) / 4 + 1, 0);
@@ -242,7 +242,7 @@ void broadcast_string(Communicator& world, std::string& s, int root) {
 
 // Runs f on rank 0 only (or every rank), then every rank learns whether it failed.
 template <class F>
-void on_rank0(Communicator& world, F&& f) {
+void on_rank0(ControlComm& world, F&& f) {
   std::string err;
   if (world.rank() == 0) {
     try {
@@ -300,7 +300,7 @@ std::string checkpoint_path(const std::string& output_dir, int64_t step) {
   return output_dir + "/checkpoint-" + std::to_string(step);
 }
 
-std::string begin_checkpoint(const std::string& output_dir, int64_t step, Communicator& world) {
+std::string begin_checkpoint(const std::string& output_dir, int64_t step, ControlComm& world) {
   std::string tmp;
   on_rank0(world, [&] {
     LLMT_CHECK(!output_dir.empty(), "checkpoint: empty output directory");
@@ -331,12 +331,12 @@ std::string begin_checkpoint(const std::string& output_dir, int64_t step, Commun
   return tmp;
 }
 
-void abandon_checkpoint(const std::string& tmp_dir, Communicator& world) {
+void abandon_checkpoint(const std::string& tmp_dir, ControlComm& world) {
   if (world.rank() == 0) remove_dir_tree(tmp_dir);
   world.barrier();
 }
 
-std::string commit_checkpoint(const std::string& tmp_dir, Communicator& world) {
+std::string commit_checkpoint(const std::string& tmp_dir, ControlComm& world) {
   const int W = world.size(), me = world.rank();
   size_t tmp_at = tmp_dir.rfind(".tmp-");
   LLMT_CHECK(tmp_at != std::string::npos, "commit_checkpoint: %s is not a temporary checkpoint directory",
@@ -461,7 +461,7 @@ std::string commit_checkpoint(const std::string& tmp_dir, Communicator& world) {
   return final_dir;
 }
 
-std::string save_checkpoint_dir(const std::string& output_dir, int64_t step, Communicator& world,
+std::string save_checkpoint_dir(const std::string& output_dir, int64_t step, ControlComm& world,
                                 const std::function<void(const std::string& dir)>& write) {
   std::string tmp = begin_checkpoint(output_dir, step, world);
   try {

@@ -42,15 +42,15 @@ std::string checkpoint_path(const std::string& output_dir, int64_t step);  // ou
 
 // Collective. Returns the temporary directory's path (the same on every rank). Creates output_dir
 // when absent.
-std::string begin_checkpoint(const std::string& output_dir, int64_t step, Communicator& world);
+std::string begin_checkpoint(const std::string& output_dir, int64_t step, ControlComm& world);
 // Collective. Returns the final directory's path.
-std::string commit_checkpoint(const std::string& tmp_dir, Communicator& world);
+std::string commit_checkpoint(const std::string& tmp_dir, ControlComm& world);
 // Collective: rank 0 removes the temporary directory (best effort; never throws).
-void abandon_checkpoint(const std::string& tmp_dir, Communicator& world);
+void abandon_checkpoint(const std::string& tmp_dir, ControlComm& world);
 // begin, write(tmp_dir) on every rank, commit; any rank's failure (an exception from write on any
 // rank, after the collective parts of write are done) abandons the temporary directory and throws
 // on every rank. write must itself be all-or-nothing in its collective calls (save_train_state is).
-std::string save_checkpoint_dir(const std::string& output_dir, int64_t step, Communicator& world,
+std::string save_checkpoint_dir(const std::string& output_dir, int64_t step, ControlComm& world,
                                 const std::function<void(const std::string& dir)>& write);
 
 // Checks that dir/manifest.json parses and lists files that exist with their sizes; with `verify`,

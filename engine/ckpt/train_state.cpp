@@ -84,9 +84,8 @@ struct QuietHdf5 {
   }
 };
 
-MPI_Comm mpi_comm(Communicator& world, const char* what, const std::string& path) {
-  LLMT_CHECK(world.name() == "mpi" && world.native_handle(),
-             "%s %s: parallel HDF5 needs an MPI communicator, got \"%s\"", what, path.c_str(), world.name().c_str());
+MPI_Comm mpi_comm(ControlComm& world, const char* what, const std::string& path) {
+  LLMT_CHECK(world.native_handle(), "%s %s: parallel HDF5 needs an MPI communicator", what, path.c_str());
   return *(MPI_Comm*)world.native_handle();
 }
 
@@ -324,7 +323,7 @@ std::string layout_diff(const json& saved, const json& now) {
 
 // Runs one phase on every rank, then agrees: if any rank failed, every rank throws its message.
 template <class F>
-void phase(Communicator& world, F&& f) {
+void phase(ControlComm& world, F&& f) {
   std::string err;
   try {
     f();
@@ -336,7 +335,7 @@ void phase(Communicator& world, F&& f) {
 
 }  // namespace
 
-void agree_or_throw(Communicator& world, bool ok, const std::string& what) {
+void agree_or_throw(ControlComm& world, bool ok, const std::string& what) {
   if (world.all_reduce_sum(ok ? 0.0 : 1.0) == 0.0) return;
   const int W = world.size(), me = world.rank();
   std::vector<int32_t> failed((size_t)W);
@@ -353,7 +352,7 @@ void agree_or_throw(Communicator& world, bool ok, const std::string& what) {
   throw Error(msg);
 }
 
-void save_train_state(const std::string& path, Communicator& world, const ParamLayout& layout, const FsdpStore& store,
+void save_train_state(const std::string& path, ControlComm& world, const ParamLayout& layout, const FsdpStore& store,
                       int64_t global_step, const std::string& scalars_json, const std::string& config_json) {
   MPI_Comm comm = mpi_comm(world, "saving the training state to", path);
   QuietHdf5 quiet;
@@ -463,7 +462,7 @@ void save_train_state(const std::string& path, Communicator& world, const ParamL
   });
 }
 
-LoadedTrainState load_train_state(const std::string& path, Communicator& world, const ParamLayout& layout,
+LoadedTrainState load_train_state(const std::string& path, ControlComm& world, const ParamLayout& layout,
                                   FsdpStore& store, const std::string& config_json) {
   MPI_Comm comm = mpi_comm(world, "loading the training state from", path);
   QuietHdf5 quiet;

@@ -37,7 +37,7 @@ namespace llmt {
 // Writes path (replacing any file there) from every rank's shards. Collective over `world`, which
 // must be an "mpi" communicator holding every rank of the store. store.steps_done() is saved as
 // the Adam step. The file is flushed to disk (MPI_File_sync) before this returns.
-void save_train_state(const std::string& path, Communicator& world, const ParamLayout& layout, const FsdpStore& store,
+void save_train_state(const std::string& path, ControlComm& world, const ParamLayout& layout, const FsdpStore& store,
                       int64_t global_step, const std::string& scalars_json, const std::string& config_json);
 
 struct LoadedTrainState {
@@ -50,11 +50,11 @@ struct LoadedTrainState {
 // whatever world size and strategy wrote it. Collective over `world`. Errors (all ranks throw):
 // a missing, truncated or corrupt file; a file of another model configuration (names the differing
 // config keys and the first tensor whose name or shape differs).
-LoadedTrainState load_train_state(const std::string& path, Communicator& world, const ParamLayout& layout,
+LoadedTrainState load_train_state(const std::string& path, ControlComm& world, const ParamLayout& layout,
                                   FsdpStore& store, const std::string& config_json);
 
 // Throws, on every rank at once, when any rank's `ok` is false: the message is the lowest failing
 // rank's `what`, prefixed with its rank when the world has more than one. Collective.
-void agree_or_throw(Communicator& world, bool ok, const std::string& what);
+void agree_or_throw(ControlComm& world, bool ok, const std::string& what);
 
 }  // namespace llmt

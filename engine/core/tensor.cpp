@@ -9,6 +9,7 @@ size_t dtype_size(DType t) {
     case DType::f32: return 4;
     case DType::bf16: return 2;
     case DType::i32: return 4;
+    case DType::f64: return 8;
   }
   return 0;
 }
@@ -18,6 +19,7 @@ const char* dtype_name(DType t) {
     case DType::f32: return "f32";
     case DType::bf16: return "bf16";
     case DType::i32: return "i32";
+    case DType::f64: return "f64";
   }
   return "?";
 }
@@ -50,6 +52,18 @@ uint16_t* Tensor::bf16() const {
 int32_t* Tensor::i32() const {
   LLMT_CHECK(dtype == DType::i32, "expected an i32 tensor, got %s %s", dtype_name(dtype), shape_str().c_str());
   return (int32_t*)data;
+}
+
+double* Tensor::f64() const {
+  LLMT_CHECK(dtype == DType::f64, "expected an f64 tensor, got %s %s", dtype_name(dtype), shape_str().c_str());
+  return (double*)data;
+}
+
+Tensor Tensor::view(int64_t offset, std::initializer_list<int64_t> dims) const {
+  Tensor t((char*)data + offset * (int64_t)dtype_size(dtype), dtype, dims);
+  LLMT_CHECK(offset >= 0 && offset + t.numel() <= numel(), "view [%lld, +%lld) outside a tensor of %lld elements",
+             (long long)offset, (long long)t.numel(), (long long)numel());
+  return t;
 }
 
 float f16_to_f32(uint16_t h) {

@@ -11,7 +11,7 @@
 
 namespace llmt {
 
-enum class DType : uint8_t { f32, bf16, i32 };
+enum class DType : uint8_t { f32, bf16, i32, f64 };  // f64: device-side scalars (loss, norm)
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
@@ -33,6 +33,9 @@ struct Tensor {
   float* f32() const;
   uint16_t* bf16() const;
   int32_t* i32() const;
+  double* f64() const;
+  // Elements [offset, offset + prod(dims)) of this tensor's flat buffer, as a tensor of shape dims.
+  Tensor view(int64_t offset, std::initializer_list<int64_t> dims) const;
 };
 
 inline Tensor f32_tensor(float* p, std::initializer_list<int64_t> dims) { return Tensor(p, DType::f32, dims); }

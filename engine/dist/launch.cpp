@@ -32,7 +32,7 @@ int launcher_rank_from_env() {
   return -1;
 }
 
-LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<Communicator>* world) {
+LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<ControlComm>* world) {
   LaunchInfo info;
   if (!g_initialized) {
     int provided = 0;
@@ -84,7 +84,7 @@ LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<Communicator>* w
     info.launcher = info.world == 1 ? "single process" : "mpi";
   }
   log_set_rank(info.rank, info.world);
-  if (world) *world = make_mpi_world_communicator();
+  if (world) *world = make_mpi_world_control();
   return info;
 }
 

@@ -18,9 +18,9 @@ struct LaunchInfo {
   std::string launcher;  // "mpirun", "srun", "single process"
 };
 
-// Initialises MPI (once); returns the layout and the world communicator. Throws on an
+// Initialises MPI (once); returns the layout and the world's control communicator. Throws on an
 // inconsistent layout (e.g. the launcher's local rank disagrees with MPI's).
-LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<Communicator>* world);
+LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<ControlComm>* world);
 // CPU threads a rank should use by default: the cores this process may run on (the launcher's
 // binding: Open MPI binds each of 1-2 ranks to one core), and at most the node's cores shared
 // evenly among its ranks.

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstring>
 #include <functional>
 
 #include "engine/core/error.h"
@@ -15,7 +16,8 @@ MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::f32: return MPI_FLOAT;
     case DType::i32: return MPI_INT32_T;
-    case DType::bf16: return MPI_UINT16_T;  // moved, never reduced by MPI
+    case DType::f64: return MPI_DOUBLE;
+    case DType::bf16: return MPI_UINT16_T;  // moved as bits; reduced by bf16_sum_op below
   }
   return MPI_BYTE;
 }
@@ -33,13 +35,27 @@ void check(int rc, const char* what) {
   fail("MPI %s failed: %s", what, msg);
 }
 
+// MPI has no bf16: a sum that adds in fp32 and rounds once per pair, as NCCL's bf16 sum does.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = (const uint16_t*)in;
+  uint16_t* b = (uint16_t*)inout;
+  for (int i = 0; i < *len; i++) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+MPI_Op bf16_sum_op() {
+  static MPI_Op op = [] {
+    MPI_Op o;
+    check(MPI_Op_create(bf16_sum, 1, &o), "op_create");
+    return o;
+  }();
+  return op;
+}
+MPI_Op sum_op(DType t) { return t == DType::bf16 ? bf16_sum_op() : MPI_SUM; }
+
 class MpiRequest : public CommRequest {
  public:
   MpiRequest(MPI_Request r, std::function<void()> after) : req_(r), after_(std::move(after)) {}
   ~MpiRequest() override {
-    if (!done_) {
-      MPI_Wait(&req_, MPI_STATUS_IGNORE);  // never leave MPI writing into freed memory
-    }
+    if (!done_) MPI_Wait(&req_, MPI_STATUS_IGNORE);  // never leave MPI writing into freed memory
   }
   void wait() override {
     if (done_) return;
@@ -54,15 +70,34 @@ class MpiRequest : public CommRequest {
   bool done_ = false;
 };
 
-class MpiCommunicator : public Communicator {
+// MPI has no average: sum, then divide once the result is in place.
+std::function<void()> average_after(ReduceOp op, void* buf, int64_t count, DType t, int size) {
+  if (op != ReduceOp::avg) return nullptr;
+  float inv = 1.0f / (float)size;
+  switch (t) {
+    case DType::f32:
+      return [p = (float*)buf, count, inv] {
+        for (int64_t i = 0; i < count; i++) p[i] *= inv;
+      };
+    case DType::f64:
+      return [p = (double*)buf, count, size] {
+        for (int64_t i = 0; i < count; i++) p[i] /= size;
+      };
+    case DType::bf16:
+      return [p = (uint16_t*)buf, count, inv] {
+        for (int64_t i = 0; i < count; i++) p[i] = f32_to_bf16(bf16_to_f32(p[i]) * inv);
+      };
+    default: fail("mpi: no average of %s", dtype_name(t));
+  }
+}
+
+class MpiDataComm : public DataComm {
  public:
-  explicit MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+  explicit MpiDataComm(MPI_Comm comm) : comm_(comm) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
-  ~MpiCommunicator() override {
-    if (owned_) MPI_Comm_free(&comm_);
-  }
+  ~MpiDataComm() override { MPI_Comm_free(&comm_); }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
@@ -78,58 +113,67 @@ class MpiCommunicator : public Communicator {
 
   std::unique_ptr<CommRequest> reduce_scatter_async(const void* send, void* recv, int64_t count, DType t,
                                                     ReduceOp op) override {
-    LLMT_CHECK(t != DType::bf16, "mpi reduce_scatter: bf16 reductions are not supported by MPI");
+    LLMT_CHECK(t != DType::i32, "mpi reduce_scatter: i32 is not a reduction type here");
     int n = checked_count(count * size_, "reduce_scatter") / size_;
     MPI_Request r;
-    check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), MPI_SUM, comm_, &r), "reduce_scatter");
+    check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), sum_op(t), comm_, &r), "reduce_scatter");
     stats_.reduce_scatter_bytes += (double)(size_ - 1) * count * dtype_size(t);
     stats_.calls++;
-    return std::make_unique<MpiRequest>(r, average_after(op, recv, count, t));
+    return std::make_unique<MpiRequest>(r, average_after(op, recv, count, t, size_));
   }
 
   std::unique_ptr<CommRequest> all_reduce_async(void* buf, int64_t count, DType t, ReduceOp op) override {
-    LLMT_CHECK(t != DType::bf16, "mpi all_reduce: bf16 reductions are not supported by MPI");
+    LLMT_CHECK(t != DType::i32, "mpi all_reduce: i32 is not a reduction type here");
     int n = checked_count(count, "all_reduce");
     MPI_Request r;
-    check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(t), MPI_SUM, comm_, &r), "all_reduce");
+    check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(t), sum_op(t), comm_, &r), "all_reduce");
     stats_.all_reduce_bytes += 2.0 * (size_ - 1) / size_ * count * dtype_size(t);
     stats_.calls++;
-    return std::make_unique<MpiRequest>(r, average_after(op, buf, count, t));
+    return std::make_unique<MpiRequest>(r, average_after(op, buf, count, t, size_));
   }
 
-  void broadcast(void* buf, int64_t count, DType t, int root) override {
-    check(MPI_Bcast(buf, checked_count(count, "broadcast"), mpi_type(t), root, comm_), "broadcast");
-    stats_.broadcast_bytes += (double)count * dtype_size(t);
-    stats_.calls++;
+  std::unique_ptr<DataComm> split(int color, int key) override {
+    MPI_Comm sub;
+    check(MPI_Comm_split(comm_, color, key, &sub), "comm_split");
+    return std::make_unique<MpiDataComm>(sub);
   }
 
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+class MpiControlComm : public ControlComm {
+ public:
+  MpiControlComm(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiControlComm() override {
+    if (owned_) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   void barrier() override { check(MPI_Barrier(comm_), "barrier"); }
-
   double all_reduce_sum(double x) override {
     check(MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, comm_), "all_reduce");
     return x;
   }
-
-  void* native_handle() override { return &comm_; }
-
-  std::unique_ptr<Communicator> split(int color, int key) override {
+  void all_gather(const void* send, void* recv, int64_t count, DType t) override {
+    int n = checked_count(count * size_, "all_gather") / size_;
+    check(MPI_Allgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_), "all_gather");
+  }
+  void broadcast(void* buf, int64_t count, DType t, int root) override {
+    check(MPI_Bcast(buf, checked_count(count, "broadcast"), mpi_type(t), root, comm_), "broadcast");
+  }
+  std::unique_ptr<ControlComm> split(int color, int key) override {
     MPI_Comm sub;
     check(MPI_Comm_split(comm_, color, key, &sub), "comm_split");
-    return std::make_unique<MpiCommunicator>(sub, true);
+    return std::make_unique<MpiControlComm>(sub, true);
   }
+  void* native_handle() override { return &comm_; }
 
  private:
-  // MPI has no average: sum, then divide once the result is in place.
-  std::function<void()> average_after(ReduceOp op, void* buf, int64_t count, DType t) {
-    if (op != ReduceOp::avg) return nullptr;
-    LLMT_CHECK(t == DType::f32, "mpi: average is supported for f32 only");
-    float inv = 1.0f / (float)size_;
-    float* p = (float*)buf;
-    return [p, count, inv] {
-      for (int64_t i = 0; i < count; i++) p[i] *= inv;
-    };
-  }
-
   MPI_Comm comm_;
   bool owned_;
   int rank_ = 0, size_ = 1;
@@ -137,8 +181,16 @@ class MpiCommunicator : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_world_communicator() {
-  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false);
+std::unique_ptr<ControlComm> make_mpi_world_control() {
+  return std::make_unique<MpiControlComm>(MPI_COMM_WORLD, false);
+}
+
+std::unique_ptr<DataComm> make_mpi_data_comm(ControlComm& control) {
+  void* h = control.native_handle();
+  LLMT_CHECK(h, "an MPI data communicator needs an MPI control communicator");
+  MPI_Comm dup;
+  check(MPI_Comm_dup(*(MPI_Comm*)h, &dup), "comm_dup");
+  return std::make_unique<MpiDataComm>(dup);
 }
 
 }  // namespace llmt

@@ -1,4 +1,4 @@
-// The MPI Communicator (host buffers). Only engine/dist includes MPI headers.
+// The MPI communicators. Only engine/dist includes MPI headers.
 #pragma once
 #include <memory>
 
@@ -6,7 +6,11 @@
 
 namespace llmt {
 
-// A communicator over MPI_COMM_WORLD; MPI must be initialised (init_launch does it).
-std::unique_ptr<Communicator> make_mpi_world_communicator();
+// The control communicator over MPI_COMM_WORLD; MPI must be initialised (init_launch does it).
+std::unique_ptr<ControlComm> make_mpi_world_control();
+// A data communicator over the same ranks as `control`, on its own duplicate of the MPI
+// communicator (so data collectives in flight never interleave with control messages), for host
+// buffers. Collective over `control`.
+std::unique_ptr<DataComm> make_mpi_data_comm(ControlComm& control);
 
 }  // namespace llmt

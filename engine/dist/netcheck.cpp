@@ -607,7 +607,7 @@ RankReport report_from_json(const std::string& text) {
   return r;
 }
 
-std::vector<std::string> gather_strings(Communicator& comm, const std::string& mine) {
+std::vector<std::string> gather_strings(ControlComm& comm, const std::string& mine) {
   const int n = comm.size();
   // lengths first, then every text padded to the longest (whole int32 words: the i32 type moves bytes)
   std::vector<int32_t> lens(n);
@@ -1150,7 +1150,7 @@ int64_t bench_count(BenchOp op, int64_t bytes, int n) {
   return count;
 }
 
-std::vector<BenchRow> run_collective_bench(Communicator& comm, const BenchArgs& a) {
+std::vector<BenchRow> run_collective_bench(DataComm& comm, ControlComm& control, const BenchArgs& a) {
   LLMT_CHECK(a.min_bytes >= 4 && a.max_bytes >= a.min_bytes,
              "netcheck --bench: sizes must satisfy 4 <= min_bytes <= max_bytes (got %lld, %lld)",
              (long long)a.min_bytes, (long long)a.max_bytes);
@@ -1174,19 +1174,19 @@ std::vector<BenchRow> run_collective_bench(Communicator& comm, const BenchArgs& 
       };
       auto once = [&] {
         if (op == BenchOp::all_gather)
-          comm.all_gather(part.data(), full.data(), slice, DType::f32);
+          comm.all_gather_async(part.data(), full.data(), slice, DType::f32)->wait_host();
         else if (op == BenchOp::reduce_scatter)
-          comm.reduce_scatter(full.data(), part.data(), slice, DType::f32, ReduceOp::sum);
+          comm.reduce_scatter_async(full.data(), part.data(), slice, DType::f32, ReduceOp::sum)->wait_host();
         else
-          comm.all_reduce(full.data(), count, DType::f32, ReduceOp::sum);
+          comm.all_reduce_async(full.data(), count, DType::f32, ReduceOp::sum)->wait_host();
       };
       fill();
       for (int i = 0; i < a.warmup; i++) once();
-      comm.barrier();
+      control.barrier();
       auto t0 = clock::now();
       for (int i = 0; i < a.iters; i++) once();
       double sec = std::chrono::duration<double>(clock::now() - t0).count() / a.iters;
-      sec = comm.all_reduce_sum(sec) / n;  // nccl-tests averages the ranks' times
+      sec = control.all_reduce_sum(sec) / n;  // nccl-tests averages the ranks' times
       // one checked run on fresh inputs
       fill();
       once();
@@ -1206,7 +1206,7 @@ std::vector<BenchRow> run_collective_bench(Communicator& comm, const BenchArgs& 
       r.time_us = sec * 1e6;
       r.algbw = r.bytes / sec / 1e9;
       r.busbw = r.algbw * bench_busbw_factor(op, n);
-      r.wrong = (int64_t)comm.all_reduce_sum((double)wrong);
+      r.wrong = (int64_t)control.all_reduce_sum((double)wrong);
       rows.push_back(r);
     }
   }

@@ -10,7 +10,8 @@
 
 namespace llmt {
 
-class Communicator;
+class ControlComm;
+class DataComm;
 struct LaunchInfo;
 
 // ---- what one node has ----
@@ -127,7 +128,7 @@ std::string report_to_json(const RankReport& r);
 RankReport report_from_json(const std::string& text);
 
 // Every rank's JSON text on rank 0 (others get an empty vector). Collective.
-std::vector<std::string> gather_strings(Communicator& comm, const std::string& mine);
+std::vector<std::string> gather_strings(ControlComm& comm, const std::string& mine);
 
 // ---- the collective benchmark ----
 
@@ -154,7 +155,7 @@ struct BenchArgs {
 };
 
 // Runs every op over sizes min_bytes, 2*min_bytes, ... max_bytes; collective; rows on every rank.
-std::vector<BenchRow> run_collective_bench(Communicator& comm, const BenchArgs& a);
+std::vector<BenchRow> run_collective_bench(DataComm& comm, ControlComm& control, const BenchArgs& a);
 std::string format_bench_table(const std::vector<BenchRow>& rows, int nranks);
 std::string format_bench_json(const std::vector<BenchRow>& rows, int nranks);
 

@@ -58,7 +58,7 @@ ShardGroups shard_groups(Strategy s, int world, int local_size) {
   return g;
 }
 
-FsdpStore::FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, Communicator& world, int local_size)
+FsdpStore::FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, DataComm& world, int local_size)
     : be_(be), layout_(layout), strategy_(strategy), groups_(shard_groups(strategy, world.size(), local_size)) {
   // Shard group: consecutive ranks (a node's ranks for hybrid_shard); replicas: same position in each group.
   const int r = world.rank();
@@ -212,7 +212,8 @@ double FsdpStore::grad_sq_norm() {
   double sq = 0.0;
   for (auto& u : units_) sq += be_.sum_squares(Tensor(u.grad, DType::f32, {u.shard}), u.shard);
   // replicas hold identical shards: sum over one shard group only
-  return groups_.shard_size > 1 ? shard_comm_->all_reduce_sum(sq) : sq;
+  if (groups_.shard_size > 1) shard_comm_->all_reduce_async(&sq, 1, DType::f64, ReduceOp::sum)->wait_host();
+  return sq;
 }
 
 void FsdpStore::optimizer_step(float lr, const AdamWConfig& cfg, float grad_scale) {

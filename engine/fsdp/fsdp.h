@@ -39,7 +39,7 @@ ShardGroups shard_groups(Strategy s, int world, int local_size);
 class FsdpStore : public UnitStore {
  public:
   // world: every rank. local_size: ranks per node (hybrid_shard shards within a node).
-  FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, Communicator& world, int local_size);
+  FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, DataComm& world, int local_size);
   ~FsdpStore() override;
   FsdpStore(const FsdpStore&) = delete;
   FsdpStore& operator=(const FsdpStore&) = delete;
@@ -103,7 +103,7 @@ class FsdpStore : public UnitStore {
   const ParamLayout& layout_;
   Strategy strategy_;
   ShardGroups groups_;
-  std::unique_ptr<Communicator> shard_comm_, replica_comm_;  // replica_comm_ null without replicas
+  std::unique_ptr<DataComm> shard_comm_, replica_comm_;  // replica_comm_ null without replicas
   std::vector<Unit> units_;
   // gathered parameter and gradient buffers, reused by size (a block's, the root's)
   std::vector<std::pair<int64_t, float*>> free_buffers_;

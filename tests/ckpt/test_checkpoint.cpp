@@ -28,31 +28,17 @@ using json = nlohmann::json;
 namespace {
 
 // A world of one, without MPI.
-class SoloComm : public Communicator {
-  struct Done : CommRequest {
-    void wait() override {}
-  };
-
+class SoloComm : public ControlComm {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::string name() const override { return "solo"; }
-  std::unique_ptr<CommRequest> all_gather_async(const void* send, void* recv, int64_t count, DType t) override {
+  void barrier() override {}
+  double all_reduce_sum(double x) override { return x; }
+  void all_gather(const void* send, void* recv, int64_t count, DType t) override {
     std::memmove(recv, send, (size_t)count * dtype_size(t));
-    return std::make_unique<Done>();
-  }
-  std::unique_ptr<CommRequest> reduce_scatter_async(const void* send, void* recv, int64_t count, DType t,
-                                                    ReduceOp) override {
-    std::memmove(recv, send, (size_t)count * dtype_size(t));
-    return std::make_unique<Done>();
-  }
-  std::unique_ptr<CommRequest> all_reduce_async(void*, int64_t, DType, ReduceOp) override {
-    return std::make_unique<Done>();
   }
   void broadcast(void*, int64_t, DType, int) override {}
-  void barrier() override {}
-  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SoloComm>(); }
-  double all_reduce_sum(double x) override { return x; }
+  std::unique_ptr<ControlComm> split(int, int) override { return std::make_unique<SoloComm>(); }
   void* native_handle() override { return nullptr; }
 };
 

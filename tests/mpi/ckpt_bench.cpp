@@ -24,6 +24,7 @@
 #include "engine/ckpt/train_state.h"
 #include "engine/core/error.h"
 #include "engine/dist/launch.h"
+#include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/config.h"
@@ -67,7 +68,7 @@ uint32_t shard_crc(const FsdpStore& store, const ModelLayout& L) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::unique_ptr<Communicator> world;
+  std::unique_ptr<ControlComm> world;
   LaunchInfo info = init_launch(&argc, &argv, &world);
   std::string dir = "/tmp/llmt_ckpt_bench", presets = "gpt2,gpt2-large";
   bool dd = true;
@@ -109,7 +110,8 @@ int main(int argc, char** argv) {
       if (name.empty()) continue;
       ModelConfig cfg = config_from_preset(name);
       ModelLayout L = make_layout(cfg);
-      FsdpStore store(*be, L, Strategy::full_shard, *world, info.local_size);
+      std::unique_ptr<DataComm> data = make_mpi_data_comm(*world);
+      FsdpStore store(*be, L, Strategy::full_shard, *data, info.local_size);
       for (size_t u = 0; u < L.units.size(); u++) {  // values that differ everywhere
         FsdpStore::ShardState s = store.shard_state((int)u);
         int64_t n = store.shard_numel((int)u);

@@ -22,6 +22,7 @@
 #include "engine/ckpt/train_state.h"
 #include "engine/core/error.h"
 #include "engine/dist/launch.h"
+#include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/transformer.h"
@@ -34,7 +35,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-Communicator* g_world = nullptr;
+ControlComm* g_world = nullptr;
 int g_local_size = 1;
 std::string g_dir;  // a fresh directory, the same on every rank
 const int kGlobal = 12, kT = 11, kSaveAt = 3, kSteps = 6;
@@ -44,16 +45,18 @@ std::string config_json(const ModelConfig& c) { return config_to_hf_json(c).dump
 // One training run: a model, its store over `comm`, this rank's slice of each global batch.
 struct TrainRun {
   ModelConfig cfg;
-  Communicator& comm;
+  ControlComm& comm;
   std::unique_ptr<Backend> be;
   std::unique_ptr<Transformer> model;
   std::unique_ptr<FsdpStore> store;
   int B;
-  TrainRun(const ModelConfig& c, Communicator& cm, Strategy s, int local_size) : cfg(c), comm(cm) {
+  std::unique_ptr<DataComm> data;
+  TrainRun(const ModelConfig& c, ControlComm& cm, Strategy s, int local_size) : cfg(c), comm(cm) {
     be = make_cpu_backend(1);
+    data = make_mpi_data_comm(comm);
     B = kGlobal / comm.size();
     model = std::make_unique<Transformer>(cfg, *be, B, kT, false);
-    store = std::make_unique<FsdpStore>(*be, model->layout(), s, comm, local_size);
+    store = std::make_unique<FsdpStore>(*be, model->layout(), s, *data, local_size);
   }
   const ModelLayout& layout() const { return model->layout(); }
   void init() {
@@ -165,7 +168,7 @@ void check_resume(Arch arch, Strategy save_strategy, int save_local) {
   }
   // every rank alone (no_shard on a communicator of one), the whole batch in one micro-batch
   {
-    std::unique_ptr<Communicator> self = g_world->split(r, 0);
+    std::unique_ptr<ControlComm> self = g_world->split(r, 0);
     TrainRun b(cfg, *self, Strategy::no_shard, 1);
     b.load(path);
     expect_bitwise(gather_state(b), saved, tag + ", loaded alone");
@@ -174,7 +177,7 @@ void check_resume(Arch arch, Strategy save_strategy, int save_local) {
   }
   // full_shard over two of three ranks (and the third alone), while both groups read at once
   if (W >= 3) {
-    std::unique_ptr<Communicator> sub = g_world->split(r < 2 ? 0 : 1, r);
+    std::unique_ptr<ControlComm> sub = g_world->split(r < 2 ? 0 : 1, r);
     TrainRun b(cfg, *sub, r < 2 ? Strategy::full_shard : Strategy::no_shard, 1);
     if (kGlobal % sub->size() == 0) {
       b.load(path);
@@ -332,7 +335,7 @@ TEST(CkptDirs, SaveCommitVerifyAcrossRanks) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  std::unique_ptr<Communicator> world;
+  std::unique_ptr<ControlComm> world;
   LaunchInfo info = init_launch(&argc, &argv, &world);
   g_world = world.get();
   g_local_size = info.local_size;

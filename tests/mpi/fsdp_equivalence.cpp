@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/dist/launch.h"
+#include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/transformer.h"
@@ -21,7 +22,7 @@ using namespace llmt;
 
 namespace {
 
-Communicator* g_world = nullptr;
+ControlComm* g_world = nullptr;
 int g_local_size = 1;
 const int kSteps = 4, kGlobal = 12, kT = 11;
 const float kLr = 3e-3f;
@@ -33,11 +34,12 @@ struct Outcome {
   std::vector<std::vector<float>> grads;   // full units' gradients of the first step (single process only)
 };
 
-Outcome train(const ModelConfig& cfg, Communicator& comm, Strategy s, int local_size, int B, int accum, bool ckpt) {
+Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_size, int B, int accum, bool ckpt) {
   auto be = make_cpu_backend(1);
   Transformer model(cfg, *be, B, kT, ckpt);
   const ModelLayout& L = model.layout();
-  FsdpStore store(*be, L, s, comm, local_size);
+  std::unique_ptr<DataComm> data = make_mpi_data_comm(comm);
+  FsdpStore store(*be, L, s, *data, local_size);
   std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
     host.resize((size_t)L.units[u].numel);
@@ -91,7 +93,7 @@ void check_family(Arch arch) {
   ModelConfig cfg = tiny_model(arch);
   const int W = g_world->size(), r = g_world->rank();
   // reference: this rank alone, the whole global batch in one micro-batch, unsharded
-  std::unique_ptr<Communicator> self = g_world->split(r, 0);
+  std::unique_ptr<ControlComm> self = g_world->split(r, 0);
   Outcome ref = train(cfg, *self, Strategy::no_shard, 1, kGlobal, 1, false);
   ASSERT_LT(ref.losses.back(), ref.losses.front()) << "the reference run learns";
 
@@ -118,7 +120,8 @@ TEST(FsdpEquivalence, Gpt2AllStrategies) { check_family(Arch::gpt2); }
 TEST(FsdpEquivalence, LlamaGqaAllStrategies) { check_family(Arch::llama); }
 
 TEST(FsdpEquivalence, CollectivesMoveWhatTheyShould) {
-  Communicator& c = *g_world;
+  std::unique_ptr<DataComm> data = make_mpi_data_comm(*g_world);
+  DataComm& c = *data;
   const int W = c.size(), r = c.rank();
   std::vector<float> send(5), all(5 * W), sum(5);
   for (int i = 0; i < 5; i++) send[i] = (float)(r * 10 + i);
@@ -129,12 +132,19 @@ TEST(FsdpEquivalence, CollectivesMoveWhatTheyShould) {
   for (int i = 0; i < 5 * W; i++) big[i] = (float)(i + r);
   c.reduce_scatter(big.data(), sum.data(), 5, DType::f32, ReduceOp::avg);
   for (int i = 0; i < 5; i++) EXPECT_FLOAT_EQ(sum[i], (float)(r * 5 + i) + (W - 1) / 2.0f);
-  EXPECT_DOUBLE_EQ(c.all_reduce_sum(1.5), 1.5 * W);
+  std::vector<uint16_t> h(3);  // bf16 sums: 1.5 * (r + 1) summed over ranks, exact in bf16 for W <= 4
+  for (int i = 0; i < 3; i++) h[i] = f32_to_bf16(1.5f * (r + 1) * (i + 1));
+  c.all_reduce(h.data(), 3, DType::bf16, ReduceOp::sum);
+  for (int i = 0; i < 3; i++) EXPECT_EQ(bf16_to_f32(h[i]), 1.5f * W * (W + 1) / 2 * (i + 1));
+  double x = 0.25 * (r + 1);
+  c.all_reduce(&x, 1, DType::f64, ReduceOp::sum);
+  EXPECT_DOUBLE_EQ(x, 0.25 * W * (W + 1) / 2);
+  EXPECT_DOUBLE_EQ(g_world->all_reduce_sum(1.5), 1.5 * W);
 }
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  std::unique_ptr<Communicator> world;
+  std::unique_ptr<ControlComm> world;
   LaunchInfo info = init_launch(&argc, &argv, &world);
   g_world = world.get();
   g_local_size = info.local_size;
