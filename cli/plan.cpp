@@ -3,6 +3,7 @@
 #include "cli/commands.h"
 #include "train/flags.h"
 #include "train/plan.h"
+#include "train/trainer.h"
 
 namespace llmt {
 
@@ -15,6 +16,8 @@ int cli_plan(const std::vector<std::string>& args) {
         "  --fsdp SPEC                  full_shard auto_wrap | shard_grad_op | hybrid_shard | no_shard\n"
         "  --per_device_train_batch_size N (1)  --seq_len N (512)  --gradient_accumulation_steps N (1)\n"
         "  --gradient_checkpointing True|False\n"
+        "  --bf16 True|False            bf16 compute copy, gathers and activations (fp32 master and moments)\n"
+        "  --mixed_precision_reduce float32|bfloat16   what gradients are reduced in (float32)\n"
         "  --json                       one JSON line instead of the table\n");
     return 0;
   }
@@ -28,6 +31,8 @@ int cli_plan(const std::vector<std::string>& args) {
   a.seq_len = f.get_int("seq_len", a.seq_len);
   a.accum = f.get_int("gradient_accumulation_steps", a.accum);
   a.gradient_checkpointing = f.get_bool("gradient_checkpointing", false);
+  a.bf16 = f.get_bool("bf16", false);
+  a.reduce_dtype = parse_reduce_dtype(f.get_string("mixed_precision_reduce", "float32"));
   bool json = f.get_bool("json", false);
   f.finish();
   nlohmann::json plan = make_plan(resolve_model_config(a.model), a);

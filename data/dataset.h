@@ -13,11 +13,12 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/tensor.h"
+
 namespace llmt {
 
 class Tokenizer;
 
-constexpr int32_t kIgnoreIndex = -100;  // label with no loss (PyTorch CrossEntropyLoss's ignore_index)
 
 class TokenDataset {
  public:

@@ -23,6 +23,7 @@ ModelConfig gpt2(int n_layer, int n_head, int d_model, int vocab = 50257, int ct
   c.norm_eps = 1e-5f;
   c.tied_embeddings = true;
   c.bos_token_id = c.eos_token_id = vocab == 50257 ? 50256 : -1;
+  c.embd_pdrop = c.attn_pdrop = c.resid_pdrop = vocab == 50257 ? 0.1f : 0.0f;  // OpenAI's configs; none in our tiny ones
   return c;
 }
 
@@ -54,7 +55,7 @@ const std::map<std::string, ModelConfig>& presets() {
       {"llama-7b", llama(32, 32, 32, 4096, 11008, 2048, 1e-6f)},
       {"llama-13b", llama(40, 40, 40, 5120, 13824, 2048, 1e-6f)},
       {"llama2-7b", llama(32, 32, 32, 4096, 11008, 4096, 1e-5f)},
-      // tiny sizes for tests and the quickstart (byte-level vocabulary of 256)
+      // tiny sizes for tests and the quickstart (byte-level vocabulary of 256, no dropout)
       {"gpt2-tiny", gpt2(2, 4, 64, 256, 256)},
       {"gpt2-small-byte", gpt2(4, 4, 128, 256, 256)},
       {"llama-tiny", llama(2, 4, 2, 64, 176, 256, 1e-5f, 256)},
@@ -78,6 +79,9 @@ T get_optional(const nlohmann::json& j, const char* key, T fallback, const std::
   return get_required<T>(j, key, source);
 }
 
+// A float as the decimal it was written as (0.1f as 0.1, not 0.10000000149011612) for config.json.
+double decimal(float x) { return std::stod(strformat("%.7g", x)); }
+
 bool is_dir(const std::string& p) {
   struct stat st;
   return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -90,6 +94,7 @@ std::string ModelConfig::describe() const {
   if (n_kv_head != n_head) s += strformat(" (%d kv heads)", n_kv_head);
   s += strformat(", d_ff %d, vocab %d, context %d", d_ff, vocab_size, max_seq_len);
   if (arch == Arch::llama) s += strformat(", rope_theta %g%s", rope_theta, tied_embeddings ? ", tied" : "");
+  if (has_dropout()) s += strformat(", dropout %g/%g/%g (embd/attn/resid)", embd_pdrop, attn_pdrop, resid_pdrop);
   return s;
 }
 
@@ -120,6 +125,10 @@ void validate_config(const ModelConfig& c, const std::string& source) {
   LLMT_CHECK(c.arch == Arch::gpt2 || c.head_size() % 2 == 0, "%s: RoPE needs an even head size, got %d",
              source.c_str(), c.head_size());
   LLMT_CHECK(c.norm_eps > 0.0f, "%s: the norm epsilon must be positive", source.c_str());
+  for (float p : {c.embd_pdrop, c.attn_pdrop, c.resid_pdrop})
+    LLMT_CHECK(p >= 0.0f && p < 1.0f, "%s: a dropout probability must lie in [0, 1), got %g", source.c_str(), p);
+  LLMT_CHECK(c.arch == Arch::gpt2 || (c.embd_pdrop == 0.0f && c.resid_pdrop == 0.0f),
+             "%s: LLaMA applies dropout to attention probabilities only", source.c_str());
 }
 
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& source) {
@@ -140,6 +149,10 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
                "%s: activation_function \"%s\" is not supported (llmt implements the tanh GELU, gelu_new)",
                source.c_str(), act.c_str());
     c.tied_embeddings = true;
+    // GPT2Config's defaults are 0.1 each, as OpenAI's checkpoints say
+    c.embd_pdrop = get_optional<float>(j, "embd_pdrop", 0.1f, source);
+    c.attn_pdrop = get_optional<float>(j, "attn_pdrop", 0.1f, source);
+    c.resid_pdrop = get_optional<float>(j, "resid_pdrop", 0.1f, source);
   } else if (type == "llama") {
     c.arch = Arch::llama;
     c.vocab_size = get_required<int>(j, "vocab_size", source);
@@ -161,6 +174,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       c.rope_theta = get_optional<float>(rp, "rope_theta", c.rope_theta, rope_source);
     }
     c.tied_embeddings = get_optional<bool>(j, "tie_word_embeddings", false, source);
+    c.attn_pdrop = get_optional<float>(j, "attention_dropout", 0.0f, source);
     std::string act = get_optional<std::string>(j, "hidden_act", "silu", source);
     LLMT_CHECK(act == "silu", "%s: hidden_act \"%s\" is not supported (LLaMA uses silu)", source.c_str(), act.c_str());
     LLMT_CHECK(!get_optional<bool>(j, "attention_bias", false, source) && !get_optional<bool>(j, "mlp_bias", false, source),
@@ -212,9 +226,9 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
          {"n_inner", c.d_ff == 4 * c.d_model ? nlohmann::json(nullptr) : nlohmann::json(c.d_ff)},
          {"activation_function", "gelu_new"},
          {"layer_norm_epsilon", c.norm_eps},
-         {"resid_pdrop", 0.0},
-         {"embd_pdrop", 0.0},
-         {"attn_pdrop", 0.0},
+         {"resid_pdrop", decimal(c.resid_pdrop)},
+         {"embd_pdrop", decimal(c.embd_pdrop)},
+         {"attn_pdrop", decimal(c.attn_pdrop)},
          {"tie_word_embeddings", true}};
   } else {
     j = {{"architectures", {"LlamaForCausalLM"}},
@@ -232,6 +246,7 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
          {"hidden_act", "silu"},
          {"attention_bias", false},
          {"mlp_bias", false},
+         {"attention_dropout", decimal(c.attn_pdrop)},
          {"tie_word_embeddings", c.tied_embeddings}};
   }
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;

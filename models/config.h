@@ -23,9 +23,14 @@ struct ModelConfig {
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;      // LLaMA only
   bool tied_embeddings = true;      // GPT-2 always; LLaMA per tie_word_embeddings
+  // Dropout probabilities, where transformers applies them: GPT-2's embd_pdrop (after wte + wpe),
+  // attn_pdrop (attention probabilities), resid_pdrop (each residual branch's output); LLaMA's
+  // attention_dropout (attention probabilities). Training only.
+  float embd_pdrop = 0.0f, attn_pdrop = 0.0f, resid_pdrop = 0.0f;
   int bos_token_id = -1, eos_token_id = -1;  // copied to config.json when known
 
   int head_size() const { return d_model / n_head; }
+  bool has_dropout() const { return embd_pdrop > 0.0f || attn_pdrop > 0.0f || resid_pdrop > 0.0f; }
   int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_size(); }
   int mlp_in_dim() const { return arch == Arch::gpt2 ? d_ff : 2 * d_ff; }  // [gate | up] for SwiGLU
   const char* arch_name() const { return arch == Arch::gpt2 ? "gpt2" : "llama"; }

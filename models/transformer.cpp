@@ -8,224 +8,295 @@
 namespace llmt {
 
 namespace {
-Tensor F(const float* p, std::initializer_list<int64_t> dims) { return Tensor((void*)p, DType::f32, dims); }
-Tensor none() { return Tensor(); }
-// a parameter at offset `off` of a unit buffer, or an empty tensor where the family has none
-Tensor P(const float* unit, int64_t off, std::initializer_list<int64_t> dims) {
-  return off < 0 ? Tensor() : F(unit + off, dims);
+// a parameter at offset `off` of a unit buffer (parameters or gradients), or an empty tensor where
+// the family has none
+Tensor P(const Tensor& unit, int64_t off, std::initializer_list<int64_t> dims) {
+  return off < 0 ? Tensor() : unit.view(off, dims);
 }
+// dropout sites inside a layer (the embeddings are layer -1)
+enum DropSite { kEmbd = 0, kAttnProbs = 1, kAttnOut = 2, kMlpOut = 3 };
 }  // namespace
 
-float* Transformer::buf(size_t n) {
-  void* p = be_.alloc(n * sizeof(float));
-  allocations_.push_back(p);
-  return (float*)p;
+int64_t ActivationBuffer::bytes() const {
+  int64_t n = (int64_t)dtype_size(dtype);
+  for (int64_t d : shape) n *= d;
+  return n;
 }
 
-int64_t Transformer::activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing) {
-  const int64_t N = (int64_t)B * T, C = cfg.d_model, L = cfg.n_layer, sets = checkpointing ? 1 : L;
-  const int64_t att = (int64_t)B * cfg.n_head * T * T;
-  const int64_t per_set = 5 * N * C + 4 * N + N * cfg.qkv_dim() + att + N * cfg.mlp_in_dim() + N * cfg.d_ff;
-  const int64_t head = N * C + 2 * N + N * cfg.vocab_size;
-  const int64_t scratch = 3 * N * C + N * cfg.qkv_dim() + att + N * cfg.mlp_in_dim() + N * cfg.d_ff;
-  return (int64_t)sizeof(float) * ((L + 1) * N * C + sets * per_set + head + scratch) + 2 * (int64_t)sizeof(int32_t) * N;
+void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing, DType dt,
+                               const std::function<Tensor(const ActivationBuffer&)>& take, Transformer* m) {
+  const int64_t N = (int64_t)B * T, C = cfg.d_model, QKV = cfg.qkv_dim(), FI = cfg.mlp_in_dim(), FF = cfg.d_ff,
+                Q = (int64_t)cfg.n_head * cfg.head_size(), V = cfg.vocab_size;
+  const DType f32 = DType::f32;
+  auto t = [&](const char* name, DType d, std::vector<int64_t> shape) { return take({name, d, std::move(shape)}); };
+  Tensor tokens = t("tokens", DType::i32, {N}), targets = t("targets", DType::i32, {N});
+  std::vector<Tensor> resid;
+  for (int l = 0; l <= cfg.n_layer; l++) resid.push_back(t("residual stream", dt, {N, C}));
+  std::vector<BlockActs> acts;
+  for (int s = 0; s < (checkpointing ? 1 : cfg.n_layer); s++) {
+    BlockActs a;
+    a.ln1 = t("norm 1", dt, {N, C});
+    a.ln1_mean = t("norm 1 mean", f32, {N});
+    a.ln1_rstd = t("norm 1 rstd", f32, {N});
+    a.qkv = t("qkv", dt, {N, QKV});
+    a.lse = t("attention log-sum-exp", f32, {B, cfg.n_head, T});
+    a.attn_out = t("attention out", dt, {N, Q});
+    a.resid_mid = t("residual mid-block", dt, {N, C});
+    a.ln2 = t("norm 2", dt, {N, C});
+    a.ln2_mean = t("norm 2 mean", f32, {N});
+    a.ln2_rstd = t("norm 2 rstd", f32, {N});
+    a.mlp_in = t("mlp in", dt, {N, FI});
+    a.mlp_act = t("mlp activation", dt, {N, FF});
+    acts.push_back(a);
+  }
+  Tensor lnf = t("final norm", dt, {N, C}), lnf_mean = t("final norm mean", f32, {N}),
+         lnf_rstd = t("final norm rstd", f32, {N}), logits = t("logits", dt, {N, V});
+  Tensor dres = t("grad residual", dt, {N, C}), dnorm = t("grad norm", dt, {N, C}), dattn = t("grad attention out", dt, {N, Q}),
+         dqkv = t("grad qkv", dt, {N, QKV}), dmlp_in = t("grad mlp in", dt, {N, FI}),
+         dmlp_act = t("grad mlp activation", dt, {N, FF});
+  Tensor dropped = cfg.resid_pdrop > 0.0f ? t("dropout branch", dt, {N, C}) : Tensor();
+  if (!m) return;
+  m->tokens_ = tokens, m->targets_ = targets, m->resid_ = resid, m->acts_ = acts;
+  m->lnf_ = lnf, m->lnf_mean_ = lnf_mean, m->lnf_rstd_ = lnf_rstd, m->logits_ = logits;
+  m->dres_ = dres, m->dnorm_ = dnorm, m->dattn_ = dattn, m->dqkv_ = dqkv, m->dmlp_in_ = dmlp_in, m->dmlp_act_ = dmlp_act;
+  m->dropped_ = dropped;
+}
+
+std::vector<ActivationBuffer> Transformer::activation_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing,
+                                                              DType compute) {
+  std::vector<ActivationBuffer> out;
+  walk_buffers(cfg, B, T, checkpointing, compute, [&](const ActivationBuffer& b) { out.push_back(b); return Tensor(); },
+               nullptr);
+  return out;
+}
+
+int64_t Transformer::activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute) {
+  int64_t n = 0;
+  for (const ActivationBuffer& b : activation_buffers(cfg, B, T, checkpointing, compute)) n += b.bytes();
+  return n;
+}
+
+double Transformer::flops_per_token(const ModelConfig& cfg, const ModelLayout& layout, int T) {
+  return 6.0 * (double)layout.matmul_numel + 12.0 * cfg.n_layer * cfg.d_model * T;
 }
 
 Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T, bool checkpointing)
-    : cfg_(cfg), layout_(make_layout(cfg)), be_(backend), B_(B), T_max_(T), cur_T_(T), checkpointing_(checkpointing) {
+    : cfg_(cfg),
+      layout_(make_layout(cfg)),
+      be_(backend),
+      dt_(backend.compute_dtype()),
+      B_(B),
+      T_max_(T),
+      cur_T_(T),
+      checkpointing_(checkpointing) {
   LLMT_CHECK(B > 0 && T > 0, "batch size %d and sequence length %d must be positive", B, T);
   LLMT_CHECK(T <= cfg.max_seq_len, "sequence length %d exceeds the model's context of %d tokens", T, cfg.max_seq_len);
-  const size_t N = (size_t)B * T, C = cfg.d_model, L = cfg.n_layer;
-  const size_t att = (size_t)B * cfg.n_head * T * T;
-  tokens_ = (int32_t*)be_.alloc(N * sizeof(int32_t));
-  targets_ = (int32_t*)be_.alloc(N * sizeof(int32_t));
-  allocations_.push_back(tokens_);
-  allocations_.push_back(targets_);
-  for (size_t l = 0; l <= L; l++) resid_.push_back(buf(N * C));
-  for (size_t l = 0; l < (checkpointing ? 1 : L); l++) {
-    ln1_.push_back(buf(N * C));
-    ln1_mean_.push_back(buf(N));
-    ln1_rstd_.push_back(buf(N));
-    qkv_.push_back(buf(N * cfg.qkv_dim()));
-    att_.push_back(buf(att));
-    attn_out_.push_back(buf(N * C));
-    resid_mid_.push_back(buf(N * C));
-    ln2_.push_back(buf(N * C));
-    ln2_mean_.push_back(buf(N));
-    ln2_rstd_.push_back(buf(N));
-    mlp_in_.push_back(buf(N * cfg.mlp_in_dim()));
-    mlp_act_.push_back(buf(N * cfg.d_ff));
-  }
-  lnf_ = buf(N * C);
-  lnf_mean_ = buf(N);
-  lnf_rstd_ = buf(N);
-  logits_ = buf(N * cfg.vocab_size);
-  dres_ = buf(N * C);
-  dnorm_ = buf(N * C);
-  dattn_ = buf(N * C);
-  dqkv_ = buf(N * cfg.qkv_dim());
-  datt_ = buf(att);
-  dmlp_in_ = buf(N * cfg.mlp_in_dim());
-  dmlp_act_ = buf(N * cfg.d_ff);
+  LLMT_CHECK(T < (1 << kDropoutPosBits), "sequence length %d: at most %d tokens", T, (1 << kDropoutPosBits) - 1);
+  walk_buffers(cfg, B, T, checkpointing, dt_,
+               [&](const ActivationBuffer& b) {
+                 void* p = be_.alloc((size_t)b.bytes());
+                 allocations_.push_back(p);
+                 return Tensor(p, b.dtype, b.shape);
+               },
+               this);
 }
 
 Transformer::~Transformer() {
   for (void* p : allocations_) be_.release(p);
 }
 
-Tensor Transformer::logits() const { return F(logits_, {(int64_t)B_ * cur_T_, cfg_.vocab_size}); }
+Tensor Transformer::rows(const Tensor& t, int64_t cols) const {
+  return Tensor(t.data, t.dtype, {(int64_t)B_ * cur_T_, cols});
+}
+
+Tensor Transformer::logits() const { return rows(logits_, cfg_.vocab_size); }
+
+Dropout Transformer::dropout_for(int layer, int site, float p) const {
+  Dropout d;
+  if (!train_ || p <= 0.0f) return d;  // evaluation, or no dropout at this site
+  d.p = p;
+  d.key = stream_state(stream_state(train_->dropout.seed, (uint64_t)train_->dropout.step),
+                       (uint64_t)((layer + 1) * 4 + site));
+  d.row0 = train_->dropout.first_sequence;
+  return d;
+}
 
 // The family's norm over the current batch's rows: LayerNorm (GPT-2, weight and bias) or RMSNorm
 // (LLaMA, weight only; mean unused). w_off/b_off are offsets into the unit `w`.
-void Transformer::norm_forward(float* out, float* mean, float* rstd, Tensor x, const float* w, int64_t w_off,
-                               int64_t b_off) {
+void Transformer::norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, int64_t w_off, int64_t b_off) {
   const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model;
   if (cfg_.arch == Arch::gpt2)
-    be_.layernorm_forward(F(out, {N, C}), F(mean, {N}), F(rstd, {N}), x, P(w, w_off, {C}), P(w, b_off, {C}), N, (int)C,
-                          cfg_.norm_eps);
+    be_.layernorm_forward(out, mean, rstd, x, P(w, w_off, {C}), P(w, b_off, {C}), N, (int)C, cfg_.norm_eps);
   else
-    be_.rmsnorm_forward(F(out, {N, C}), F(rstd, {N}), x, P(w, w_off, {C}), N, (int)C, cfg_.norm_eps);
+    be_.rmsnorm_forward(out, rstd, x, P(w, w_off, {C}), N, (int)C, cfg_.norm_eps);
 }
 
 // Backward of norm_forward: dres_ += dx (from dnorm_), and the weight (and bias) gradients into unit g.
-void Transformer::norm_backward(Tensor x, const float* mean, const float* rstd, const float* w, float* g,
-                                int64_t w_off, int64_t b_off) {
+void Transformer::norm_backward(Tensor x, Tensor mean, Tensor rstd, Tensor w, Tensor g, int64_t w_off, int64_t b_off) {
   const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model;
   if (cfg_.arch == Arch::gpt2)
-    be_.layernorm_backward(F(dres_, {N, C}), P(g, w_off, {C}), P(g, b_off, {C}), F(dnorm_, {N, C}), x,
-                           P(w, w_off, {C}), F(mean, {N}), F(rstd, {N}), N, (int)C);
+    be_.layernorm_backward(rows(dres_, C), P(g, w_off, {C}), P(g, b_off, {C}), rows(dnorm_, C), x, P(w, w_off, {C}),
+                           mean, rstd, N, (int)C);
   else
-    be_.rmsnorm_backward(F(dres_, {N, C}), P(g, w_off, {C}), F(dnorm_, {N, C}), x, P(w, w_off, {C}), F(rstd, {N}), N,
-                         (int)C);
+    be_.rmsnorm_backward(rows(dres_, C), P(g, w_off, {C}), rows(dnorm_, C), x, P(w, w_off, {C}), rstd, N, (int)C);
 }
 
-void Transformer::block_forward(int l, const float* w) {
-  const int T = cur_T_, a = act(l);
+void Transformer::block_forward(int l, Tensor w) {
+  const int T = cur_T_;
+  const BlockActs& a = acts_[act(l)];
   const BlockOffsets& o = layout_.block;
-  const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, QKV = cfg_.qkv_dim(), FI = cfg_.mlp_in_dim(),
-                FF = cfg_.d_ff;
+  const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, QKV = cfg_.qkv_dim(), FI = cfg_.mlp_in_dim(), FF = cfg_.d_ff;
   const int NH = cfg_.n_head, NKV = cfg_.n_kv_head, hs = cfg_.head_size();
+  const int64_t Q = (int64_t)NH * hs;
   const bool gpt2 = cfg_.arch == Arch::gpt2;
-  Tensor x = F(resid_[l], {N, C});
+  const Dropout out_drop_attn = dropout_for(l, kAttnOut, cfg_.resid_pdrop), out_drop_mlp = dropout_for(l, kMlpOut, cfg_.resid_pdrop);
+  Tensor x = rows(resid_[l], C), qkv = rows(a.qkv, QKV), attn_out = rows(a.attn_out, Q), xm = rows(a.resid_mid, C);
+  Tensor ln1 = rows(a.ln1, C), ln2 = rows(a.ln2, C), mlp_in = rows(a.mlp_in, FI), mlp_act = rows(a.mlp_act, FF);
+  Tensor lse(a.lse.data, DType::f32, {B_, NH, T});
 
-  // attention sub-block: resid_mid = x + proj(attention(norm1(x)))
-  norm_forward(ln1_[a], ln1_mean_[a], ln1_rstd_[a], x, w, o.ln1_w, o.ln1_b);
-  be_.matmul(F(qkv_[a], {N, QKV}), F(ln1_[a], {N, C}), P(w, o.qkv_w, {QKV, C}), P(w, o.qkv_b, {QKV}), N, QKV, C,
-             false, true, false);
-  if (!gpt2) be_.rope_forward(F(qkv_[a], {N, QKV}), B_, T, NH, NKV, hs, cfg_.rope_theta);
-  be_.attention_forward(F(attn_out_[a], {N, C}), F(att_[a], {B_, NH, T, T}), F(qkv_[a], {N, QKV}), B_, T, NH, NKV,
-                        hs);
-  be_.copy(resid_mid_[a], resid_[l], sizeof(float) * N * C);
-  be_.matmul(F(resid_mid_[a], {N, C}), F(attn_out_[a], {N, C}), P(w, o.attn_proj_w, {C, C}),
-             P(w, o.attn_proj_b, {C}), N, C, C, false, true, true);
+  // attention sub-block: resid_mid = x + dropout(proj(attention(norm1(x))))
+  norm_forward(ln1, a.ln1_mean, a.ln1_rstd, x, w, o.ln1_w, o.ln1_b);
+  be_.matmul(qkv, ln1, P(w, o.qkv_w, {QKV, C}), P(w, o.qkv_b, {QKV}), N, QKV, C, false, true, false);
+  if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, cfg_.rope_theta);
+  be_.attention_forward(attn_out, lse, qkv, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop));
+  if (out_drop_attn.active()) {
+    Tensor branch = rows(dropped_, C);
+    be_.matmul(branch, attn_out, P(w, o.attn_proj_w, {C, Q}), P(w, o.attn_proj_b, {C}), N, C, Q, false, true, false);
+    be_.dropout(branch, B_, T, (int)C, out_drop_attn);
+    be_.add(xm, x, branch, N * C);
+  } else {
+    be_.copy(xm.data, x.data, xm.nbytes());
+    be_.matmul(xm, attn_out, P(w, o.attn_proj_w, {C, Q}), P(w, o.attn_proj_b, {C}), N, C, Q, false, true, true);
+  }
 
-  // MLP sub-block: resid[l+1] = resid_mid + mlp(norm2(resid_mid))
-  Tensor xm = F(resid_mid_[a], {N, C});
-  norm_forward(ln2_[a], ln2_mean_[a], ln2_rstd_[a], xm, w, o.ln2_w, o.ln2_b);
-  be_.matmul(F(mlp_in_[a], {N, FI}), F(ln2_[a], {N, C}), P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C,
-             false, true, false);
+  // MLP sub-block: resid[l+1] = resid_mid + dropout(mlp(norm2(resid_mid)))
+  Tensor out = rows(resid_[l + 1], C);
+  norm_forward(ln2, a.ln2_mean, a.ln2_rstd, xm, w, o.ln2_w, o.ln2_b);
+  be_.matmul(mlp_in, ln2, P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C, false, true, false);
   if (gpt2)
-    be_.gelu_forward(F(mlp_act_[a], {N, FF}), F(mlp_in_[a], {N, FI}), N * FF);
+    be_.gelu_forward(mlp_act, mlp_in, N * FF);
   else
-    be_.swiglu_forward(F(mlp_act_[a], {N, FF}), F(mlp_in_[a], {N, FI}), N, (int)FF);
-  be_.copy(resid_[l + 1], resid_mid_[a], sizeof(float) * N * C);
-  be_.matmul(F(resid_[l + 1], {N, C}), F(mlp_act_[a], {N, FF}), P(w, o.mlp_out_w, {C, FF}), P(w, o.mlp_out_b, {C}),
-             N, C, FF, false, true, true);
+    be_.swiglu_forward(mlp_act, mlp_in, N, (int)FF);
+  if (out_drop_mlp.active()) {
+    Tensor branch = rows(dropped_, C);
+    be_.matmul(branch, mlp_act, P(w, o.mlp_out_w, {C, FF}), P(w, o.mlp_out_b, {C}), N, C, FF, false, true, false);
+    be_.dropout(branch, B_, T, (int)C, out_drop_mlp);
+    be_.add(out, xm, branch, N * C);
+  } else {
+    be_.copy(out.data, xm.data, out.nbytes());
+    be_.matmul(out, mlp_act, P(w, o.mlp_out_w, {C, FF}), P(w, o.mlp_out_b, {C}), N, C, FF, false, true, true);
+  }
 }
 
 // On entry dres_ holds dloss/d resid[l+1]; on exit dloss/d resid[l].
-void Transformer::block_backward(int l, const float* w, float* g) {
-  const int T = cur_T_, a = act(l);
+void Transformer::block_backward(int l, Tensor w, Tensor g) {
+  const int T = cur_T_;
+  const BlockActs& a = acts_[act(l)];
   const BlockOffsets& o = layout_.block;
-  const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, QKV = cfg_.qkv_dim(), FI = cfg_.mlp_in_dim(),
-                FF = cfg_.d_ff;
+  const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, QKV = cfg_.qkv_dim(), FI = cfg_.mlp_in_dim(), FF = cfg_.d_ff;
   const int NH = cfg_.n_head, NKV = cfg_.n_kv_head, hs = cfg_.head_size();
+  const int64_t Q = (int64_t)NH * hs;
   const bool gpt2 = cfg_.arch == Arch::gpt2;
-  Tensor dres = F(dres_, {N, C});
+  Tensor dres = rows(dres_, C), dnorm = rows(dnorm_, C), dattn = rows(dattn_, Q), dqkv = rows(dqkv_, QKV);
+  Tensor dmlp_in = rows(dmlp_in_, FI), dmlp_act = rows(dmlp_act_, FF);
+  Tensor qkv = rows(a.qkv, QKV), attn_out = rows(a.attn_out, Q), xm = rows(a.resid_mid, C);
+  Tensor ln1 = rows(a.ln1, C), ln2 = rows(a.ln2, C), mlp_in = rows(a.mlp_in, FI), mlp_act = rows(a.mlp_act, FF);
+  Tensor lse(a.lse.data, DType::f32, {B_, NH, T});
+  // a residual branch's gradient: dres itself, or dres through the branch's dropout mask
+  auto branch_grad = [&](int site) {
+    Dropout d = dropout_for(l, site, cfg_.resid_pdrop);
+    if (!d.active()) return dres;
+    Tensor b = rows(dropped_, C);
+    be_.copy(b.data, dres.data, b.nbytes());
+    be_.dropout(b, B_, T, (int)C, d);
+    return b;
+  };
 
-  // MLP: resid[l+1] = resid_mid + mlp_act W_out^T + b_out
-  be_.matmul(P(g, o.mlp_out_w, {C, FF}), dres, F(mlp_act_[a], {N, FF}), none(), C, FF, N, true, false, true);
-  if (gpt2) be_.bias_backward(P(g, o.mlp_out_b, {C}), dres, N, C);
-  be_.matmul(F(dmlp_act_, {N, FF}), dres, P(w, o.mlp_out_w, {C, FF}), none(), N, FF, C, false, false, false);
+  // MLP: resid[l+1] = resid_mid + dropout(mlp_act W_out^T + b_out)
+  Tensor dbranch = branch_grad(kMlpOut);
+  be_.matmul(P(g, o.mlp_out_w, {C, FF}), dbranch, mlp_act, Tensor(), C, FF, N, true, false, true);
+  if (gpt2) be_.bias_backward(P(g, o.mlp_out_b, {C}), dbranch, N, C);
+  be_.matmul(dmlp_act, dbranch, P(w, o.mlp_out_w, {C, FF}), Tensor(), N, FF, C, false, false, false);
   if (gpt2)
-    be_.gelu_backward(F(dmlp_in_, {N, FI}), F(mlp_in_[a], {N, FI}), F(dmlp_act_, {N, FF}), N * FF);
+    be_.gelu_backward(dmlp_in, mlp_in, dmlp_act, N * FF);
   else
-    be_.swiglu_backward(F(dmlp_in_, {N, FI}), F(dmlp_act_, {N, FF}), F(mlp_in_[a], {N, FI}), N, (int)FF);
-  be_.matmul(P(g, o.mlp_in_w, {FI, C}), F(dmlp_in_, {N, FI}), F(ln2_[a], {N, C}), none(), FI, C, N, true, false, true);
-  if (gpt2) be_.bias_backward(P(g, o.mlp_in_b, {FI}), F(dmlp_in_, {N, FI}), N, FI);
-  be_.matmul(F(dnorm_, {N, C}), F(dmlp_in_, {N, FI}), P(w, o.mlp_in_w, {FI, C}), none(), N, C, FI, false, false, false);
-  Tensor xm = F(resid_mid_[a], {N, C});
-  norm_backward(xm, ln2_mean_[a], ln2_rstd_[a], w, g, o.ln2_w, o.ln2_b);
+    be_.swiglu_backward(dmlp_in, dmlp_act, mlp_in, N, (int)FF);
+  be_.matmul(P(g, o.mlp_in_w, {FI, C}), dmlp_in, ln2, Tensor(), FI, C, N, true, false, true);
+  if (gpt2) be_.bias_backward(P(g, o.mlp_in_b, {FI}), dmlp_in, N, FI);
+  be_.matmul(dnorm, dmlp_in, P(w, o.mlp_in_w, {FI, C}), Tensor(), N, C, FI, false, false, false);
+  norm_backward(xm, a.ln2_mean, a.ln2_rstd, w, g, o.ln2_w, o.ln2_b);
 
-  // attention: resid_mid = x + attn_out W_proj^T + b_proj
-  be_.matmul(P(g, o.attn_proj_w, {C, C}), dres, F(attn_out_[a], {N, C}), none(), C, C, N, true, false, true);
-  if (gpt2) be_.bias_backward(P(g, o.attn_proj_b, {C}), dres, N, C);
-  be_.matmul(F(dattn_, {N, C}), dres, P(w, o.attn_proj_w, {C, C}), none(), N, C, C, false, false, false);
-  be_.attention_backward(F(dqkv_, {N, QKV}), F(datt_, {B_, NH, T, T}), F(dattn_, {N, C}), F(qkv_[a], {N, QKV}),
-                         F(att_[a], {B_, NH, T, T}), B_, T, NH, NKV, hs);
-  if (!gpt2) be_.rope_backward(F(dqkv_, {N, QKV}), B_, T, NH, NKV, hs, cfg_.rope_theta);
-  be_.matmul(P(g, o.qkv_w, {QKV, C}), F(dqkv_, {N, QKV}), F(ln1_[a], {N, C}), none(), QKV, C, N, true, false, true);
-  if (gpt2) be_.bias_backward(P(g, o.qkv_b, {QKV}), F(dqkv_, {N, QKV}), N, QKV);
-  be_.matmul(F(dnorm_, {N, C}), F(dqkv_, {N, QKV}), P(w, o.qkv_w, {QKV, C}), none(), N, C, QKV, false, false, false);
-  Tensor x = F(resid_[l], {N, C});
-  norm_backward(x, ln1_mean_[a], ln1_rstd_[a], w, g, o.ln1_w, o.ln1_b);
+  // attention: resid_mid = x + dropout(attn_out W_proj^T + b_proj)
+  dbranch = branch_grad(kAttnOut);
+  be_.matmul(P(g, o.attn_proj_w, {C, Q}), dbranch, attn_out, Tensor(), C, Q, N, true, false, true);
+  if (gpt2) be_.bias_backward(P(g, o.attn_proj_b, {C}), dbranch, N, C);
+  be_.matmul(dattn, dbranch, P(w, o.attn_proj_w, {C, Q}), Tensor(), N, Q, C, false, false, false);
+  be_.attention_backward(dqkv, dattn, qkv, attn_out, lse, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop));
+  if (!gpt2) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, cfg_.rope_theta);
+  be_.matmul(P(g, o.qkv_w, {QKV, C}), dqkv, ln1, Tensor(), QKV, C, N, true, false, true);
+  if (gpt2) be_.bias_backward(P(g, o.qkv_b, {QKV}), dqkv, N, QKV);
+  be_.matmul(dnorm, dqkv, P(w, o.qkv_w, {QKV, C}), Tensor(), N, C, QKV, false, false, false);
+  norm_backward(rows(resid_[l], C), a.ln1_mean, a.ln1_rstd, w, g, o.ln1_w, o.ln1_b);
 }
 
-double Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t* targets, bool want_grad,
-                            float grad_scale, int seq_len) {
-  LLMT_CHECK(!want_grad || targets, "forward: gradients need targets");
+void Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t* targets, int seq_len,
+                          Tensor loss_sum, const TrainPass* train) {
+  LLMT_CHECK(!train || targets, "forward: gradients need targets");
+  LLMT_CHECK(!targets || loss_sum.data, "forward: a loss needs a loss_sum tensor");
   LLMT_CHECK(seq_len >= 0 && seq_len <= T_max_, "forward: sequence length %d exceeds the %d the model was sized for",
              seq_len, T_max_);
   cur_T_ = seq_len > 0 ? seq_len : T_max_;
+  train_ = nullptr;
+  if (train) train_copy_ = *train, train_ = &train_copy_;
   const int T = cur_T_;
   const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, V = cfg_.vocab_size;
   const RootOffsets& r = layout_.root;
-  be_.copy_from_host(tokens_, tokens, sizeof(int32_t) * N);
-  if (targets) be_.copy_from_host(targets_, targets, sizeof(int32_t) * N);
+  be_.copy_from_host(tokens_.data, tokens, sizeof(int32_t) * N);
+  if (targets) be_.copy_from_host(targets_.data, targets, sizeof(int32_t) * N);
+  Tensor tok(tokens_.data, DType::i32, {N}), x0 = rows(resid_[0], C);
 
-  const float* root = store.acquire(0);
+  Tensor root = store.acquire(0);
   store.prefetch(1 % (cfg_.n_layer + 1));
-  be_.embedding_forward(F(resid_[0], {N, C}), Tensor(tokens_, DType::i32, {N}), P(root, r.wte, {V, C}),
-                        P(root, r.wpe, {cfg_.max_seq_len, C}), B_, T, (int)C, (int)V);
+  be_.embedding_forward(x0, tok, P(root, r.wte, {V, C}), P(root, r.wpe, {cfg_.max_seq_len, C}), B_, T, (int)C, (int)V);
+  be_.dropout(x0, B_, T, (int)C, dropout_for(-1, kEmbd, cfg_.embd_pdrop));
   store.release(0);
   for (int l = 0; l < cfg_.n_layer; l++) {
-    const float* w = store.acquire(1 + l);
+    Tensor w = store.acquire(1 + l);
     store.prefetch((2 + l) % (cfg_.n_layer + 1));  // the next block, or the root for the head
     block_forward(l, w);
     store.release(1 + l);
   }
   root = store.acquire(0);
-  Tensor x = F(resid_[cfg_.n_layer], {N, C});
-  norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, root, r.lnf_w, r.lnf_b);
-  be_.matmul(F(logits_, {N, V}), F(lnf_, {N, C}), P(root, r.lm_head, {V, C}), none(), N, V, C, false, true, false);
+  Tensor lnf = rows(lnf_, C), lg = rows(logits_, V);
+  norm_forward(lnf, lnf_mean_, lnf_rstd_, rows(resid_[cfg_.n_layer], C), root, r.lnf_w, r.lnf_b);
+  be_.matmul(lg, lnf, P(root, r.lm_head, {V, C}), Tensor(), N, V, C, false, true, false);
   store.release(0);
-  have_grad_ = want_grad;
-  if (!targets) return 0.0;
-  Tensor lg = F(logits_, {N, V});
-  return be_.cross_entropy(want_grad ? lg : none(), lg, Tensor(targets_, DType::i32, {N}), N, (int)V, grad_scale);
+  have_grad_ = train != nullptr;
+  if (!targets) return;
+  be_.cross_entropy(loss_sum, train ? lg : Tensor(), lg, Tensor(targets_.data, DType::i32, {N}), N, (int)V,
+                    train ? train->grad_scale : 0.0f);
 }
 
 void Transformer::backward(UnitStore& store) {
-  LLMT_CHECK(have_grad_, "backward called without a forward that kept gradients");
+  LLMT_CHECK(have_grad_, "backward called without a training forward");
   have_grad_ = false;
   const int T = cur_T_;
   const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, V = cfg_.vocab_size;
   const RootOffsets& r = layout_.root;
 
   // head: logits = norm_f(resid[L]) W_head^T; logits_ holds dloss/dlogits
-  const float* root = store.acquire(0);
+  Tensor root = store.acquire(0);
   store.prefetch(cfg_.n_layer);
-  float* groot = store.grads(0);
-  Tensor dlogits = F(logits_, {N, V});
-  be_.matmul(P(groot, r.lm_head, {V, C}), dlogits, F(lnf_, {N, C}), none(), V, C, N, true, false, true);
-  be_.matmul(F(dnorm_, {N, C}), dlogits, P(root, r.lm_head, {V, C}), none(), N, C, V, false, false, false);
-  be_.zero(dres_, sizeof(float) * N * C);
-  Tensor x = F(resid_[cfg_.n_layer], {N, C});
-  norm_backward(x, lnf_mean_, lnf_rstd_, root, groot, r.lnf_w, r.lnf_b);
+  Tensor groot = store.grads(0);
+  Tensor dlogits = rows(logits_, V), dres = rows(dres_, C);
+  be_.matmul(P(groot, r.lm_head, {V, C}), dlogits, rows(lnf_, C), Tensor(), V, C, N, true, false, true);
+  be_.matmul(rows(dnorm_, C), dlogits, P(root, r.lm_head, {V, C}), Tensor(), N, C, V, false, false, false);
+  be_.zero(dres.data, dres.nbytes());
+  norm_backward(rows(resid_[cfg_.n_layer], C), lnf_mean_, lnf_rstd_, root, groot, r.lnf_w, r.lnf_b);
   store.release(0);
 
   for (int l = cfg_.n_layer - 1; l >= 0; l--) {
-    const float* w = store.acquire(1 + l);
+    Tensor w = store.acquire(1 + l);
     if (l > 0) store.prefetch(l);
     if (checkpointing_) block_forward(l, w);  // recompute what backward needs from the kept input
     block_backward(l, w, store.grads(1 + l));
@@ -234,26 +305,11 @@ void Transformer::backward(UnitStore& store) {
   }
 
   // the embedding's gradient needs no parameters, only the root's gradient buffer
-  be_.embedding_backward(P(groot, r.wte, {V, C}), P(groot, r.wpe, {cfg_.max_seq_len, C}), F(dres_, {N, C}),
-                         Tensor(tokens_, DType::i32, {N}), B_, T, (int)C);
+  be_.dropout(dres, B_, T, (int)C, dropout_for(-1, kEmbd, cfg_.embd_pdrop));
+  be_.embedding_backward(P(groot, r.wte, {V, C}), P(groot, r.wpe, {cfg_.max_seq_len, C}), dres,
+                         Tensor(tokens_.data, DType::i32, {N}), B_, T, (int)C);
   store.grads_done(0);
   store.backward_done();
-}
-
-FullUnitStore::FullUnitStore(Backend& backend, const ModelLayout& layout) : be_(backend), layout_(layout) {
-  for (auto& u : layout.units) {
-    params_.push_back((float*)be_.alloc(sizeof(float) * u.numel));
-    grads_.push_back((float*)be_.alloc(sizeof(float) * u.numel));
-  }
-}
-
-FullUnitStore::~FullUnitStore() {
-  for (float* p : params_) be_.release(p);
-  for (float* p : grads_) be_.release(p);
-}
-
-void FullUnitStore::zero_grads() {
-  for (size_t u = 0; u < grads_.size(); u++) be_.zero(grads_[u], sizeof(float) * layout_.units[u].numel);
 }
 
 void init_unit_params(const ModelConfig& cfg, const UnitLayout& unit, int unit_index, uint64_t seed, float* host) {

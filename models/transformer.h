@@ -1,7 +1,10 @@
 // GPT-2 and LLaMA forward and backward, built from Backend ops, unit by unit through a UnitStore
-// (engine/params/unit_store.h).
+// (engine/params/unit_store.h). Activations are in the backend's compute dtype; parameter
+// gradients f32; norm statistics and the attention's log-sum-exp f32.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -10,6 +13,29 @@
 #include "models/layout.h"
 
 namespace llmt {
+
+// Where a training batch sits, for its dropout masks: the run's seed, the optimizer step, and the
+// global index (in that step's global batch) of the batch's first sequence.
+struct DropoutAt {
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int64_t first_sequence = 0;
+};
+
+// What a training forward pass needs beyond the batch: gradients are kept as grad_scale *
+// dloss/dlogits (grad_scale is usually 1 / the tokens counted in the step), dropout as `dropout` says.
+struct TrainPass {
+  float grad_scale = 1.0f;
+  DropoutAt dropout;
+};
+
+// One buffer of activations or scratch: its name, dtype and shape.
+struct ActivationBuffer {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  int64_t bytes() const;
+};
 
 class Transformer {
  public:
@@ -24,72 +50,71 @@ class Transformer {
   const ModelLayout& layout() const { return layout_; }
   int batch() const { return B_; }
   int seq_len() const { return T_max_; }  // the most tokens per sequence
-  // Bytes of activations and scratch this model allocates for (B, T).
-  static int64_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing);
 
-  // Runs the forward pass on tokens[B*T] (host memory). With targets[B*T] (host, -100 = ignored)
-  // it returns the sum of the token losses; with want_grad it also leaves grad_scale * dloss/dlogits
-  // in place of the logits for backward (grad_scale is usually 1 / tokens counted in the step).
-  // Without targets it returns 0 and keeps the logits. seq_len (<= seq_len(); 0 = all of it) is
-  // this batch's sequence length T: tokens and targets hold B*T entries.
-  double forward(UnitStore& store, const int32_t* tokens, const int32_t* targets, bool want_grad,
-                 float grad_scale, int seq_len = 0);
-  // Adds this batch's gradients into store.grads(u); call after forward(..., want_grad = true).
+  // Every buffer the model allocates for (B, T) in the given compute dtype: the one table the
+  // constructor allocates from, activation_bytes sums, and llmt plan prints.
+  static std::vector<ActivationBuffer> activation_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing,
+                                                          DType compute);
+  static int64_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute);
+  // FLOPs of one token's training step (forward and backward) at sequence length T, by the PaLM
+  // convention (appendix B): 6 * N_matmul + 12 * n_layer * d_model * T, N_matmul counting every
+  // weight of a matrix product and the LM head once.
+  static double flops_per_token(const ModelConfig& cfg, const ModelLayout& layout, int T);
+  static constexpr const char* kFlopsConvention = "6*N_matmul + 12*L*d*T per token (PaLM B)";
+
+  // Runs the forward pass on tokens[B*T] (host memory); seq_len (<= seq_len(); 0 = all of it) is
+  // this batch's sequence length T: tokens and targets hold B*T entries. With targets[B*T] (host,
+  // kIgnoreIndex = ignored), loss_sum[1] (f64 on the backend) += the sum of the token losses. With
+  // `train`, it also leaves grad_scale * dloss/dlogits in place of the logits for backward and
+  // applies dropout; without, it is an evaluation pass and keeps the logits.
+  void forward(UnitStore& store, const int32_t* tokens, const int32_t* targets, int seq_len, Tensor loss_sum,
+               const TrainPass* train = nullptr);
+  // Adds this batch's gradients into store.grads(u); call after a training forward.
   void backward(UnitStore& store);
-  // Logits [B*T, V] on the backend (T of the last forward), valid after a forward without want_grad.
+  // Logits [B*T, V] on the backend in the compute dtype (T of the last forward), valid after an
+  // evaluation forward.
   Tensor logits() const;
 
  private:
-  void norm_forward(float* out, float* mean, float* rstd, Tensor x, const float* w, int64_t w_off, int64_t b_off);
-  void norm_backward(Tensor x, const float* mean, const float* rstd, const float* w, float* g, int64_t w_off,
-                     int64_t b_off);
-  void block_forward(int l, const float* w);
-  void block_backward(int l, const float* w, float* g);
+  struct BlockActs {  // what one block keeps for its backward
+    Tensor ln1, ln1_mean, ln1_rstd, qkv, lse, attn_out, resid_mid, ln2, ln2_mean, ln2_rstd, mlp_in, mlp_act;
+  };
+  // Walks the activation table, handing each buffer to `take`: the constructor allocates, the
+  // static functions only record. The one place the model's memory is described.
+  static void walk_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute,
+                           const std::function<Tensor(const ActivationBuffer&)>& take, Transformer* model);
+  Dropout dropout_for(int layer, int site, float p) const;
+  void norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, int64_t w_off, int64_t b_off);
+  void norm_backward(Tensor x, Tensor mean, Tensor rstd, Tensor w, Tensor g, int64_t w_off, int64_t b_off);
+  void block_forward(int l, Tensor w);
+  void block_backward(int l, Tensor w, Tensor g);
   int act(int l) const { return checkpointing_ ? 0 : l; }  // which set of block activations layer l uses
-  float* buf(size_t n);
+  // Tensor [rows, cols] at the start of buffer t for the current batch (T rows per sequence).
+  Tensor rows(const Tensor& t, int64_t cols) const;
 
   ModelConfig cfg_;
   ModelLayout layout_;
   Backend& be_;
+  DType dt_;        // the compute dtype
   int B_, T_max_;   // capacity
   int cur_T_ = 0;   // the current batch's sequence length
   bool checkpointing_;
   std::vector<void*> allocations_;
   bool have_grad_ = false;
+  const TrainPass* train_ = nullptr;  // the current training pass (dropout), or null
+  TrainPass train_copy_;
 
-  // activations: resid_ per layer; the rest per layer, or one set reused when checkpointing
-  int32_t *tokens_ = nullptr, *targets_ = nullptr;
-  std::vector<float*> resid_;        // [L+1] residual stream entering block l (resid_[L] leaves the last)
-  std::vector<float*> ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, attn_out_, resid_mid_;
-  std::vector<float*> ln2_, ln2_mean_, ln2_rstd_, mlp_in_, mlp_act_;
-  float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr;
-  // backward scratch
-  float *dres_ = nullptr, *dnorm_ = nullptr, *dattn_ = nullptr, *dqkv_ = nullptr, *datt_ = nullptr;
-  float *dmlp_in_ = nullptr, *dmlp_act_ = nullptr;
-};
-
-// A UnitStore over full per-unit buffers on one process (no sharding): params and grads.
-class FullUnitStore : public UnitStore {
- public:
-  FullUnitStore(Backend& backend, const ModelLayout& layout);
-  ~FullUnitStore();
-  float* acquire(int unit) override { return params_[unit]; }
-  void release(int) override {}
-  float* grads(int unit) override { return grads_[unit]; }
-  void grads_done(int) override {}
-  float* params(int unit) { return params_[unit]; }
-  void zero_grads();
-  size_t num_units() const { return params_.size(); }
-
- private:
-  Backend& be_;
-  const ModelLayout& layout_;
-  std::vector<float*> params_, grads_;
+  Tensor tokens_, targets_;                 // i32 [B*T]
+  std::vector<Tensor> resid_;               // [L+1] residual stream entering block l (resid_[L] leaves the last)
+  std::vector<BlockActs> acts_;             // per layer, or one set reused when checkpointing
+  Tensor lnf_, lnf_mean_, lnf_rstd_, logits_;
+  // backward scratch; dropped_ holds a residual branch's output (forward) or gradient (backward) under dropout
+  Tensor dres_, dnorm_, dattn_, dqkv_, dmlp_in_, dmlp_act_, dropped_;
 };
 
 // Fills a unit's parameters the way GPT-2 / LLaMA initialise them: normal(0, 0.02) weights,
 // output projections scaled by 1/sqrt(2 * n_layer), zero biases, unit norm weights.
-// Deterministic in (seed, unit): independent of how units are later sharded. Host memory.
+// Deterministic in (seed, unit): independent of how units are later sharded. Host memory, f32.
 void init_unit_params(const ModelConfig& cfg, const UnitLayout& unit, int unit_index, uint64_t seed, float* host);
 
 }  // namespace llmt

@@ -11,6 +11,7 @@
 #include "engine/core/log.h"
 #include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
+#include "train/trainer.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/transformer.h"
 #include "train/step.h"
@@ -28,6 +29,10 @@ BenchArgs parse_bench_args(Flags& f) {
   a.threads = f.get_int("threads", a.threads);
   a.fsdp = f.get_string("fsdp", a.fsdp);
   a.gradient_checkpointing = f.get_bool("gradient_checkpointing", false);
+  a.bf16 = f.get_bool("bf16", false);
+  a.mixed_precision_reduce = f.get_string("mixed_precision_reduce", a.mixed_precision_reduce);
+  a.dropout = f.get_double("dropout", a.dropout);
+  parse_reduce_dtype(a.mixed_precision_reduce);
   LLMT_CHECK(a.batch > 0 && a.seq_len > 1 && a.steps > 0 && a.warmup >= 0,
              "llmt bench: batch, seq_len and steps must be positive and warmup not negative");
   LLMT_CHECK(a.device == "cpu", "llmt bench: --device %s is not available yet (cpu)", a.device.c_str());
@@ -42,13 +47,18 @@ static double median_of(std::vector<double> v) {
 
 void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch) {
   ModelConfig cfg = resolve_model_config(a.model);
+  if (a.dropout >= 0.0) {
+    cfg.attn_pdrop = (float)a.dropout;
+    if (cfg.arch == Arch::gpt2) cfg.embd_pdrop = cfg.resid_pdrop = (float)a.dropout;
+    validate_config(cfg, "--dropout");
+  }
   int threads = a.threads > 0 ? a.threads : default_threads_per_rank(launch);
-  auto be = make_cpu_backend(threads);
+  auto be = make_cpu_backend(threads, a.bf16 ? DType::bf16 : DType::f32);
   Transformer model(cfg, *be, a.batch, a.seq_len, a.gradient_checkpointing);
   const ModelLayout& L = model.layout();
   Strategy strategy = parse_fsdp(a.fsdp);
   std::unique_ptr<DataComm> data = make_mpi_data_comm(world);
-  FsdpStore store(*be, L, strategy, *data, launch.local_size);
+  FsdpStore store(*be, L, strategy, *data, launch.local_size, parse_reduce_dtype(a.mixed_precision_reduce));
   std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
     host.resize((size_t)L.units[u].numel);
@@ -66,19 +76,24 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     tokens[(size_t)i] = (int32_t)((s >> 33) % (uint64_t)cfg.vocab_size);
   }
-  for (int64_t i = 0; i < N; i++) targets[(size_t)i] = (i + 1) % a.seq_len ? tokens[(size_t)i + 1] : -100;
-  std::vector<MicroBatch> micro = {{tokens.data(), targets.data(), a.seq_len}};
+  for (int64_t i = 0; i < N; i++) targets[(size_t)i] = (i + 1) % a.seq_len ? tokens[(size_t)i + 1] : kIgnoreIndex;
+  std::vector<MicroBatch> micro = {{tokens.data(), targets.data(), a.seq_len, (int64_t)world.rank() * a.batch}};
+  StepSettings ss;
+  ss.lr = 1e-4f;
+  ss.adamw = oc;
+  ss.max_grad_norm = 1.0;
 
   std::vector<double> ms;
   double comm_per_step = 0.0;
   for (int it = 0; it < a.warmup + a.steps; it++) {
     world.barrier();
-    double comm0 = store.comm_bytes();
+    double comm0 = store.comm_bytes() + data->stats().total();
     auto t0 = std::chrono::steady_clock::now();
-    StepResult r = train_step(model, store, world, micro, 1e-4f, oc, 1.0);
+    ss.step = it;
+    StepResult r = train_step(model, store, world, *data, micro, ss);
     be->synchronize();
     double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    comm_per_step = store.comm_bytes() - comm0;
+    comm_per_step = store.comm_bytes() + data->stats().total() - comm0;
     if (it >= a.warmup) ms.push_back(dt);
     if (world.rank() == 0)
       std::fprintf(stderr, "step %d/%d%s: %.1f ms, loss %.4f\n", it + 1, a.warmup + a.steps,
@@ -87,7 +102,7 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
   // the slowest rank sets the pace: report the median over steps of rank 0's times (all ranks
   // finish a step together, since each step ends in collectives)
   double median = median_of(ms);
-  double flops_per_token = 6.0 * (double)L.matmul_numel + 12.0 * cfg.n_layer * cfg.d_model * a.seq_len;
+  double flops_per_token = Transformer::flops_per_token(cfg, L, a.seq_len);
   const int W = world.size();
   double global_tokens = (double)N * W;
   nlohmann::json j = {{"model", a.model},
@@ -95,6 +110,7 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
                       {"ranks", W},
                       {"threads", be->threads()},
                       {"fsdp", strategy_name(strategy)},
+                      {"dropout", cfg.has_dropout()},
                       {"batch", a.batch},
                       {"seq_len", a.seq_len},
                       {"params", L.total_numel},
@@ -105,7 +121,8 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
                       {"gflop_per_step", flops_per_token * global_tokens / 1e9},
                       {"achieved_gflops", flops_per_token * global_tokens / (median / 1000.0) / 1e9},
                       {"comm_bytes_per_step_per_rank", comm_per_step},
-                      {"flops_convention", "6*N_matmul + 12*L*d*T per token (PaLM B)"}};
+                      {"compute_dtype", dtype_name(be->compute_dtype())},
+                      {"flops_convention", Transformer::kFlopsConvention}};
   if (world.rank() == 0) std::printf("%s\n", j.dump().c_str());
 }
 

@@ -19,6 +19,9 @@ struct BenchArgs {
   int threads = 0;              // per rank; 0 = this rank's share of the node's cores
   std::string fsdp;             // as llmt train's --fsdp ("" = no_shard)
   bool gradient_checkpointing = false;
+  bool bf16 = false;
+  std::string mixed_precision_reduce = "float32";
+  double dropout = -1.0;        // >= 0: every dropout probability of the model set to this
 };
 
 BenchArgs parse_bench_args(Flags& flags);

@@ -1,6 +1,7 @@
 #include "train/plan.h"
 
 #include <algorithm>
+#include <map>
 
 #include "engine/core/error.h"
 #include "models/layout.h"
@@ -19,7 +20,10 @@ nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a) {
   ShardGroups g = shard_groups(s, a.world, per_node);
   ModelLayout L = make_layout(cfg);
   const int Ws = g.shard_size, Rp = g.replica_size;
-  const double f = sizeof(float);
+  const DType compute = a.bf16 ? DType::bf16 : DType::f32;
+  // bytes per element: P gathered parameters (compute dtype), G full gradients (f32), S gradients
+  // in flight (the reduce dtype), f32 for the shards
+  const double P = (double)dtype_size(compute), G = 4.0, S = (double)dtype_size(a.reduce_dtype), f = 4.0;
 
   // padded sizes and shards as FsdpStore lays them out
   auto padded = [&](int64_t n) { return (double)((n + Ws - 1) / Ws * Ws); };
@@ -28,30 +32,49 @@ nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a) {
   double shard_total = 0.0;
   for (auto& u : L.units) shard_total += padded(u.numel) / Ws;
 
-  // gathered parameter and gradient buffers at their peak (see FsdpStore: prefetch keeps one unit ahead,
-  // the root's gradient lives through backward, one reduction is in flight behind the current one)
+  // Gathered parameter and gradient buffers at their peak (see FsdpStore: prefetch keeps one unit
+  // ahead, the root's gradient lives through backward, one reduction is in flight behind the
+  // current unit's gradient; a bf16 reduction converts the f32 gradient into a bf16 send buffer).
+  const double send = S == G ? 0.0 : 1.0;  // a separate send buffer exists in a non-f32 reduction
   double gathered = 0.0;
-  if (Ws > 1 && s != Strategy::shard_grad_op)
-    gathered = std::max({root + block, 2 * root + block, root + 4 * block});
-  else if (s == Strategy::shard_grad_op && Ws > 1)
-    gathered = root + nb * block + root + 2 * block;
-  else if (Rp > 1)
-    gathered = root + 2 * block;
-  gathered *= f;
+  if (Ws > 1 && s != Strategy::shard_grad_op) {
+    double fwd = std::max(root * P + block * P, 2 * block * P);
+    double head = root * P + block * P + root * G;
+    double bwd = root * G + 2 * block * P + block * G + block * (send ? S : G);
+    double last = root * G + root * S * send;
+    gathered = std::max({fwd, head, bwd, last});
+  } else if (s == Strategy::shard_grad_op && Ws > 1) {
+    gathered = root * P + nb * block * P + root * G + block * G + block * (send ? S : G);
+  } else if (Rp > 1) {
+    gathered = root * G + block * G + block * (send ? S : G);
+  }
 
   // bytes each rank sends per step
   double ag = 0.0, rs = 0.0, ar = 0.0;
   const double shard_root = root / Ws, shard_blocks = nb * block / Ws;
   if (Ws > 1) {
+    // forward gathers the root twice (embeddings, head) and backward once more; shard_grad_op keeps
+    // every unit gathered from forward to backward
     double gathers = s == Strategy::shard_grad_op ? shard_root + shard_blocks : 3 * shard_root + 2 * shard_blocks;
-    ag = a.accum * (Ws - 1) * gathers * f;
-    rs = a.accum * (Ws - 1) * (shard_root + shard_blocks) * f;
+    ag = a.accum * (Ws - 1) * gathers * P;
+    rs = a.accum * (Ws - 1) * (shard_root + shard_blocks) * S;
   }
-  if (Rp > 1) ar = a.accum * 2.0 * (Rp - 1) / Rp * (shard_root + shard_blocks) * f;
+  if (Rp > 1) ar = a.accum * 2.0 * (Rp - 1) / Rp * (shard_root + shard_blocks) * S;
+  // the step's scalars: the loss summed over every rank, the gradient's squares over a shard group
+  ar += 2.0 * (a.world - 1) / a.world * 8.0 + 2.0 * (Ws - 1) / Ws * 8.0;
 
-  double activations = (double)Transformer::activation_bytes(cfg, a.batch, a.seq_len, a.gradient_checkpointing);
-  double persistent = 4 * shard_total * f;
+  std::vector<ActivationBuffer> bufs =
+      Transformer::activation_buffers(cfg, a.batch, a.seq_len, a.gradient_checkpointing, compute);
+  double activations = 0.0;
+  std::map<std::string, double> by_buffer;
+  for (const ActivationBuffer& b : bufs) {
+    activations += (double)b.bytes();
+    by_buffer[b.name] += (double)b.bytes();
+  }
+  const double persistent = 4 * shard_total * f + (a.bf16 ? shard_total * P : 0.0);
   const double gib = 1024.0 * 1024.0 * 1024.0;
+  nlohmann::json act_json = nlohmann::json::object();
+  for (auto& kv : by_buffer) act_json[kv.first] = kv.second / gib;
   return {{"model", cfg.describe()},
           {"params", L.total_numel},
           {"world", a.world},
@@ -63,24 +86,31 @@ nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a) {
           {"seq_len", a.seq_len},
           {"accum", a.accum},
           {"gradient_checkpointing", a.gradient_checkpointing},
+          {"compute_dtype", dtype_name(compute)},
+          {"reduce_dtype", dtype_name(a.reduce_dtype)},
           {"persistent_gib", persistent / gib},
           {"gathered_peak_gib", gathered / gib},
           {"activations_gib", activations / gib},
+          {"activations_by_buffer_gib", act_json},
           {"total_gib", (persistent + gathered + activations) / gib},
-          {"comm_all_gather_gib", ag / gib},
-          {"comm_reduce_scatter_gib", rs / gib},
-          {"comm_all_reduce_gib", ar / gib},
+          {"comm_all_gather_bytes", ag},
+          {"comm_reduce_scatter_bytes", rs},
+          {"comm_all_reduce_bytes", ar},
+          {"comm_total_bytes", ag + rs + ar},
           {"comm_total_gib", (ag + rs + ar) / gib},
-          {"precision", "fp32 compute (CPU backend)"}};
+          {"flops_per_token", Transformer::flops_per_token(cfg, L, a.seq_len)},
+          {"flops_convention", Transformer::kFlopsConvention}};
 }
 
 std::string format_plan(const nlohmann::json& p) {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const bool bf16 = p["compute_dtype"] == "bf16";
   return strformat(
       "plan   %s\n"
       "       %lld parameters, %s over %d ranks (%d per node): shards over %d, %d replica(s)\n"
-      "       batch %d x %d tokens, accumulation %d%s\n"
+      "       batch %d x %d tokens, accumulation %d%s; compute %s, gradients reduced in %s\n"
       "per rank memory\n"
-      "       persistent (fp32 master, grad, Adam m, v)  %8.3f GiB\n"
+      "       %-42s %8.3f GiB\n"
       "       gathered units at peak                     %8.3f GiB\n"
       "       activations and scratch                    %8.3f GiB\n"
       "       total                                      %8.3f GiB\n"
@@ -90,9 +120,12 @@ std::string format_plan(const nlohmann::json& p) {
       p["strategy"].get<std::string>().c_str(), p["world"].get<int>(), p["ranks_per_node"].get<int>(),
       p["shard_group"].get<int>(), p["replicas"].get<int>(), p["batch"].get<int>(), p["seq_len"].get<int>(),
       p["accum"].get<int>(), p["gradient_checkpointing"].get<bool>() ? ", gradient checkpointing" : "",
-      p["persistent_gib"].get<double>(), p["gathered_peak_gib"].get<double>(), p["activations_gib"].get<double>(),
-      p["total_gib"].get<double>(), p["comm_all_gather_gib"].get<double>(), p["comm_reduce_scatter_gib"].get<double>(),
-      p["comm_all_reduce_gib"].get<double>(), p["comm_total_gib"].get<double>());
+      p["compute_dtype"].get<std::string>().c_str(), p["reduce_dtype"].get<std::string>().c_str(),
+      bf16 ? "persistent (fp32 master, grad, m, v; bf16)" : "persistent (fp32 master, grad, Adam m, v)",
+      p["persistent_gib"].get<double>(), p["gathered_peak_gib"].get<double>(),
+      p["activations_gib"].get<double>(), p["total_gib"].get<double>(),
+      p["comm_all_gather_bytes"].get<double>() / gib, p["comm_reduce_scatter_bytes"].get<double>() / gib,
+      p["comm_all_reduce_bytes"].get<double>() / gib, p["comm_total_bytes"].get<double>() / gib);
 }
 
 }  // namespace llmt

@@ -1,5 +1,6 @@
-// `llmt plan`: what a run will hold and send per rank, computed from the model's layout and the
-// FSDP strategy without allocating anything, so it runs anywhere (a laptop, a login node).
+// `llmt plan`: what a run will hold and send per rank, computed from the model's layout, its
+// activation table and the FSDP strategy without allocating anything, so it runs anywhere (a
+// laptop, a login node).
 #pragma once
 #include <string>
 
@@ -19,10 +20,13 @@ struct PlanArgs {
   int seq_len = 512;
   int accum = 1;
   bool gradient_checkpointing = false;
+  bool bf16 = false;              // bf16 compute copy, gathers and activations
+  DType reduce_dtype = DType::f32;  // what gradients travel in
 };
 
-// Per rank: persistent state, peak gathered buffers, activations; per step: bytes each rank sends
-// in all_gather / reduce_scatter / all_reduce (the ring convention of CommStats).
+// Per rank: persistent state, peak gathered buffers, activations (by buffer too); per step: bytes
+// each rank sends in all_gather / reduce_scatter / all_reduce (the ring convention of CommStats),
+// the store's collectives and the step's loss and norm scalars.
 nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a);
 std::string format_plan(const nlohmann::json& plan);
 

@@ -6,31 +6,45 @@
 
 namespace llmt {
 
-StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& world, const std::vector<MicroBatch>& micro,
-                      float lr, const AdamWConfig& adamw, double max_grad_norm) {
+int64_t count_targets(const int32_t* targets, int64_t n) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; i++) c += targets[i] != kIgnoreIndex;
+  return c;
+}
+
+StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control, DataComm& data,
+                      const std::vector<MicroBatch>& micro, const StepSettings& s) {
   StepResult r;
+  Backend& be = store.backend();
   const int B = model.batch();
   double counted = 0.0;
-  for (const MicroBatch& mb : micro)
-    for (int64_t i = 0; i < (int64_t)B * mb.seq_len; i++) counted += mb.targets[i] != -100;
-  r.counted = world.all_reduce_sum(counted);
+  for (const MicroBatch& mb : micro) counted += (double)count_targets(mb.targets, (int64_t)B * mb.seq_len);
+  r.counted = control.all_reduce_sum(counted);
   LLMT_CHECK(r.counted > 0, "every target of the global batch is masked: nothing to learn from");
 
+  BackendBuffer scalars(be, DType::f64, {2});  // [loss sum, gradient sum of squares]
+  Tensor loss_sum = scalars.tensor().view(0, {1}), grad_sq = scalars.tensor().view(1, {1});
   store.zero_grads();
-  double loss_sum = 0.0;
   for (const MicroBatch& mb : micro) {
     // scaled by the global count, the reduce-scatter's sum is the gradient of the global mean loss
-    loss_sum += model.forward(store, mb.tokens, mb.targets, true, (float)(1.0 / r.counted), mb.seq_len);
+    TrainPass pass;
+    pass.grad_scale = (float)(1.0 / r.counted);
+    pass.dropout = {s.seed, s.step, mb.first_sequence};
+    model.forward(store, mb.tokens, mb.targets, mb.seq_len, loss_sum, &pass);
     model.backward(store);
   }
-  r.loss = world.all_reduce_sum(loss_sum) / r.counted;
-  r.grad_norm = std::sqrt(store.grad_sq_norm());
+  data.all_reduce_async(loss_sum.data, 1, DType::f64, ReduceOp::sum)->wait();
+  store.grad_sq_sum(grad_sq);
+  double host[2];
+  be.copy_to_host(host, scalars.tensor().data, sizeof(host));  // the step's one read
+  r.loss = host[0] / r.counted;
+  r.grad_norm = std::sqrt(host[1]);
   LLMT_CHECK(std::isfinite(r.grad_norm) && std::isfinite(r.loss),
              "the loss or gradient is not finite (loss %g, grad norm %g); stopping", r.loss, r.grad_norm);
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1
   float clip = 1.0f;
-  if (max_grad_norm > 0.0) clip = (float)std::min(1.0, max_grad_norm / (r.grad_norm + 1e-6));
-  store.optimizer_step(lr, adamw, clip);
+  if (s.max_grad_norm > 0.0) clip = (float)std::min(1.0, s.max_grad_norm / (r.grad_norm + 1e-6));
+  store.optimizer_step(s.lr, s.adamw, clip);
   return r;
 }
 

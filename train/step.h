@@ -1,6 +1,8 @@
 // One optimizer step of FSDP training: this rank's micro-batches forward and backward (gradients
 // reduce-scattered unit by unit into the shards), the loss as a mean over every token counted on
-// every rank, clipping by the global gradient norm, AdamW on the shards.
+// every rank, clipping by the global gradient norm, AdamW on the shards. The loss and the squared
+// gradient norm accumulate on the backend and reach the host in one read, after which the clip
+// scale is computed.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -13,8 +15,17 @@ namespace llmt {
 
 struct MicroBatch {
   const int32_t* tokens;   // B * seq_len, host
-  const int32_t* targets;  // B * seq_len, host; -100 = no loss
+  const int32_t* targets;  // B * seq_len, host; kIgnoreIndex = no loss
   int seq_len;
+  int64_t first_sequence = 0;  // global index of its first sequence in the step's global batch (dropout)
+};
+
+struct StepSettings {
+  float lr = 0.0f;
+  AdamWConfig adamw;
+  double max_grad_norm = 1.0;  // 0: no clipping
+  uint64_t seed = 0;           // with step: the dropout masks
+  int64_t step = 0;
 };
 
 struct StepResult {
@@ -23,7 +34,11 @@ struct StepResult {
   double counted = 0.0;    // tokens with a target, over every rank
 };
 
-StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& world, const std::vector<MicroBatch>& micro,
-                      float lr, const AdamWConfig& adamw, double max_grad_norm);
+// control: host agreement (token counts); data: the world's data communicator (the loss).
+StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control, DataComm& data,
+                      const std::vector<MicroBatch>& micro, const StepSettings& s);
+
+// Tokens with a target in a batch of n tokens.
+int64_t count_targets(const int32_t* targets, int64_t n);
 
 }  // namespace llmt

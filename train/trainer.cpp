@@ -93,6 +93,7 @@ TrainArgs parse_train_args(Flags& f) {
   a.seed = (uint64_t)f.get_int64("seed", (long long)a.seed);
   a.bf16 = f.get_bool("bf16", a.bf16);
   a.tf32 = f.get_bool("tf32", a.tf32);
+  a.mixed_precision_reduce = f.get_string("mixed_precision_reduce", a.mixed_precision_reduce);
   LLMT_CHECK(f.get_bool("do_train", true), "--do_train False: llmt train always trains");
   for (const char* name : kIgnoredFlags)
     if (f.has(name)) {
@@ -127,8 +128,15 @@ TrainArgs parse_train_args(Flags& f) {
   LLMT_CHECK(a.save_total_limit >= 0, "--save_total_limit must not be negative");
   // validate spellings now, before any rank starts work
   parse_fsdp(a.fsdp);
+  parse_reduce_dtype(a.mixed_precision_reduce);
   make_schedule(a.lr_scheduler_type, 1, a.warmup_steps, a.warmup_ratio);
   return a;
+}
+
+DType parse_reduce_dtype(const std::string& name) {
+  if (name == "float32" || name == "fp32") return DType::f32;
+  if (name == "bfloat16" || name == "bf16") return DType::bf16;
+  fail("--mixed_precision_reduce must be float32 or bfloat16, got \"%s\"", name.c_str());
 }
 
 namespace {
@@ -210,7 +218,8 @@ double evaluate(Run& r) {
   const int64_t n = r.eval.size(), per_round = (int64_t)W * B;
   const int64_t rounds = (n + per_round - 1) / per_round;  // the same on every rank: forward is collective
   std::vector<int32_t> tokens, targets;
-  double loss_sum = 0.0, counted = 0.0;
+  double counted = 0.0;
+  BackendBuffer loss_sum(*r.be, DType::f64, {1});
   for (int64_t round = 0; round < rounds; round++) {
     std::vector<int64_t> idx;
     for (int b = 0; b < B; b++) {
@@ -221,18 +230,20 @@ double evaluate(Run& r) {
     if (!idx.empty()) T = collate(r.eval, idx, r.pad_id, tokens, targets);
     LLMT_CHECK(T <= r.T, "internal: evaluation batch of %d tokens over the %d the model was sized for", T, r.T);
     // rows past the examples (the last round, and beyond the eval batch) are padding with no targets
-    std::vector<int32_t> tok_full((size_t)r.B * T, r.pad_id), tgt_full((size_t)r.B * T, -100);
+    std::vector<int32_t> tok_full((size_t)r.B * T, r.pad_id), tgt_full((size_t)r.B * T, kIgnoreIndex);
     for (size_t b = 0; b < idx.size(); b++)
       for (int t = 0; t < T; t++) {
         tok_full[b * T + t] = tokens[b * T + t];
         tgt_full[b * T + t] = targets[b * T + t];
       }
-    for (int32_t t : tgt_full) counted += t != -100;
-    loss_sum += r.model->forward(*r.store, tok_full.data(), tgt_full.data(), false, 0.0f, T);
+    counted += (double)count_targets(tgt_full.data(), (int64_t)tgt_full.size());
+    r.model->forward(*r.store, tok_full.data(), tgt_full.data(), T, loss_sum.tensor());
   }
-  loss_sum = r.world.all_reduce_sum(loss_sum);
+  r.data->all_reduce_async(loss_sum.tensor().data, 1, DType::f64, ReduceOp::sum)->wait();
+  double total = 0.0;
+  r.be->copy_to_host(&total, loss_sum.tensor().data, sizeof(total));
   counted = r.world.all_reduce_sum(counted);
-  return counted > 0 ? loss_sum / counted : NAN;
+  return counted > 0 ? total / counted : NAN;
 }
 
 // Writes the model as a Hugging Face directory, one unit at a time: every rank takes part in the
@@ -330,9 +341,8 @@ std::string resume_path(Run& r) {
 void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch) {
   LLMT_CHECK(a.device == "cpu", "--device cuda: the CUDA backend is not built into llmt yet (only its first kernels); "
                                 "use --device cpu");
-  if (a.bf16 || a.tf32)
-    log_info("note   --bf16/--tf32 select CUDA compute precisions; the CPU backend computes in fp32%s",
-             a.bf16 ? " (saved models are written in bf16)" : "");
+  if (a.tf32) log_info("note   --tf32 selects TF32 for fp32 matmuls on a GPU; the CPU has no TF32 and ignores it");
+  const DType reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
   Strategy strategy = parse_fsdp(a.fsdp);
   Run r{a, world, make_mpi_data_comm(world), launch, {}, nullptr, nullptr, nullptr, nullptr, {}, {}, 0, 0, 0, {}, {}, {}, 1, 1};
   if (world.rank() == 0) {
@@ -370,7 +380,7 @@ void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& laun
   }
   int threads = a.threads;
   if (threads <= 0) threads = default_threads_per_rank(launch);
-  r.be = make_cpu_backend(threads);
+  r.be = make_cpu_backend(threads, a.bf16 ? DType::bf16 : DType::f32);
 
   // data
   DataArgs da = a.data;
@@ -407,7 +417,7 @@ void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& laun
     LLMT_CHECK(world.rank() / launch.local_size == launch.node,
                "hybrid_shard shards within a node, so each node's ranks must be consecutive (mpirun's default "
                "--map-by slot, or ppr:N:node); rank %d sits on node %d", world.rank(), launch.node);
-  r.store = std::make_unique<FsdpStore>(*r.be, L, strategy, *r.data, local_size);
+  r.store = std::make_unique<FsdpStore>(*r.be, L, strategy, *r.data, local_size, reduce_dtype);
   {
     std::unique_ptr<SafetensorsCheckpoint> ckpt;
     if (from_hf) {
@@ -431,16 +441,19 @@ void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& laun
   pa.seq_len = r.T;
   pa.accum = a.gradient_accumulation_steps;
   pa.gradient_checkpointing = a.gradient_checkpointing;
+  pa.bf16 = a.bf16;
+  pa.reduce_dtype = reduce_dtype;
   nlohmann::json plan = make_plan(cfg, pa);
   const double mib = 1024.0 * 1024.0, gib_to_mib = 1024.0;
   log_info("model  %s, %.2fM parameters (%s)", cfg.describe().c_str(), L.total_numel / 1e6,
            from_hf ? a.model_name_or_path.c_str() : "random init");
-  log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (master, grad, m, v), "
-           "activations %.1f MiB%s",
+  log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (master, grad, m, v%s), "
+           "activations %.1f MiB%s; compute %s, gradients reduced in %s",
            strategy_name(strategy), g.shard_size, g.shard_size == 1 ? "" : "s", g.replica_size,
-           g.replica_size == 1 ? "" : "s", r.store->persistent_bytes() / mib,
-           Transformer::activation_bytes(cfg, r.B, r.T, a.gradient_checkpointing) / mib,
-           a.gradient_checkpointing ? " (gradient checkpointing)" : "");
+           g.replica_size == 1 ? "" : "s", r.store->persistent_bytes() / mib, a.bf16 ? ", bf16 copy" : "",
+           Transformer::activation_bytes(cfg, r.B, r.T, a.gradient_checkpointing, r.be->compute_dtype()) / mib,
+           a.gradient_checkpointing ? " (gradient checkpointing)" : "", dtype_name(r.be->compute_dtype()),
+           dtype_name(reduce_dtype));
   log_info("plan   per rank: gathered buffers at most %.1f MiB; %.1f MiB sent per step at the longest batches "
            "(llmt plan)",
            plan["gathered_peak_gib"].get<double>() * gib_to_mib, plan["comm_total_gib"].get<double>() * gib_to_mib);
@@ -470,12 +483,12 @@ void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& laun
 
   // FLOPs by the PaLM convention (DESIGN.md): per token 6 * N_matmul + 12 * layers * d_model * T, with T
   // each batch's own length. No peak figure exists for CPUs, so no MFU there.
-  auto flops_per_token = [&](int T) { return 6.0 * (double)L.matmul_numel + 12.0 * cfg.n_layer * cfg.d_model * T; };
+  auto flops_per_token = [&](int T) { return Transformer::flops_per_token(cfg, L, T); };
   double window_flops = 0.0;  // this rank's
   std::vector<std::vector<int32_t>> tokens(accum), targets(accum);
   double window_start = now_s(), window_loss = 0.0, run_start = 0.0;
   int64_t window_tokens = 0, window_steps = 0, run_tokens = 0;
-  const double comm_before = r.store->comm_bytes();
+  const double comm_before = r.store->comm_bytes() + r.data->stats().total();
   double comm_first_step = 0.0;
   // Fault injection for the tests: LLMT_FAIL_AT_STEP=rank:step makes that rank fail at that step.
   int fail_rank = -1;
@@ -527,14 +540,20 @@ void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& laun
     for (int m = 0; m < accum; m++) {
       int len = collate(r.train, sampler.indices(step, m), r.pad_id, tokens[m], targets[m]);
       LLMT_CHECK(len <= r.T, "internal: batch length %d over %d", len, r.T);
-      micro.push_back({tokens[m].data(), targets[m].data(), len});
+      micro.push_back({tokens[m].data(), targets[m].data(), len, ((int64_t)m * W + world.rank()) * r.B});
       step_tokens += (int64_t)r.B * len;
       window_flops += (double)r.B * len * flops_per_token(len);
     }
     double lr = a.learning_rate * sched.multiplier(step);
-    StepResult res = train_step(*r.model, *r.store, world, micro, (float)lr, oc, a.max_grad_norm);
+    StepSettings ss;
+    ss.lr = (float)lr;
+    ss.adamw = oc;
+    ss.max_grad_norm = a.max_grad_norm;
+    ss.seed = a.seed;
+    ss.step = step;
+    StepResult res = train_step(*r.model, *r.store, world, *r.data, micro, ss);
     const double loss = res.loss, grad_norm = res.grad_norm;
-    if (step == first_step) comm_first_step = r.store->comm_bytes() - comm_before;
+    if (step == first_step) comm_first_step = r.store->comm_bytes() + r.data->stats().total() - comm_before;
 
     const int64_t global_tokens = step_tokens * W;
     window_loss += loss;
@@ -561,7 +580,7 @@ void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& laun
                  {"tokens_per_s", tps},
                  {"tokens_per_s_per_rank", tps / W},
                  {"gflops_rank0", window_flops / dt / 1e9},
-                 {"flops_convention", "6*N_matmul + 12*L*d*T per token (PaLM B)"},
+                 {"flops_convention", Transformer::kFlopsConvention},
                  {"peak_rss_gib", peak_rss_gib()}});
       window_start = now_s();
       window_loss = window_flops = 0.0;

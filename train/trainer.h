@@ -46,10 +46,13 @@ struct TrainArgs {
   std::string resume_from_checkpoint;      // a checkpoint directory, or "latest" / "True"
   bool overwrite_output_dir = false;       // train into an output_dir that holds checkpoints
   uint64_t seed = 42;
-  bool bf16 = false;
+  bool bf16 = false;                       // bf16 compute copy, gathers and activations (fp32 master and moments)
   bool tf32 = false;
+  std::string mixed_precision_reduce = "float32";  // what gradients are reduced in: float32 or bfloat16 (torchtitan's name)
 };
 
+// --mixed_precision_reduce: float32 (default) or bfloat16.
+DType parse_reduce_dtype(const std::string& name);
 // Reads every train flag llmt implements from `flags` (then flags.finish() rejects the rest).
 TrainArgs parse_train_args(Flags& flags);
 // Runs the job on every rank of `world`.

@@ -1,6 +1,20 @@
-// The Backend interface: memory, and the one op set every model is built from.
-// The CPU backend (kernels/cpu) computes in fp32; the CUDA backend (kernels/cuda) will compute
-// in bf16 with fp32 accumulation behind the same calls. Models and the trainer never see which.
+// The Backend interface: memory, the compute stream and its events, and the one op set every model
+// is built from. The CPU backend (kernels/cpu) implements it with OpenMP and oneDNN; the CUDA
+// backend (kernels/cuda) will implement it with kernels, cuBLASLt and cuDNN behind the same calls.
+// Models and the trainer never see which.
+//
+// Dtypes. A backend computes in one compute dtype, compute_dtype(): f32, or bf16 for mixed
+// precision. "act" below means a tensor in that dtype: activations, their gradients, the gathered
+// parameters. Fixed whatever the compute dtype: parameter gradients (the buffers backward adds
+// into) f32; norm statistics (mean, rstd) and the attention's log-sum-exp f32; device scalars
+// (loss sum, sum of squares) f64; token ids and targets i32. Inside every op the arithmetic is
+// fp32: a bf16 value is widened on load and rounded once, to nearest even, on store; matmuls
+// accumulate in fp32.
+//
+// Streams. Ops, copies and memory work run in order on the backend's compute stream. copy_to_host
+// returns when the data is on the host. An Event marks the stream's work so far: a collective that
+// must not start before some compute (or a buffer that must not be reused before its last reader)
+// waits on one. On the CPU everything runs in program order and events are trivial.
 //
 // Conventions for every op:
 //  - Shapes are given explicitly (N rows = B*T tokens, C channels); tensors are row-major.
@@ -17,50 +31,76 @@
 
 namespace llmt {
 
+// Position of a work item on the compute stream; see "Streams" above.
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual void synchronize() = 0;  // the host waits until the marked work is done
+};
+
+// Inverted dropout with a counter-based mask: element e of site `site` keeps its value (scaled by
+// 1/(1-p)) when hash(key, row, e) lands above p. `key` is fixed by (seed, step, layer, site) and
+// `row0` is the global index of the batch's first sequence, so the mask depends only on which
+// sequence, position and element it is: every world size, micro-batch split and strategy draws the
+// same masks, and a resumed run the same as an unbroken one. p = 0 is no dropout.
+struct Dropout {
+  float p = 0.0f;
+  uint64_t key = 0;
+  int64_t row0 = 0;   // global sequence index of the batch's row 0
+  bool active() const { return p > 0.0f; }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;  // "cpu", "cuda"
   virtual int threads() const = 0;       // CPU threads the backend's ops use
+  virtual DType compute_dtype() const = 0;
+  virtual bool is_host_memory() const = 0;  // alloc() memory is addressable by the host
+  virtual void* native_stream() = 0;        // the compute stream (cudaStream_t), nullptr on the CPU
+  virtual std::unique_ptr<Event> make_event() = 0;
+  virtual void record(Event& e) = 0;  // e marks the compute stream's work issued so far
+  virtual void wait(Event& e) = 0;    // work issued afterwards starts after e's work
 
-  // ---- memory (device memory for CUDA, host memory for the CPU) ----
+  // ---- memory ----
   virtual void* alloc(size_t bytes) = 0;  // zero-filled, 64-byte aligned
   virtual void release(void* p) = 0;
   virtual void zero(void* p, size_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
-  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;  // returns with the data on the host
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
-  virtual void synchronize() = 0;
+  virtual void synchronize() = 0;  // the host waits for all issued work
 
   // ---- dense ----
   // out[M,N] (= or +=) op(a) @ op(b) + bias[N]
   //   op(a): a stored [M,K], or [K,M] with trans_a;  op(b): b stored [K,N], or [N,K] with trans_b.
-  //   bias may have data == nullptr; accumulate adds to out instead of overwriting it.
+  //   a, b: act; bias: b's dtype, or data == nullptr; out: act, or f32 (parameter gradients).
+  //   accumulate adds to out instead of overwriting it (one rounding of out).
   virtual void matmul(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K,
                       bool trans_a, bool trans_b, bool accumulate) = 0;
-  // dbias[N] += sum over rows of dout[M,N]
+  // dbias[N] (f32) += sum over rows of dout[M,N] (act)
   virtual void bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N) = 0;
 
   // ---- embeddings ----
-  // out[B*T,C] = wte[token] (+ wpe[t] when wpe.data != nullptr). Token ids must lie in [0, V).
+  // out[B*T,C] (act) = wte[token] (+ wpe[t] when wpe.data != nullptr). Token ids must lie in [0, V).
   virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C, int V) = 0;
-  // dwte[token] += dout; dwpe[t] += dout (when dwpe.data != nullptr)
+  // dwte[token] (f32) += dout (act); dwpe[t] (f32) += dout (when dwpe.data != nullptr)
   virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) = 0;
 
   // ---- norms ----
-  // out = (x - mean) * rstd * w + b over each row of C; mean[N] and rstd[N] are saved for backward.
+  // out = (x - mean) * rstd * w + b over each row of C; mean[N] and rstd[N] (f32) are saved for backward.
   virtual void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b,
                                  int64_t N, int C, float eps) = 0;
-  // dx += ..., dw += ..., db += ...
+  // dx (act) += ..., dw (f32) += ..., db (f32) += ...
   virtual void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w,
                                   Tensor mean, Tensor rstd, int64_t N, int C) = 0;
-  // out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) saved for backward.
+  // out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) (f32) saved for backward.
   virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) = 0;
-  // dx += ..., dw += ...
+  // dx (act) += ..., dw (f32) += ...
   virtual void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd,
                                 int64_t N, int C) = 0;
 
-  // ---- activations ----
+  // ---- activations (act) ----
   // GELU, tanh form (gelu_new). out = gelu(x); dx = dout * gelu'(x) (dx may alias dout).
   virtual void gelu_forward(Tensor out, Tensor x, int64_t n) = 0;
   virtual void gelu_backward(Tensor dx, Tensor x, Tensor dout, int64_t n) = 0;
@@ -68,41 +108,85 @@ class Backend {
   // dgate_up (=) from dout[N,I].
   virtual void swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I) = 0;
   virtual void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) = 0;
+  // x[B*T, C] (=) x * mask / (1 - p) in place, element (b, t, c) kept as dropout_keep(d.key,
+  // dropout_row(d.row0 + b, t), c, d.p) says. The backward of a dropout is the same call on the gradient.
+  virtual void dropout(Tensor x, int B, int T, int C, const Dropout& d) = 0;
 
-  // ---- attention ----
+  // ---- attention (act, lse f32) ----
   // qkv rows are [q (NH*hs) | k (NKV*hs) | v (NKV*hs)] for each of the B*T tokens.
   // RoPE in place on the q and k parts, Hugging Face rotate_half layout, positions 0..T-1,
   // inv_freq[i] = theta^(-2i/hs). rope_backward applies the inverse rotation to dq and dk in place.
   virtual void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, float theta) = 0;
   virtual void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, float theta) = 0;
-  // Causal self-attention with grouped-query heads (head h reads kv head h / (NH/NKV)), scale 1/sqrt(hs).
-  // out[B*T, NH*hs] (=); att[B,NH,T,T] (=) keeps the softmax probabilities for backward.
-  virtual void attention_forward(Tensor out, Tensor att, Tensor qkv, int B, int T, int NH, int NKV, int hs) = 0;
-  // dqkv (=); datt[B,NH,T,T] is scratch.
-  virtual void attention_backward(Tensor dqkv, Tensor datt, Tensor dout, Tensor qkv, Tensor att, int B, int T,
-                                  int NH, int NKV, int hs) = 0;
+  // Causal self-attention with grouped-query heads (head h reads kv head h / (NH/NKV)), scale 1/sqrt(hs),
+  // dropout on the probabilities as `drop` says (its row index counts sequences). out[B*T, NH*hs] (=);
+  // lse[B,NH,T] (=) keeps each query row's log-sum-exp of the scaled scores: all that backward needs
+  // to recompute the probabilities, so no T x T buffer exists.
+  virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
+                                 const Dropout& drop) = 0;
+  // dqkv (=) from dout, given the forward's qkv, out and lse (FlashAttention-2's backward).
+  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
+                                  int NH, int NKV, int hs, const Dropout& drop) = 0;
 
   // ---- elementwise ----
-  virtual void add(Tensor out, Tensor a, Tensor b, int64_t n) = 0;  // out = a + b (out may alias a or b)
-  virtual void accumulate(Tensor dst, Tensor src, int64_t n) = 0;  // dst += src
+  virtual void add(Tensor out, Tensor a, Tensor b, int64_t n) = 0;  // out = a + b, one dtype (out may alias a or b)
+  virtual void accumulate(Tensor dst, Tensor src, int64_t n) = 0;  // dst += src (any float dtypes)
   virtual void scale(Tensor x, float s, int64_t n) = 0;             // x *= s
 
   // ---- loss ----
-  // Softmax cross-entropy over rows of logits[N,V] with targets[N] (i32; -100 = ignored).
-  // Returns the sum of the per-row losses over rows not ignored (as double, on the host).
-  // When dlogits.data != nullptr: dlogits (=) grad_scale * (softmax - onehot), zero on ignored rows;
-  // dlogits may alias logits. A target outside [0, V) other than -100 is an error.
-  virtual double cross_entropy(Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                               float grad_scale) = 0;
+  // Softmax cross-entropy over rows of logits[N,V] (act) with targets[N] (i32; kIgnoreIndex = ignored),
+  // in fp32. loss_sum[1] (f64, on the backend) += the sum of the per-row losses over rows not ignored.
+  // When dlogits.data != nullptr: dlogits (act, =) grad_scale * (softmax - onehot), zero on ignored
+  // rows; dlogits may alias logits. A target outside [0, V) other than kIgnoreIndex is an error.
+  virtual void cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
+                             float grad_scale) = 0;
 
   // ---- optimizer and reductions ----
-  // AdamW as torch.optim.AdamW: p *= 1 - lr*wd; m,v updated with g*grad_scale; bias-corrected step t (1-based).
-  virtual void adamw(Tensor p, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1, float beta2,
-                     float eps, float weight_decay, int t, float grad_scale) = 0;
-  virtual double sum_squares(Tensor x, int64_t n) = 0;  // returned on the host
+  // AdamW as torch.optim.AdamW on f32 p, g, m, v: p *= 1 - lr*wd; m, v updated with g*grad_scale;
+  // bias-corrected step t (1-based). When p_compute.data != nullptr it receives p's rounding to its
+  // dtype (the compute copy of the shard).
+  virtual void adamw(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1,
+                     float beta2, float eps, float weight_decay, int t, float grad_scale) = 0;
+  // out[1] (f64, on the backend) += sum of x[i]^2 (x f32)
+  virtual void sum_squares(Tensor out, Tensor x, int64_t n) = 0;
 
   // ---- dtype conversion ----
-  virtual void convert(Tensor out, Tensor in, int64_t n) = 0;  // f32 <-> bf16 (round to nearest even)
+  virtual void convert(Tensor out, Tensor in, int64_t n) = 0;  // f32 <-> bf16 (round to nearest even), or a copy
 };
+
+// A backend allocation that releases itself: one tensor, zero-filled.
+class BackendBuffer {
+ public:
+  BackendBuffer(Backend& be, DType t, const std::vector<int64_t>& shape) : be_(be) {
+    Tensor probe(nullptr, t, shape);
+    tensor_ = Tensor(be.alloc(probe.nbytes()), t, shape);
+  }
+  ~BackendBuffer() { be_.release(tensor_.data); }
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+  const Tensor& tensor() const { return tensor_; }
+
+ private:
+  Backend& be_;
+  Tensor tensor_;
+};
+
+// A dropout mask element: 24 bits of a counter-based hash of (key, row, element), compared with p.
+// A row is one token of one sequence (dropout_row); the element is the channel, or for attention
+// probabilities head * 2^20 + key position. The same function on every backend, so masks are
+// identical everywhere.
+constexpr int kDropoutPosBits = 20;  // positions below 2^20 per sequence
+inline int64_t dropout_row(int64_t sequence, int t) { return (sequence << kDropoutPosBits) + t; }
+inline uint32_t dropout_bits(uint64_t key, int64_t row, int64_t e) {
+  uint64_t z = key ^ ((uint64_t)row * 0x9e3779b97f4a7c15ull);
+  z += (uint64_t)e * 0xd1b54a32d192ed03ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return (uint32_t)(z >> 40);
+}
+inline bool dropout_keep(uint64_t key, int64_t row, int64_t e, float p) {
+  return (double)dropout_bits(key, row, e) >= (double)p * 16777216.0;
+}
 
 }  // namespace llmt

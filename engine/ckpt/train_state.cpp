@@ -199,7 +199,40 @@ herr_t transfer(hid_t dset, const Part& part, float* shard, hid_t dxpl, bool wri
                : H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, buf);
 }
 
-float* shard_ptr(const FsdpStore::ShardState& s, int kind) { return kind == 0 ? s.master : kind == 1 ? s.m : s.v; }
+Tensor shard_tensor(const FsdpStore::ShardState& s, int kind) { return kind == 0 ? s.master : kind == 1 ? s.m : s.v; }
+
+// One unit's shard of one kind in host memory: HDF5 reads and writes host buffers, the shards live
+// where the backend keeps them. Saving stages a unit's shard down before its parts are written;
+// loading fills the host copy (padding zero) and sends it up after the unit's last part.
+struct ShardStaging {
+  explicit ShardStaging(const FsdpStore& s) : store(s) {}
+  const FsdpStore& store;
+  int kind = 0, unit = -1;
+  std::vector<float> host;
+  float* down(int k, int u) {
+    if (k != kind || u != unit) {
+      kind = k, unit = u;
+      Tensor t = shard_tensor(store.shard_state(u), k);
+      host.resize((size_t)t.numel());
+      store.backend().copy_to_host(host.data(), t.data, t.nbytes());
+    }
+    return host.data();
+  }
+  float* begin_up(int k, int u) {
+    if (k != kind || u != unit) {
+      up();
+      kind = k, unit = u;
+      host.assign((size_t)store.shard_numel(u), 0.0f);
+    }
+    return host.data();
+  }
+  void up() {
+    if (unit < 0) return;
+    Tensor t = shard_tensor(store.shard_state(unit), kind);
+    store.backend().copy_from_host(t.data, host.data(), t.nbytes());
+    unit = -1;
+  }
+};
 
 json layout_json(const ParamLayout& layout) {
   json j = json::array();
@@ -444,9 +477,10 @@ void save_train_state(const std::string& path, ControlComm& world, const ParamLa
   });
   std::string err;
   size_t i = 0;
+  ShardStaging staging(store);
   for (int kind = 0; kind < 3; kind++)
     for (const Part& part : parts) {
-      float* shard = shard_ptr(store.shard_state(part.unit), kind);
+      float* shard = staging.down(kind, part.unit);
       if (transfer(dsets[i++], part, shard, dxpl, true) < 0 && err.empty())
         err = strformat("%s: cannot write dataset /%s/%s (%lld floats): %s", p, kKinds[kind],
                         part.spec->hf_name.c_str(), (long long)(part.b - part.a), h5_error().c_str());
@@ -526,11 +560,13 @@ LoadedTrainState load_train_state(const std::string& path, ControlComm& world, c
                    "%s: dataset %s: expected fp32", p, name.c_str());
       }
   });
+  // the padding past the unit's end (the last shards) stays zero, as set_unit leaves it
   std::string err;
   size_t i = 0;
+  ShardStaging staging(store);
   for (int kind = 0; kind < 3; kind++)
     for (const Part& part : parts) {
-      float* shard = shard_ptr(store.shard_state(part.unit), kind);
+      float* shard = staging.begin_up(kind, part.unit);
       if (transfer(dsets[i++], part, shard, dxpl, false) < 0 && err.empty())
         err = strformat("%s: cannot read dataset /%s/%s: %s", p, kKinds[kind], part.spec->hf_name.c_str(),
                         h5_error().c_str());
@@ -543,12 +579,8 @@ LoadedTrainState load_train_state(const std::string& path, ControlComm& world, c
     LLMT_CHECK(rc >= 0, "%s: cannot close: %s", p, h5_error().c_str());
   });
 
-  // the padding past the unit's end (the last shards) holds zeros, as set_unit leaves it
-  for (size_t u = 0; u < layout.units.size(); u++) {
-    FsdpStore::ShardState s = store.shard_state((int)u);
-    int64_t real = std::max<int64_t>(s.hi - s.lo, 0), n = store.shard_numel((int)u);
-    for (int kind = 0; kind < 3; kind++) std::fill(shard_ptr(s, kind) + real, shard_ptr(s, kind) + n, 0.0f);
-  }
+  staging.up();
+  store.masters_changed();
   store.set_steps_done(out.adam_step);
   return out;
 }

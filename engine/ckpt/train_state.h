@@ -23,7 +23,7 @@
 // all ranks throw llmt::Error together, naming the file, the dataset and what was expected, and
 // no rank is left waiting in a collective.
 //
-// The shards' memory must be host memory (the CPU backend); a device backend needs a staging copy.
+// The shards may live in device memory: each unit's shard is staged through host memory.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -29,6 +29,11 @@ Tensor::Tensor(void* p, DType t, std::initializer_list<int64_t> dims) : data(p),
   for (int64_t d : dims) shape[ndim++] = d;
 }
 
+Tensor::Tensor(void* p, DType t, const std::vector<int64_t>& dims) : data(p), dtype(t) {
+  LLMT_CHECK(dims.size() <= 4, "Tensor: at most 4 dimensions, got %zu", dims.size());
+  for (int64_t d : dims) shape[ndim++] = d;
+}
+
 int64_t Tensor::numel() const {
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) n *= shape[i];

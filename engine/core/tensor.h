@@ -6,10 +6,15 @@
 #include <cstring>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "engine/core/error.h"
 
 namespace llmt {
+
+// The label / target id that contributes no loss (PyTorch CrossEntropyLoss's ignore_index, the
+// Hugging Face convention for masked labels).
+constexpr int32_t kIgnoreIndex = -100;
 
 enum class DType : uint8_t { f32, bf16, i32, f64 };  // f64: device-side scalars (loss, norm)
 
@@ -24,6 +29,7 @@ struct Tensor {
 
   Tensor() = default;
   Tensor(void* p, DType t, std::initializer_list<int64_t> dims);
+  Tensor(void* p, DType t, const std::vector<int64_t>& dims);
 
   int64_t numel() const;
   size_t nbytes() const { return (size_t)numel() * dtype_size(dtype); }

@@ -58,13 +58,26 @@ ShardGroups shard_groups(Strategy s, int world, int local_size) {
   return g;
 }
 
-FsdpStore::FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, DataComm& world, int local_size)
-    : be_(be), layout_(layout), strategy_(strategy), groups_(shard_groups(strategy, world.size(), local_size)) {
+namespace {
+Tensor alloc_tensor(Backend& be, DType t, int64_t n) { return Tensor(be.alloc((size_t)n * dtype_size(t)), t, {n}); }
+}  // namespace
+
+FsdpStore::FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, DataComm& world, int local_size,
+                     DType reduce_dtype)
+    : be_(be),
+      layout_(layout),
+      strategy_(strategy),
+      groups_(shard_groups(strategy, world.size(), local_size)),
+      compute_(be.compute_dtype()),
+      reduce_(reduce_dtype) {
+  LLMT_CHECK(reduce_ == DType::f32 || reduce_ == DType::bf16, "fsdp: gradients reduce in f32 or bf16, not %s",
+             dtype_name(reduce_));
   // Shard group: consecutive ranks (a node's ranks for hybrid_shard); replicas: same position in each group.
   const int r = world.rank();
   shard_comm_ = world.split(r / groups_.shard_size, r);
   if (groups_.replica_size > 1) replica_comm_ = world.split(r % groups_.shard_size, r);
   const int W = groups_.shard_size, me = shard_comm_->rank();
+  int64_t max_shard = 0;
   for (const UnitLayout& ul : layout.units) {
     Unit u;
     u.numel = ul.numel;
@@ -72,52 +85,58 @@ FsdpStore::FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, 
     u.shard = u.padded / W;
     u.lo = std::min<int64_t>(u.numel, me * u.shard);
     u.hi = std::min<int64_t>(u.numel, (me + 1) * u.shard);
-    size_t bytes = sizeof(float) * (size_t)u.shard;
-    u.master = (float*)be_.alloc(bytes);
-    u.grad = (float*)be_.alloc(bytes);
-    u.m = (float*)be_.alloc(bytes);
-    u.v = (float*)be_.alloc(bytes);
+    u.master = alloc_tensor(be_, DType::f32, u.shard);
+    u.grad = alloc_tensor(be_, DType::f32, u.shard);
+    u.m = alloc_tensor(be_, DType::f32, u.shard);
+    u.v = alloc_tensor(be_, DType::f32, u.shard);
+    u.compute = compute_ == DType::f32 ? u.master : alloc_tensor(be_, compute_, u.shard);
+    max_shard = std::max(max_shard, u.shard);
     units_.push_back(std::move(u));
   }
-  int64_t max_shard = 0;
-  for (auto& u : units_) max_shard = std::max(max_shard, u.shard);
-  reduce_recv_ = (float*)be_.alloc(sizeof(float) * (size_t)max_shard);
+  reduce_recv_ = alloc_tensor(be_, reduce_, max_shard);
 }
 
 FsdpStore::~FsdpStore() {
   for (auto& u : units_)
-    if (u.pending) u.pending->wait();
-  pending_reduce_.reset();
+    if (u.pending) u.pending->wait_host();
+  if (pending_reduce_) pending_reduce_->wait_host();
+  be_.synchronize();
   for (auto& u : units_) {
-    be_.release(u.master);
-    be_.release(u.grad);
-    be_.release(u.m);
-    be_.release(u.v);
+    for (Tensor* t : {&u.master, &u.grad, &u.m, &u.v}) be_.release(t->data);
+    if (u.compute.data != u.master.data) be_.release(u.compute.data);
   }
-  for (float* p : all_buffers_) be_.release(p);
-  be_.release(reduce_recv_);
+  for (void* p : all_buffers_) be_.release(p);
+  be_.release(reduce_recv_.data);
 }
 
-float* FsdpStore::take_buffer(int64_t numel) {
-  float* p = nullptr;
+Tensor FsdpStore::take_buffer(DType t, int64_t numel) {
+  const int64_t bytes = numel * (int64_t)dtype_size(t);
+  void* p = nullptr;
   for (size_t i = 0; i < free_buffers_.size(); i++)
-    if (free_buffers_[i].first == numel) {
-      p = free_buffers_[i].second;
+    if (free_buffers_[i].bytes == bytes) {
+      be_.wait(*free_buffers_[i].last_use);  // its last reader or writer has finished with it
+      p = free_buffers_[i].p;
       free_buffers_.erase(free_buffers_.begin() + (long)i);
       break;
     }
   if (!p) {
-    p = (float*)be_.alloc(sizeof(float) * (size_t)numel);
+    p = be_.alloc((size_t)bytes);
     all_buffers_.push_back(p);
   }
-  gathered_now_ += numel * (int64_t)sizeof(float);
+  gathered_now_ += bytes;
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_now_);
-  return p;
+  return Tensor(p, t, {numel});
 }
 
-void FsdpStore::give_buffer(float* p, int64_t numel) {
-  free_buffers_.push_back({numel, p});
-  gathered_now_ -= numel * (int64_t)sizeof(float);
+void FsdpStore::give_buffer(Tensor& buf) {
+  Pooled b;
+  b.bytes = (int64_t)buf.nbytes();
+  b.p = buf.data;
+  b.last_use = be_.make_event();
+  be_.record(*b.last_use);
+  free_buffers_.push_back(std::move(b));
+  gathered_now_ -= (int64_t)buf.nbytes();
+  buf = Tensor();
 }
 
 double FsdpStore::comm_bytes() const {
@@ -125,14 +144,14 @@ double FsdpStore::comm_bytes() const {
 }
 
 void FsdpStore::start_gather(Unit& u) {
-  u.gathered = take_buffer(u.padded);
-  u.pending = shard_comm_->all_gather_async(u.master, u.gathered, u.shard, DType::f32);
+  u.gathered = take_buffer(compute_, u.padded);
+  u.pending = shard_comm_->all_gather_async(u.compute.data, u.gathered.data, u.shard, compute_);
 }
 
-float* FsdpStore::acquire(int unit) {
+Tensor FsdpStore::acquire(int unit) {
   Unit& u = units_[unit];
-  if (groups_.shard_size == 1) return u.master;  // the shard is the whole unit
-  if (!u.gathered) start_gather(u);
+  if (groups_.shard_size == 1) return u.compute;  // the shard is the whole unit
+  if (!u.gathered.data) start_gather(u);
   if (u.pending) {
     u.pending->wait();
     u.pending.reset();
@@ -142,7 +161,7 @@ float* FsdpStore::acquire(int unit) {
 
 void FsdpStore::prefetch(int unit) {
   Unit& u = units_[unit];
-  if (groups_.shard_size == 1 || u.gathered) return;
+  if (groups_.shard_size == 1 || u.gathered.data) return;
   start_gather(u);
 }
 
@@ -150,38 +169,40 @@ void FsdpStore::release(int unit) {
   // shard_grad_op keeps parameters from forward until the unit's backward is done (grads_done).
   if (groups_.shard_size == 1 || strategy_ == Strategy::shard_grad_op) return;
   Unit& u = units_[unit];
-  if (!u.gathered) return;
+  if (!u.gathered.data) return;
   if (u.pending) u.pending->wait(), u.pending.reset();
-  give_buffer(u.gathered, u.padded);
-  u.gathered = nullptr;
+  give_buffer(u.gathered);
 }
 
-float* FsdpStore::grads(int unit) {
+Tensor FsdpStore::grads(int unit) {
   Unit& u = units_[unit];
-  if (u.full_grad) return u.full_grad;
+  if (u.full_grad.data) return u.full_grad;
   // A single process with no replicas accumulates straight into the shard (which is the unit).
   if (groups_.shard_size == 1 && !replica_comm_) return u.full_grad = u.grad;
-  u.full_grad = take_buffer(u.padded);
-  be_.zero(u.full_grad, sizeof(float) * (size_t)u.padded);
+  u.full_grad = take_buffer(DType::f32, u.padded);
+  be_.zero(u.full_grad.data, u.full_grad.nbytes());
   return u.full_grad;
 }
 
 void FsdpStore::grads_done(int unit) {
   finish_reduce();
   Unit& u = units_[unit];
-  if (strategy_ == Strategy::shard_grad_op && u.gathered) {  // backward is done with these parameters
-    give_buffer(u.gathered, u.padded);
-    u.gathered = nullptr;
+  if (strategy_ == Strategy::shard_grad_op && u.gathered.data) give_buffer(u.gathered);  // backward is done with them
+  Tensor full = u.full_grad;
+  u.full_grad = Tensor();  // a later backward of this unit (next micro-batch) gets a fresh buffer
+  if (!full.data || full.data == u.grad.data) return;
+  if (reduce_ != DType::f32) {  // gradients travel in the reduce dtype, rounded once
+    Tensor send = take_buffer(reduce_, u.padded);
+    be_.convert(send, full, u.padded);
+    give_buffer(full);
+    full = send;
   }
-  float* full = u.full_grad;
-  u.full_grad = nullptr;  // a later backward of this unit (next micro-batch) gets a fresh buffer
-  if (!full || full == u.grad) return;
   pending_reduce_unit_ = unit;
   reduce_send_ = full;
   if (groups_.shard_size > 1)
-    pending_reduce_ = shard_comm_->reduce_scatter_async(full, reduce_recv_, u.shard, DType::f32, ReduceOp::sum);
+    pending_reduce_ = shard_comm_->reduce_scatter_async(full.data, reduce_recv_.data, u.shard, reduce_, ReduceOp::sum);
   else
-    pending_reduce_ = replica_comm_->all_reduce_async(full, u.padded, DType::f32, ReduceOp::sum);
+    pending_reduce_ = replica_comm_->all_reduce_async(full.data, u.padded, reduce_, ReduceOp::sum);
 }
 
 // Completes the gradient reduction in flight: sum over replicas too, then add into the shard's gradient.
@@ -190,30 +211,28 @@ void FsdpStore::finish_reduce() {
   Unit& u = units_[pending_reduce_unit_];
   pending_reduce_->wait();
   pending_reduce_.reset();
-  float* reduced = reduce_recv_;
+  Tensor reduced = reduce_recv_;
   if (groups_.shard_size == 1) {
     reduced = reduce_send_;  // all-reduced in place
   } else if (replica_comm_) {
-    replica_comm_->all_reduce(reduce_recv_, u.shard, DType::f32, ReduceOp::sum);
+    replica_comm_->all_reduce(reduce_recv_.data, u.shard, reduce_, ReduceOp::sum);
   }
-  be_.accumulate(Tensor(u.grad, DType::f32, {u.shard}), Tensor(reduced, DType::f32, {u.shard}), u.shard);
-  give_buffer(reduce_send_, u.padded);
-  reduce_send_ = nullptr;
+  be_.accumulate(u.grad, reduced, u.shard);
+  give_buffer(reduce_send_);
   pending_reduce_unit_ = -1;
 }
 
 void FsdpStore::zero_grads() {
   finish_reduce();
-  for (auto& u : units_) be_.zero(u.grad, sizeof(float) * (size_t)u.shard);
+  for (auto& u : units_) be_.zero(u.grad.data, u.grad.nbytes());
 }
 
-double FsdpStore::grad_sq_norm() {
+void FsdpStore::grad_sq_sum(Tensor out) {
   finish_reduce();
-  double sq = 0.0;
-  for (auto& u : units_) sq += be_.sum_squares(Tensor(u.grad, DType::f32, {u.shard}), u.shard);
+  be_.zero(out.data, out.nbytes());
+  for (auto& u : units_) be_.sum_squares(out, u.grad, u.shard);
   // replicas hold identical shards: sum over one shard group only
-  if (groups_.shard_size > 1) shard_comm_->all_reduce_async(&sq, 1, DType::f64, ReduceOp::sum)->wait_host();
-  return sq;
+  if (groups_.shard_size > 1) shard_comm_->all_reduce_async(out.data, 1, DType::f64, ReduceOp::sum)->wait();
 }
 
 void FsdpStore::optimizer_step(float lr, const AdamWConfig& cfg, float grad_scale) {
@@ -222,26 +241,33 @@ void FsdpStore::optimizer_step(float lr, const AdamWConfig& cfg, float grad_scal
   for (size_t i = 0; i < units_.size(); i++) {
     Unit& u = units_[i];
     if (u.hi <= u.lo) continue;  // this rank's shard is all padding
-    adamw_step_range(be_, layout_.units[i], u.lo, u.hi, u.master, u.grad, u.m, u.v, lr, cfg, t_, grad_scale);
+    Tensor compute = u.compute.data != u.master.data ? u.compute : Tensor();
+    adamw_step_range(be_, layout_.units[i], u.lo, u.hi, u.master, compute, u.grad, u.m, u.v, lr, cfg, t_, grad_scale);
   }
 }
 
 void FsdpStore::set_unit(int unit, const float* full_host) {
   Unit& u = units_[unit];
-  be_.zero(u.master, sizeof(float) * (size_t)u.shard);
-  if (u.hi > u.lo) be_.copy_from_host(u.master, full_host + u.lo, sizeof(float) * (size_t)(u.hi - u.lo));
+  be_.zero(u.master.data, u.master.nbytes());
+  if (u.hi > u.lo) be_.copy_from_host(u.master.data, full_host + u.lo, sizeof(float) * (size_t)(u.hi - u.lo));
+  if (u.compute.data != u.master.data) be_.convert(u.compute, u.master, u.shard);
+}
+
+void FsdpStore::masters_changed() {
+  for (auto& u : units_)
+    if (u.compute.data != u.master.data) be_.convert(u.compute, u.master, u.shard);
 }
 
 void FsdpStore::get_unit(int unit, float* full_host) {
   Unit& u = units_[unit];
   if (groups_.shard_size == 1) {
-    be_.copy_to_host(full_host, u.master, sizeof(float) * (size_t)u.numel);
+    be_.copy_to_host(full_host, u.master.data, sizeof(float) * (size_t)u.numel);
     return;
   }
-  float* full = take_buffer(u.padded);
-  shard_comm_->all_gather(u.master, full, u.shard, DType::f32);
-  be_.copy_to_host(full_host, full, sizeof(float) * (size_t)u.numel);
-  give_buffer(full, u.padded);
+  Tensor full = take_buffer(DType::f32, u.padded);
+  shard_comm_->all_gather_async(u.master.data, full.data, u.shard, DType::f32)->wait();
+  be_.copy_to_host(full_host, full.data, sizeof(float) * (size_t)u.numel);
+  give_buffer(full);
 }
 
 FsdpStore::ShardState FsdpStore::shard_state(int unit) const {
@@ -253,8 +279,11 @@ int FsdpStore::replica_index() const { return replica_comm_ ? replica_comm_->ran
 
 int64_t FsdpStore::persistent_bytes() const {
   int64_t n = 0;
-  for (auto& u : units_) n += 4 * u.shard;
-  return n * (int64_t)sizeof(float);
+  for (auto& u : units_) {
+    n += 4 * u.shard * (int64_t)sizeof(float);
+    if (u.compute.data != u.master.data) n += u.shard * (int64_t)dtype_size(compute_);
+  }
+  return n;
 }
 
 }  // namespace llmt

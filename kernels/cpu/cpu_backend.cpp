@@ -1,17 +1,24 @@
-// The CPU backend: fp32 compute, matmuls through CBLAS (OpenBLAS), OpenMP across rows, heads or
-// channels elsewhere. Every op follows the contract written in engine/backend/backend.h.
-// Work is split so that no two threads write the same element: results do not depend on
-// timing, only on the thread count (which fixes how partial sums are grouped).
-#include <cblas.h>
+// The CPU backend: matmuls through oneDNN's matmul primitive (fp32, or bf16 with fp32
+// accumulation: AVX-512, AVX512-BF16 and AMX code where the CPU has them), OpenMP across rows,
+// heads or channels elsewhere. Every op follows the contract written in engine/backend/backend.h.
+// Work is split so that no two threads write the same element: results do not depend on timing,
+// only on the thread count (which fixes how partial sums are grouped) and the CPU's instruction set
+// (which fixes oneDNN's kernels).
+#include "kernels/cpu/cpu_backend.h"
+
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
 #include <vector>
 
-#include "kernels/cpu/cpu_backend.h"
+#include "engine/core/error.h"
+#include "engine/core/log.h"
 
 namespace llmt {
 
@@ -19,14 +26,39 @@ namespace {
 
 const float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
+// ---- element access: arithmetic in fp32, bf16 widened on load and rounded once on store ----
+inline float ld(const float* p, int64_t i) { return p[i]; }
+inline float ld(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
+inline void st(float* p, int64_t i, float v) { p[i] = v; }
+inline void st(uint16_t* p, int64_t i, float v) { p[i] = f32_to_bf16(v); }
+
+// Calls f with a value of the element type that stores `t` (float for f32, uint16_t for bf16).
+template <class F>
+void by_dtype(DType t, const char* op, F&& f) {
+  if (t == DType::f32) f(float{});
+  else if (t == DType::bf16) f(uint16_t{});
+  else fail("cpu %s: %s tensors are not supported", op, dtype_name(t));
+}
+
+struct CpuEvent : Event {
+  void synchronize() override {}
+};
+
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(int threads) {
+  CpuBackend(int threads, DType compute) : compute_(compute), engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
+    LLMT_CHECK(compute == DType::f32 || compute == DType::bf16, "cpu backend: compute dtype must be f32 or bf16, got %s",
+               dtype_name(compute));
     nthreads_ = threads > 0 ? threads : omp_get_max_threads();
-    openblas_set_num_threads(nthreads_);
   }
   std::string name() const override { return "cpu"; }
   int threads() const override { return nthreads_; }
+  DType compute_dtype() const override { return compute_; }
+  bool is_host_memory() const override { return true; }
+  void* native_stream() override { return nullptr; }
+  std::unique_ptr<Event> make_event() override { return std::make_unique<CpuEvent>(); }
+  void record(Event&) override {}
+  void wait(Event&) override {}
 
   // ---- memory ----
   void* alloc(size_t bytes) override {
@@ -46,152 +78,169 @@ class CpuBackend : public Backend {
   // ---- dense ----
   void matmul(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
               bool trans_b, bool accumulate) override {
-    float* o = out.f32();
-    const float* A = a.f32();
-    const float* Bm = b.f32();
-    float beta = accumulate ? 1.0f : 0.0f;
-    if (bias.data) {
-      // out (=|+=) bias broadcast over rows, then the product is added on top.
-      const float* bb = bias.f32();
-#pragma omp parallel for num_threads(nthreads_)
-      for (int64_t i = 0; i < M; i++) {
-        float* row = o + i * N;
-        if (accumulate)
-          for (int64_t j = 0; j < N; j++) row[j] += bb[j];
-        else
-          for (int64_t j = 0; j < N; j++) row[j] = bb[j];
-      }
-      beta = 1.0f;
+    check_act(a, "matmul", "a");
+    check_act(b, "matmul", "b");
+    LLMT_CHECK(out.dtype == compute_ || out.dtype == DType::f32, "cpu matmul: out is %s, expected %s or f32",
+               dtype_name(out.dtype), dtype_name(compute_));
+    LLMT_CHECK(!bias.data || bias.dtype == b.dtype, "cpu matmul: bias is %s, b is %s", dtype_name(bias.dtype),
+               dtype_name(b.dtype));
+    if (M == 0 || N == 0) return;
+    LLMT_CHECK(M > 0 && N > 0 && K > 0, "cpu matmul: bad shape %lld x %lld x %lld", (long long)M, (long long)N,
+               (long long)K);
+    MatmulKey key{M, N, K, trans_a, trans_b, accumulate, bias.data != nullptr, a.dtype, out.dtype};
+    auto it = matmuls_.find(key);
+    if (it == matmuls_.end()) it = matmuls_.emplace(key, make_matmul(key)).first;
+    Matmul& m = it->second;
+    omp_set_num_threads(nthreads_);  // oneDNN's OpenMP runtime uses the calling thread's setting
+    void *pa = a.data, *pb = b.data, *pbias = bias.data, *pout = out.data;
+    const bool round_out = m.widened && out.dtype == DType::bf16;
+    if (m.widened) {  // bf16 without bf16 kernels: the same arithmetic on fp32 copies
+      pa = widen(a, M * K, wa_);
+      pb = widen(b, K * N, wb_);
+      if (bias.data) pbias = widen(bias, N, wbias_);
+      if (round_out) pout = accumulate ? widen(out, M * N, wout_) : (wout_.resize((size_t)(M * N)), wout_.data());
     }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)M,
-                (int)N, (int)K, 1.0f, A, trans_a ? (int)M : (int)K, Bm, trans_b ? (int)K : (int)N, beta, o, (int)N);
+    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, dnnl::memory(m.a, engine_, pa)},
+                                                  {DNNL_ARG_WEIGHTS, dnnl::memory(m.b, engine_, pb)},
+                                                  {DNNL_ARG_DST, dnnl::memory(m.out, engine_, pout)}};
+    if (bias.data) args[DNNL_ARG_BIAS] = dnnl::memory(m.bias, engine_, pbias);
+    m.prim.execute(stream_, args);
+    stream_.wait();
+    if (round_out) convert(out, Tensor(pout, DType::f32, {M * N}), M * N);
   }
 
   void bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N) override {
     float* db = dbias.f32();
-    const float* d = dout.f32();
-    // Each thread owns a block of columns and walks every row.
+    check_act(dout, "bias_backward", "dout");
+    by_dtype(dout.dtype, "bias_backward", [&](auto tag) {
+      using A = decltype(tag);
+      const A* d = (const A*)dout.data;
+      // Each thread owns a block of columns and walks every row.
 #pragma omp parallel num_threads(nthreads_)
-    {
-      int nt = omp_get_num_threads(), id = omp_get_thread_num();
-      int64_t per = (N + nt - 1) / nt, j0 = std::min<int64_t>(N, id * per), j1 = std::min<int64_t>(N, j0 + per);
-      for (int64_t i = 0; i < M; i++) {
-        const float* row = d + i * N;
-        for (int64_t j = j0; j < j1; j++) db[j] += row[j];
+      {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int64_t per = (N + nt - 1) / nt, j0 = std::min<int64_t>(N, id * per), j1 = std::min<int64_t>(N, j0 + per);
+        for (int64_t i = 0; i < M; i++)
+          for (int64_t j = j0; j < j1; j++) db[j] += ld(d, i * N + j);
       }
-    }
+    });
   }
 
   // ---- embeddings ----
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C, int V) override {
-    float* o = out.f32();
     const int32_t* tok = tokens.i32();
-    const float* te = wte.f32();
-    const float* pe = wpe.data ? wpe.f32() : nullptr;
+    check_act(out, "embedding_forward", "out");
+    check_act(wte, "embedding_forward", "wte");
     for (int64_t i = 0; i < (int64_t)B * T; i++)
       LLMT_CHECK(tok[i] >= 0 && tok[i] < V, "embedding: token id %d at position %lld is outside the vocabulary [0, %d)",
                  tok[i], (long long)i, V);
+    by_dtype(out.dtype, "embedding_forward", [&](auto tag) {
+      using A = decltype(tag);
+      A* o = (A*)out.data;
+      const A* te = (const A*)wte.data;
+      const A* pe = wpe.data ? (const A*)wpe.data : nullptr;
 #pragma omp parallel for num_threads(nthreads_)
-    for (int64_t i = 0; i < (int64_t)B * T; i++) {
-      float* row = o + i * C;
-      const float* e = te + (int64_t)tok[i] * C;
-      if (pe) {
-        const float* p = pe + (i % T) * C;
-        for (int c = 0; c < C; c++) row[c] = e[c] + p[c];
-      } else {
-        std::memcpy(row, e, sizeof(float) * C);
+      for (int64_t i = 0; i < (int64_t)B * T; i++) {
+        const int64_t e = (int64_t)tok[i] * C, p = (i % T) * C;
+        for (int c = 0; c < C; c++) st(o, i * C + c, ld(te, e + c) + (pe ? ld(pe, p + c) : 0.0f));
       }
-    }
+    });
   }
 
   void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) override {
     float* dte = dwte.f32();
     float* dpe = dwpe.data ? dwpe.f32() : nullptr;
-    const float* d = dout.f32();
     const int32_t* tok = tokens.i32();
-    // Split over channels: two tokens with the same id never race.
+    check_act(dout, "embedding_backward", "dout");
+    by_dtype(dout.dtype, "embedding_backward", [&](auto tag) {
+      using A = decltype(tag);
+      const A* d = (const A*)dout.data;
+      // Split over channels: two tokens with the same id never race.
 #pragma omp parallel num_threads(nthreads_)
-    {
-      int nt = omp_get_num_threads(), id = omp_get_thread_num();
-      int per = (C + nt - 1) / nt, c0 = std::min(C, id * per), c1 = std::min(C, c0 + per);
-      for (int64_t i = 0; i < (int64_t)B * T; i++) {
-        const float* row = d + i * C;
-        float* e = dte + (int64_t)tok[i] * C;
-        for (int c = c0; c < c1; c++) e[c] += row[c];
-        if (dpe) {
-          float* p = dpe + (i % T) * C;
-          for (int c = c0; c < c1; c++) p[c] += row[c];
+      {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int per = (C + nt - 1) / nt, c0 = std::min(C, id * per), c1 = std::min(C, c0 + per);
+        for (int64_t i = 0; i < (int64_t)B * T; i++) {
+          float* e = dte + (int64_t)tok[i] * C;
+          for (int c = c0; c < c1; c++) e[c] += ld(d, i * C + c);
+          if (dpe) {
+            float* p = dpe + (i % T) * C;
+            for (int c = c0; c < c1; c++) p[c] += ld(d, i * C + c);
+          }
         }
       }
-    }
+    });
   }
 
   // ---- norms ----
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b, int64_t N, int C,
                          float eps) override {
-    float* o = out.f32();
     float* mu = mean.f32();
     float* rs = rstd.f32();
-    const float* X = x.f32();
-    const float* W = w.f32();
-    const float* Bb = b.f32();
-#pragma omp parallel for num_threads(nthreads_)
-    for (int64_t i = 0; i < N; i++) {
-      const float* xi = X + i * C;
-      float m = 0.0f;
-      for (int c = 0; c < C; c++) m += xi[c];
-      m /= C;
-      float var = 0.0f;
-      for (int c = 0; c < C; c++) var += (xi[c] - m) * (xi[c] - m);
-      var /= C;
-      float r = 1.0f / std::sqrt(var + eps);
-      float* oi = o + i * C;
-      for (int c = 0; c < C; c++) oi[c] = (xi[c] - m) * r * W[c] + Bb[c];
-      mu[i] = m;
-      rs[i] = r;
-    }
+    for (Tensor t : {out, x, w, b}) check_act(t, "layernorm_forward", "out, x, w, b");
+    by_dtype(x.dtype, "layernorm_forward", [&](auto tag) {
+      using A = decltype(tag);
+      A* o = (A*)out.data;
+      const A *X = (const A*)x.data, *W = (const A*)w.data, *Bb = (const A*)b.data;
+#pragma omp parallel num_threads(nthreads_)
+      {
+        std::vector<float> xf((size_t)C);
+#pragma omp for
+        for (int64_t i = 0; i < N; i++) {
+          float m = 0.0f;
+          for (int c = 0; c < C; c++) m += (xf[c] = ld(X, i * C + c));
+          m /= C;
+          float var = 0.0f;
+          for (int c = 0; c < C; c++) var += (xf[c] - m) * (xf[c] - m);
+          var /= C;
+          float r = 1.0f / std::sqrt(var + eps);
+          for (int c = 0; c < C; c++) st(o, i * C + c, (xf[c] - m) * r * ld(W, c) + ld(Bb, c));
+          mu[i] = m;
+          rs[i] = r;
+        }
+      }
+    });
   }
 
   void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean, Tensor rstd,
                           int64_t N, int C) override {
-    float* DX = dx.f32();
     float* DW = dw.f32();
     float* DB = db.f32();
-    const float* D = dout.f32();
-    const float* X = x.f32();
-    const float* W = w.f32();
     const float* mu = mean.f32();
     const float* rs = rstd.f32();
+    for (Tensor t : {dx, dout, x, w}) check_act(t, "layernorm_backward", "dx, dout, x, w");
     // Weight and bias gradients: per-thread partial sums over rows, reduced in thread order.
     std::vector<float> partial((size_t)nthreads_ * 2 * C, 0.0f);
+    by_dtype(x.dtype, "layernorm_backward", [&](auto tag) {
+      using A = decltype(tag);
+      A* DX = (A*)dx.data;
+      const A *D = (const A*)dout.data, *X = (const A*)x.data, *W = (const A*)w.data;
 #pragma omp parallel num_threads(nthreads_)
-    {
-      int nt = omp_get_num_threads(), id = omp_get_thread_num();
-      float* pw = partial.data() + (size_t)id * 2 * C;
-      float* pb = pw + C;
-      int64_t per = (N + nt - 1) / nt, i0 = std::min<int64_t>(N, id * per), i1 = std::min<int64_t>(N, i0 + per);
-      for (int64_t i = i0; i < i1; i++) {
-        const float* xi = X + i * C;
-        const float* di = D + i * C;
-        float m = mu[i], r = rs[i];
-        float mean_dn = 0.0f, mean_dn_n = 0.0f;  // means of dnorm and dnorm * norm over the row
-        for (int c = 0; c < C; c++) {
-          float n = (xi[c] - m) * r;
-          float dn = di[c] * W[c];
-          mean_dn += dn;
-          mean_dn_n += dn * n;
-          pw[c] += di[c] * n;
-          pb[c] += di[c];
-        }
-        mean_dn /= C;
-        mean_dn_n /= C;
-        float* dxi = DX + i * C;
-        for (int c = 0; c < C; c++) {
-          float n = (xi[c] - m) * r;
-          dxi[c] += (di[c] * W[c] - mean_dn - n * mean_dn_n) * r;
+      {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        float* pw = partial.data() + (size_t)id * 2 * C;
+        float* pb = pw + C;
+        std::vector<float> nf((size_t)C), df((size_t)C);
+        int64_t per = (N + nt - 1) / nt, i0 = std::min<int64_t>(N, id * per), i1 = std::min<int64_t>(N, i0 + per);
+        for (int64_t i = i0; i < i1; i++) {
+          float m = mu[i], r = rs[i];
+          float mean_dn = 0.0f, mean_dn_n = 0.0f;  // means of dnorm and dnorm * norm over the row
+          for (int c = 0; c < C; c++) {
+            float n = nf[c] = (ld(X, i * C + c) - m) * r;
+            float di = df[c] = ld(D, i * C + c);
+            float dn = di * ld(W, c);
+            mean_dn += dn;
+            mean_dn_n += dn * n;
+            pw[c] += di * n;
+            pb[c] += di;
+          }
+          mean_dn /= C;
+          mean_dn_n /= C;
+          for (int c = 0; c < C; c++)
+            st(DX, i * C + c, ld(DX, i * C + c) + (df[c] * ld(W, c) - mean_dn - nf[c] * mean_dn_n) * r);
         }
       }
-    }
+    });
     for (int t = 0; t < nthreads_; t++) {
       const float* pw = partial.data() + (size_t)t * 2 * C;
       for (int c = 0; c < C; c++) {
@@ -202,108 +251,142 @@ class CpuBackend : public Backend {
   }
 
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) override {
-    float* o = out.f32();
     float* rs = rstd.f32();
-    const float* X = x.f32();
-    const float* W = w.f32();
+    for (Tensor t : {out, x, w}) check_act(t, "rmsnorm_forward", "out, x, w");
+    by_dtype(x.dtype, "rmsnorm_forward", [&](auto tag) {
+      using A = decltype(tag);
+      A* o = (A*)out.data;
+      const A *X = (const A*)x.data, *W = (const A*)w.data;
 #pragma omp parallel for num_threads(nthreads_)
-    for (int64_t i = 0; i < N; i++) {
-      const float* xi = X + i * C;
-      float ss = 0.0f;
-      for (int c = 0; c < C; c++) ss += xi[c] * xi[c];
-      float r = 1.0f / std::sqrt(ss / C + eps);
-      float* oi = o + i * C;
-      for (int c = 0; c < C; c++) oi[c] = xi[c] * r * W[c];
-      rs[i] = r;
-    }
+      for (int64_t i = 0; i < N; i++) {
+        float ss = 0.0f;
+        for (int c = 0; c < C; c++) {
+          float v = ld(X, i * C + c);
+          ss += v * v;
+        }
+        float r = 1.0f / std::sqrt(ss / C + eps);
+        for (int c = 0; c < C; c++) st(o, i * C + c, ld(X, i * C + c) * r * ld(W, c));
+        rs[i] = r;
+      }
+    });
   }
 
   void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N,
                         int C) override {
-    float* DX = dx.f32();
     float* DW = dw.f32();
-    const float* D = dout.f32();
-    const float* X = x.f32();
-    const float* W = w.f32();
     const float* rs = rstd.f32();
+    for (Tensor t : {dx, dout, x, w}) check_act(t, "rmsnorm_backward", "dx, dout, x, w");
     std::vector<float> partial((size_t)nthreads_ * C, 0.0f);
+    by_dtype(x.dtype, "rmsnorm_backward", [&](auto tag) {
+      using A = decltype(tag);
+      A* DX = (A*)dx.data;
+      const A *D = (const A*)dout.data, *X = (const A*)x.data, *W = (const A*)w.data;
 #pragma omp parallel num_threads(nthreads_)
-    {
-      int nt = omp_get_num_threads(), id = omp_get_thread_num();
-      float* pw = partial.data() + (size_t)id * C;
-      int64_t per = (N + nt - 1) / nt, i0 = std::min<int64_t>(N, id * per), i1 = std::min<int64_t>(N, i0 + per);
-      for (int64_t i = i0; i < i1; i++) {
-        const float* xi = X + i * C;
-        const float* di = D + i * C;
-        float r = rs[i];
-        float mean_dn_n = 0.0f;  // mean of dnorm * norm over the row
-        for (int c = 0; c < C; c++) {
-          float n = xi[c] * r;
-          mean_dn_n += di[c] * W[c] * n;
-          pw[c] += di[c] * n;
+      {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        float* pw = partial.data() + (size_t)id * C;
+        int64_t per = (N + nt - 1) / nt, i0 = std::min<int64_t>(N, id * per), i1 = std::min<int64_t>(N, i0 + per);
+        for (int64_t i = i0; i < i1; i++) {
+          float r = rs[i];
+          float mean_dn_n = 0.0f;  // mean of dnorm * norm over the row
+          for (int c = 0; c < C; c++) {
+            float n = ld(X, i * C + c) * r, di = ld(D, i * C + c);
+            mean_dn_n += di * ld(W, c) * n;
+            pw[c] += di * n;
+          }
+          mean_dn_n /= C;
+          for (int c = 0; c < C; c++)
+            st(DX, i * C + c,
+               ld(DX, i * C + c) + (ld(D, i * C + c) * ld(W, c) - ld(X, i * C + c) * r * mean_dn_n) * r);
         }
-        mean_dn_n /= C;
-        float* dxi = DX + i * C;
-        for (int c = 0; c < C; c++) dxi[c] += (di[c] * W[c] - xi[c] * r * mean_dn_n) * r;
       }
-    }
+    });
     for (int t = 0; t < nthreads_; t++)
       for (int c = 0; c < C; c++) DW[c] += partial[(size_t)t * C + c];
   }
 
   // ---- activations ----
   void gelu_forward(Tensor out, Tensor x, int64_t n) override {
-    float* o = out.f32();
-    const float* X = x.f32();
+    for (Tensor t : {out, x}) check_act(t, "gelu_forward", "out, x");
+    by_dtype(x.dtype, "gelu_forward", [&](auto tag) {
+      using A = decltype(tag);
+      A* o = (A*)out.data;
+      const A* X = (const A*)x.data;
 #pragma omp parallel for simd num_threads(nthreads_)
-    for (int64_t i = 0; i < n; i++) {
-      float v = X[i];
-      o[i] = 0.5f * v * (1.0f + std::tanh(kGeluScale * (v + 0.044715f * v * v * v)));
-    }
+      for (int64_t i = 0; i < n; i++) {
+        float v = ld(X, i);
+        st(o, i, 0.5f * v * (1.0f + std::tanh(kGeluScale * (v + 0.044715f * v * v * v))));
+      }
+    });
   }
 
   void gelu_backward(Tensor dx, Tensor x, Tensor dout, int64_t n) override {
-    float* DX = dx.f32();
-    const float* X = x.f32();
-    const float* D = dout.f32();
+    for (Tensor t : {dx, x, dout}) check_act(t, "gelu_backward", "dx, x, dout");
+    by_dtype(x.dtype, "gelu_backward", [&](auto tag) {
+      using A = decltype(tag);
+      A* DX = (A*)dx.data;
+      const A *X = (const A*)x.data, *D = (const A*)dout.data;
 #pragma omp parallel for simd num_threads(nthreads_)
-    for (int64_t i = 0; i < n; i++) {
-      float v = X[i];
-      float t = std::tanh(kGeluScale * (v + 0.044715f * v * v * v));
-      float dt = (1.0f - t * t) * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
-      DX[i] = D[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
-    }
+      for (int64_t i = 0; i < n; i++) {
+        float v = ld(X, i);
+        float t = std::tanh(kGeluScale * (v + 0.044715f * v * v * v));
+        float dt = (1.0f - t * t) * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
+        st(DX, i, ld(D, i) * (0.5f * (1.0f + t) + 0.5f * v * dt));
+      }
+    });
   }
 
   void swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I) override {
-    float* o = out.f32();
-    const float* gu = gate_up.f32();
+    for (Tensor t : {out, gate_up}) check_act(t, "swiglu_forward", "out, gate_up");
+    by_dtype(out.dtype, "swiglu_forward", [&](auto tag) {
+      using A = decltype(tag);
+      A* o = (A*)out.data;
+      const A* gu = (const A*)gate_up.data;
 #pragma omp parallel for num_threads(nthreads_)
-    for (int64_t i = 0; i < N; i++) {
-      const float* g = gu + i * 2 * I;
-      const float* u = g + I;
-      float* oi = o + i * I;
-      for (int j = 0; j < I; j++) oi[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
-    }
+      for (int64_t i = 0; i < N; i++) {
+        const int64_t g = i * 2 * I, u = g + I;
+        for (int j = 0; j < I; j++) {
+          float gj = ld(gu, g + j);
+          st(o, i * I + j, gj / (1.0f + std::exp(-gj)) * ld(gu, u + j));
+        }
+      }
+    });
   }
 
   void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) override {
-    float* dgu = dgate_up.f32();
-    const float* D = dout.f32();
-    const float* gu = gate_up.f32();
+    for (Tensor t : {dgate_up, dout, gate_up}) check_act(t, "swiglu_backward", "dgate_up, dout, gate_up");
+    by_dtype(dout.dtype, "swiglu_backward", [&](auto tag) {
+      using A = decltype(tag);
+      A* dgu = (A*)dgate_up.data;
+      const A *D = (const A*)dout.data, *gu = (const A*)gate_up.data;
 #pragma omp parallel for num_threads(nthreads_)
-    for (int64_t i = 0; i < N; i++) {
-      const float* g = gu + i * 2 * I;
-      const float* u = g + I;
-      const float* di = D + i * I;
-      float* dg = dgu + i * 2 * I;
-      float* du = dg + I;
-      for (int j = 0; j < I; j++) {
-        float s = 1.0f / (1.0f + std::exp(-g[j]));
-        du[j] = di[j] * g[j] * s;
-        dg[j] = di[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+      for (int64_t i = 0; i < N; i++) {
+        const int64_t g = i * 2 * I, u = g + I;
+        for (int j = 0; j < I; j++) {
+          float gj = ld(gu, g + j), uj = ld(gu, u + j), dj = ld(D, i * I + j);
+          float s = 1.0f / (1.0f + std::exp(-gj));
+          st(dgu, u + j, dj * gj * s);
+          st(dgu, g + j, dj * uj * s * (1.0f + gj * (1.0f - s)));
+        }
       }
-    }
+    });
+  }
+
+  void dropout(Tensor x, int B, int T, int C, const Dropout& d) override {
+    if (!d.active()) return;
+    check_act(x, "dropout", "x");
+    LLMT_CHECK(d.p < 1.0f, "dropout: p = %g must be below 1", d.p);
+    const float keep_scale = 1.0f / (1.0f - d.p);
+    by_dtype(x.dtype, "dropout", [&](auto tag) {
+      using A = decltype(tag);
+      A* X = (A*)x.data;
+#pragma omp parallel for num_threads(nthreads_)
+      for (int64_t i = 0; i < (int64_t)B * T; i++) {
+        const int64_t row = dropout_row(d.row0 + i / T, (int)(i % T));
+        for (int c = 0; c < C; c++)
+          st(X, i * C + c, dropout_keep(d.key, row, c, d.p) ? ld(X, i * C + c) * keep_scale : 0.0f);
+      }
+    });
   }
 
   // ---- attention ----
@@ -325,25 +408,29 @@ class CpuBackend : public Backend {
   // Rotates the q and k heads of every token by +angle (forward) or -angle (backward).
   void rope_apply(Tensor qkv, int B, int T, int NH, int NKV, int hs, float theta, float sign) {
     LLMT_CHECK(hs % 2 == 0, "rope: head size %d is odd", hs);
-    float* X = qkv.f32();
+    check_act(qkv, "rope", "qkv");
     std::vector<float> cs, sn;
     rope_table(cs, sn, T, hs, theta);
-    int half = hs / 2;
-    int64_t row = (int64_t)(NH + 2 * NKV) * hs;
+    const int half = hs / 2;
+    const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
+    by_dtype(qkv.dtype, "rope", [&](auto tag) {
+      using A = decltype(tag);
+      A* X = (A*)qkv.data;
 #pragma omp parallel for num_threads(nthreads_)
-    for (int64_t i = 0; i < (int64_t)B * T; i++) {
-      int t = (int)(i % T);
-      const float* c = cs.data() + (size_t)t * half;
-      const float* s = sn.data() + (size_t)t * half;
-      for (int h = 0; h < NH + NKV; h++) {  // q heads then k heads, contiguous in the row
-        float* x = X + i * row + (int64_t)h * hs;
-        for (int j = 0; j < half; j++) {
-          float x1 = x[j], x2 = x[j + half], sj = sign * s[j];
-          x[j] = x1 * c[j] - x2 * sj;
-          x[j + half] = x2 * c[j] + x1 * sj;
+      for (int64_t i = 0; i < (int64_t)B * T; i++) {
+        const int t = (int)(i % T);
+        const float* c = cs.data() + (size_t)t * half;
+        const float* s = sn.data() + (size_t)t * half;
+        for (int h = 0; h < NH + NKV; h++) {  // q heads then k heads, contiguous in the row
+          const int64_t x = i * row + (int64_t)h * hs;
+          for (int j = 0; j < half; j++) {
+            float x1 = ld(X, x + j), x2 = ld(X, x + j + half), sj = sign * s[j];
+            st(X, x + j, x1 * c[j] - x2 * sj);
+            st(X, x + j + half, x2 * c[j] + x1 * sj);
+          }
         }
       }
-    }
+    });
   }
   void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, float theta) override {
     rope_apply(qkv, B, T, NH, NKV, hs, theta, 1.0f);
@@ -352,175 +439,230 @@ class CpuBackend : public Backend {
     rope_apply(dqkv, B, T, NH, NKV, hs, theta, -1.0f);  // a rotation's transpose is its inverse
   }
 
-  void attention_forward(Tensor out, Tensor att, Tensor qkv, int B, int T, int NH, int NKV, int hs) override {
+  // Forward, one query row at a time: scores against every earlier key, their log-sum-exp, the
+  // weighted sum of values. Only lse is kept; the probabilities live in a row of scratch.
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
+                         const Dropout& drop) override {
     LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
-    float* O = out.f32();
-    float* A = att.f32();
-    const float* X = qkv.f32();
-    int64_t row = (int64_t)(NH + 2 * NKV) * hs;
-    int group = NH / NKV;
-    float scale = 1.0f / std::sqrt((float)hs);
-#pragma omp parallel for collapse(2) num_threads(nthreads_)
-    for (int b = 0; b < B; b++) {
-      for (int h = 0; h < NH; h++) {
-        int kvh = h / group;
-        const float* base = X + (int64_t)b * T * row;
-        for (int t = 0; t < T; t++) {
-          const float* q = base + t * row + (int64_t)h * hs;
-          float* a = A + (((int64_t)b * NH + h) * T + t) * T;
-          float maxv = -INFINITY;
-          for (int t2 = 0; t2 <= t; t2++) {
-            const float* k = base + t2 * row + (int64_t)(NH + kvh) * hs;
-            float dot = 0.0f;
-            for (int j = 0; j < hs; j++) dot += q[j] * k[j];
-            a[t2] = dot * scale;
-            maxv = std::max(maxv, a[t2]);
-          }
-          float sum = 0.0f;
-          for (int t2 = 0; t2 <= t; t2++) {
-            a[t2] = std::exp(a[t2] - maxv);
-            sum += a[t2];
-          }
-          float inv = 1.0f / sum;
-          for (int t2 = 0; t2 <= t; t2++) a[t2] *= inv;
-          for (int t2 = t + 1; t2 < T; t2++) a[t2] = 0.0f;
-          float* o = O + ((int64_t)b * T + t) * NH * hs + (int64_t)h * hs;
-          for (int j = 0; j < hs; j++) o[j] = 0.0f;
-          for (int t2 = 0; t2 <= t; t2++) {
-            const float* v = base + t2 * row + (int64_t)(NH + NKV + kvh) * hs;
-            float p = a[t2];
-            for (int j = 0; j < hs; j++) o[j] += p * v[j];
+    for (Tensor t : {out, qkv}) check_act(t, "attention_forward", "out, qkv");
+    float* L = lse.f32();
+    const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
+    const int group = NH / NKV;
+    const float scale = 1.0f / std::sqrt((float)hs), keep_scale = drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f;
+    by_dtype(qkv.dtype, "attention_forward", [&](auto tag) {
+      using A = decltype(tag);
+      const A* X = (const A*)qkv.data;
+      A* O = (A*)out.data;
+#pragma omp parallel num_threads(nthreads_)
+      {
+        std::vector<float> k((size_t)T * hs), v((size_t)T * hs), q((size_t)hs), acc((size_t)hs), s((size_t)T);
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++) {
+          for (int h = 0; h < NH; h++) {
+            const int kvh = h / group;
+            const int64_t base = (int64_t)b * T * row;
+            load_head(X, base, row, (int64_t)(NH + kvh) * hs, T, hs, k.data());
+            load_head(X, base, row, (int64_t)(NH + NKV + kvh) * hs, T, hs, v.data());
+            for (int t = 0; t < T; t++) {
+              for (int j = 0; j < hs; j++) q[j] = ld(X, base + t * row + (int64_t)h * hs + j);
+              float maxv = -INFINITY;
+              for (int t2 = 0; t2 <= t; t2++) {
+                const float* kk = k.data() + (size_t)t2 * hs;
+                float dot = 0.0f;
+                for (int j = 0; j < hs; j++) dot += q[j] * kk[j];
+                s[t2] = dot * scale;
+                maxv = std::max(maxv, s[t2]);
+              }
+              float sum = 0.0f;
+              for (int t2 = 0; t2 <= t; t2++) sum += (s[t2] = std::exp(s[t2] - maxv));
+              const float inv = 1.0f / sum;
+              std::fill(acc.begin(), acc.end(), 0.0f);
+              const int64_t drow = dropout_row(drop.row0 + b, t);
+              for (int t2 = 0; t2 <= t; t2++) {
+                float p = s[t2] * inv;
+                if (drop.active())
+                  p = dropout_keep(drop.key, drow, ((int64_t)h << kDropoutPosBits) + t2, drop.p) ? p * keep_scale : 0.0f;
+                const float* vv = v.data() + (size_t)t2 * hs;
+                for (int j = 0; j < hs; j++) acc[j] += p * vv[j];
+              }
+              const int64_t o = ((int64_t)b * T + t) * NH * hs + (int64_t)h * hs;
+              for (int j = 0; j < hs; j++) st(O, o + j, acc[j]);
+              L[((int64_t)b * NH + h) * T + t] = maxv + std::log(sum);
+            }
           }
         }
       }
-    }
+    });
   }
 
-  void attention_backward(Tensor dqkv, Tensor datt, Tensor dout, Tensor qkv, Tensor att, int B, int T, int NH,
-                          int NKV, int hs) override {
-    float* DX = dqkv.f32();
-    float* DA = datt.f32();
-    const float* D = dout.f32();
-    const float* X = qkv.f32();
-    const float* A = att.f32();
-    int64_t row = (int64_t)(NH + 2 * NKV) * hs;
-    int group = NH / NKV;
-    float scale = 1.0f / std::sqrt((float)hs);
-    std::memset(DX, 0, sizeof(float) * (size_t)B * T * row);
-    // One task per (batch, kv head): the heads that share a kv head add into its dk and dv in turn.
-#pragma omp parallel for collapse(2) num_threads(nthreads_)
-    for (int b = 0; b < B; b++) {
-      for (int kvh = 0; kvh < NKV; kvh++) {
-        const float* base = X + (int64_t)b * T * row;
-        float* dbase = DX + (int64_t)b * T * row;
-        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-          for (int t = 0; t < T; t++) {
-            const float* a = A + (((int64_t)b * NH + h) * T + t) * T;
-            float* da = DA + (((int64_t)b * NH + h) * T + t) * T;
-            const float* dout_t = D + ((int64_t)b * T + t) * NH * hs + (int64_t)h * hs;
-            // through the weighted sum: datt = dout . v, dv += att * dout
-            float dot_sum = 0.0f;  // sum over t2 of att * datt, for the softmax backward
-            for (int t2 = 0; t2 <= t; t2++) {
-              const float* v = base + t2 * row + (int64_t)(NH + NKV + kvh) * hs;
-              float* dv = dbase + t2 * row + (int64_t)(NH + NKV + kvh) * hs;
-              float dot = 0.0f;
-              for (int j = 0; j < hs; j++) {
-                dot += dout_t[j] * v[j];
-                dv[j] += a[t2] * dout_t[j];
+  // Backward as FlashAttention-2: per (batch, kv head), every query row of the heads that share it
+  // recomputes its probabilities from lse; D = rowsum(dout * out) stands in for the softmax's
+  // row sums. dk and dv accumulate in fp32 scratch and are stored once.
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
+                          int NKV, int hs, const Dropout& drop) override {
+    LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
+    for (Tensor t : {dqkv, dout, qkv, out}) check_act(t, "attention_backward", "dqkv, dout, qkv, out");
+    const float* L = lse.f32();
+    const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
+    const int group = NH / NKV;
+    const float scale = 1.0f / std::sqrt((float)hs), keep_scale = drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f;
+    by_dtype(qkv.dtype, "attention_backward", [&](auto tag) {
+      using A = decltype(tag);
+      const A *X = (const A*)qkv.data, *D = (const A*)dout.data, *O = (const A*)out.data;
+      A* DX = (A*)dqkv.data;
+#pragma omp parallel num_threads(nthreads_)
+      {
+        std::vector<float> k((size_t)T * hs), v((size_t)T * hs), dk((size_t)T * hs), dv((size_t)T * hs);
+        std::vector<float> q((size_t)hs), dq((size_t)hs), dout_t((size_t)hs);
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++) {
+          for (int kvh = 0; kvh < NKV; kvh++) {
+            const int64_t base = (int64_t)b * T * row;
+            const int64_t koff = (int64_t)(NH + kvh) * hs, voff = (int64_t)(NH + NKV + kvh) * hs;
+            load_head(X, base, row, koff, T, hs, k.data());
+            load_head(X, base, row, voff, T, hs, v.data());
+            std::fill(dk.begin(), dk.end(), 0.0f);
+            std::fill(dv.begin(), dv.end(), 0.0f);
+            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+              for (int t = 0; t < T; t++) {
+                const int64_t o = ((int64_t)b * T + t) * NH * hs + (int64_t)h * hs;
+                float Dt = 0.0f;  // rowsum(dout * out): the softmax backward's sum over the row
+                for (int j = 0; j < hs; j++) {
+                  q[j] = ld(X, base + t * row + (int64_t)h * hs + j);
+                  dout_t[j] = ld(D, o + j);
+                  Dt += dout_t[j] * ld(O, o + j);
+                  dq[j] = 0.0f;
+                }
+                const float lse_t = L[((int64_t)b * NH + h) * T + t];
+                const int64_t drow = dropout_row(drop.row0 + b, t);
+                for (int t2 = 0; t2 <= t; t2++) {
+                  const float* kk = k.data() + (size_t)t2 * hs;
+                  const float* vv = v.data() + (size_t)t2 * hs;
+                  float dot = 0.0f, dp = 0.0f;
+                  for (int j = 0; j < hs; j++) {
+                    dot += q[j] * kk[j];
+                    dp += dout_t[j] * vv[j];
+                  }
+                  const float p = std::exp(dot * scale - lse_t);
+                  float pd = p;  // the probability as the forward used it, after dropout
+                  if (drop.active()) {
+                    bool keep = dropout_keep(drop.key, drow, ((int64_t)h << kDropoutPosBits) + t2, drop.p);
+                    pd = keep ? p * keep_scale : 0.0f;
+                    dp = keep ? dp * keep_scale : 0.0f;
+                  }
+                  const float ds = p * (dp - Dt) * scale;
+                  float* dkk = dk.data() + (size_t)t2 * hs;
+                  float* dvv = dv.data() + (size_t)t2 * hs;
+                  for (int j = 0; j < hs; j++) {
+                    dvv[j] += pd * dout_t[j];
+                    dq[j] += ds * kk[j];
+                    dkk[j] += ds * q[j];
+                  }
+                }
+                for (int j = 0; j < hs; j++) st(DX, base + t * row + (int64_t)h * hs + j, dq[j]);
               }
-              da[t2] = dot;
-              dot_sum += a[t2] * dot;
             }
-            // through softmax and the scaled dot product
-            const float* q = base + t * row + (int64_t)h * hs;
-            float* dq = dbase + t * row + (int64_t)h * hs;
-            for (int t2 = 0; t2 <= t; t2++) {
-              float ds = a[t2] * (da[t2] - dot_sum) * scale;
-              const float* k = base + t2 * row + (int64_t)(NH + kvh) * hs;
-              float* dk = dbase + t2 * row + (int64_t)(NH + kvh) * hs;
+            for (int t = 0; t < T; t++)
               for (int j = 0; j < hs; j++) {
-                dq[j] += ds * k[j];
-                dk[j] += ds * q[j];
+                st(DX, base + t * row + koff + j, dk[(size_t)t * hs + j]);
+                st(DX, base + t * row + voff + j, dv[(size_t)t * hs + j]);
               }
-            }
           }
         }
       }
-    }
+    });
   }
 
   // ---- elementwise ----
   void add(Tensor out, Tensor a, Tensor b, int64_t n) override {
-    float* o = out.f32();
-    const float* A = a.f32();
-    const float* Bv = b.f32();
+    LLMT_CHECK(out.dtype == a.dtype && a.dtype == b.dtype, "cpu add: dtypes %s = %s + %s differ", dtype_name(out.dtype),
+               dtype_name(a.dtype), dtype_name(b.dtype));
+    by_dtype(out.dtype, "add", [&](auto tag) {
+      using A = decltype(tag);
+      A* o = (A*)out.data;
+      const A *Av = (const A*)a.data, *Bv = (const A*)b.data;
 #pragma omp parallel for simd num_threads(nthreads_)
-    for (int64_t i = 0; i < n; i++) o[i] = A[i] + Bv[i];
+      for (int64_t i = 0; i < n; i++) st(o, i, ld(Av, i) + ld(Bv, i));
+    });
   }
   void accumulate(Tensor dst, Tensor src, int64_t n) override {
-    float* d = dst.f32();
-    const float* s = src.f32();
+    by_dtype(dst.dtype, "accumulate", [&](auto dtag) {
+      by_dtype(src.dtype, "accumulate", [&](auto stag) {
+        using D = decltype(dtag);
+        using S = decltype(stag);
+        D* d = (D*)dst.data;
+        const S* s = (const S*)src.data;
 #pragma omp parallel for simd num_threads(nthreads_)
-    for (int64_t i = 0; i < n; i++) d[i] += s[i];
+        for (int64_t i = 0; i < n; i++) st(d, i, ld(d, i) + ld(s, i));
+      });
+    });
   }
   void scale(Tensor x, float s, int64_t n) override {
-    float* X = x.f32();
+    by_dtype(x.dtype, "scale", [&](auto tag) {
+      using A = decltype(tag);
+      A* X = (A*)x.data;
 #pragma omp parallel for simd num_threads(nthreads_)
-    for (int64_t i = 0; i < n; i++) X[i] *= s;
+      for (int64_t i = 0; i < n; i++) st(X, i, ld(X, i) * s);
+    });
   }
 
   // ---- loss ----
-  double cross_entropy(Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V, float grad_scale) override {
-    const float* L = logits.f32();
-    float* DL = dlogits.data ? dlogits.f32() : nullptr;
+  void cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
+                     float grad_scale) override {
+    double* out = loss_sum.f64();
     const int32_t* tg = targets.i32();
+    check_act(logits, "cross_entropy", "logits");
+    if (dlogits.data) check_act(dlogits, "cross_entropy", "dlogits");
     for (int64_t i = 0; i < N; i++)
-      LLMT_CHECK(tg[i] == -100 || (tg[i] >= 0 && tg[i] < V),
-                 "cross_entropy: target %d at row %lld is outside the vocabulary [0, %d) and is not -100", tg[i],
-                 (long long)i, V);
+      LLMT_CHECK(tg[i] == kIgnoreIndex || (tg[i] >= 0 && tg[i] < V),
+                 "cross_entropy: target %d at row %lld is outside the vocabulary [0, %d) and is not %d", tg[i],
+                 (long long)i, V, kIgnoreIndex);
     double total = 0.0;
-#pragma omp parallel for reduction(+ : total) num_threads(nthreads_)
-    for (int64_t i = 0; i < N; i++) {
-      const float* l = L + i * V;
-      float* dl = DL ? DL + i * V : nullptr;
-      int target = tg[i];
-      if (target == -100) {
-        if (dl) std::memset(dl, 0, sizeof(float) * V);
-        continue;
-      }
-      float maxv = -INFINITY;
-      for (int j = 0; j < V; j++) maxv = std::max(maxv, l[j]);
-      float target_logit = l[target];
-      double sum = 0.0;
-      if (dl) {
-        // dl may alias l: keep exp(l - max) in dl, then normalise in place.
-        for (int j = 0; j < V; j++) {
-          dl[j] = std::exp(l[j] - maxv);
-          sum += dl[j];
+    by_dtype(logits.dtype, "cross_entropy", [&](auto tag) {
+      using A = decltype(tag);
+      const A* Lg = (const A*)logits.data;
+      A* DL = dlogits.data ? (A*)dlogits.data : nullptr;
+#pragma omp parallel num_threads(nthreads_) reduction(+ : total)
+      {
+        std::vector<float> e((size_t)V);
+#pragma omp for
+        for (int64_t i = 0; i < N; i++) {
+          const int64_t r = i * V;
+          const int target = tg[i];
+          if (target == kIgnoreIndex) {
+            if (DL)
+              for (int j = 0; j < V; j++) st(DL, r + j, 0.0f);
+            continue;
+          }
+          float maxv = -INFINITY;
+          for (int j = 0; j < V; j++) maxv = std::max(maxv, ld(Lg, r + j));
+          const float target_logit = ld(Lg, r + target);
+          double sum = 0.0;
+          for (int j = 0; j < V; j++) sum += (e[j] = std::exp(ld(Lg, r + j) - maxv));
+          if (DL) {  // DL may alias Lg: every logit was read above
+            const float f = (float)(grad_scale / sum);
+            for (int j = 0; j < V; j++) st(DL, r + j, e[j] * f - (j == target ? grad_scale : 0.0f));
+          }
+          total += std::log(sum) + maxv - target_logit;
         }
-        float f = (float)(grad_scale / sum);
-        for (int j = 0; j < V; j++) dl[j] *= f;
-        dl[target] -= grad_scale;
-      } else {
-        for (int j = 0; j < V; j++) sum += std::exp(l[j] - maxv);
       }
-      total += std::log(sum) + maxv - target_logit;
-    }
-    return total;
+    });
+    *out += total;
   }
 
   // ---- optimizer and reductions ----
-  void adamw(Tensor p, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1, float beta2, float eps,
-             float weight_decay, int t, float grad_scale) override {
+  void adamw(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1, float beta2,
+             float eps, float weight_decay, int t, float grad_scale) override {
     float* P = p.f32();
     const float* G = g.f32();
     float* Mm = m.f32();
     float* Vv = v.f32();
-    float bc1 = 1.0f - std::pow(beta1, (float)t);
-    float bc2 = 1.0f - std::pow(beta2, (float)t);
-    float step_size = lr / bc1;
-    float bc2_sqrt = std::sqrt(bc2);
-    float decay = 1.0f - lr * weight_decay;
+    uint16_t* PC = p_compute.data ? p_compute.bf16() : nullptr;
+    const float bc1 = 1.0f - std::pow(beta1, (float)t);
+    const float bc2 = 1.0f - std::pow(beta2, (float)t);
+    const float step_size = lr / bc1;
+    const float bc2_sqrt = std::sqrt(bc2);
+    const float decay = 1.0f - lr * weight_decay;
 #pragma omp parallel for simd num_threads(nthreads_)
     for (int64_t i = 0; i < n; i++) {
       float gi = G[i] * grad_scale;
@@ -528,41 +670,117 @@ class CpuBackend : public Backend {
       float vi = beta2 * Vv[i] + (1.0f - beta2) * gi * gi;
       Mm[i] = mi;
       Vv[i] = vi;
-      P[i] = P[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+      float pi = P[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+      P[i] = pi;
+      if (PC) PC[i] = f32_to_bf16(pi);
     }
   }
 
-  double sum_squares(Tensor x, int64_t n) override {
+  void sum_squares(Tensor out, Tensor x, int64_t n) override {
     const float* X = x.f32();
     double total = 0.0;
 #pragma omp parallel for reduction(+ : total) num_threads(nthreads_)
     for (int64_t i = 0; i < n; i++) total += (double)X[i] * X[i];
-    return total;
+    *out.f64() += total;
   }
 
   // ---- dtype conversion ----
   void convert(Tensor out, Tensor in, int64_t n) override {
-    if (in.dtype == DType::f32 && out.dtype == DType::bf16) {
-      const float* s = in.f32();
-      uint16_t* d = out.bf16();
+    by_dtype(out.dtype, "convert", [&](auto otag) {
+      by_dtype(in.dtype, "convert", [&](auto itag) {
+        using O = decltype(otag);
+        using I = decltype(itag);
+        O* o = (O*)out.data;
+        const I* s = (const I*)in.data;
 #pragma omp parallel for num_threads(nthreads_)
-      for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(s[i]);
-    } else if (in.dtype == DType::bf16 && out.dtype == DType::f32) {
-      const uint16_t* s = in.bf16();
-      float* d = out.f32();
-#pragma omp parallel for num_threads(nthreads_)
-      for (int64_t i = 0; i < n; i++) d[i] = bf16_to_f32(s[i]);
-    } else {
-      fail("convert: %s to %s is not supported", dtype_name(in.dtype), dtype_name(out.dtype));
-    }
+        for (int64_t i = 0; i < n; i++) st(o, i, ld(s, i));
+      });
+    });
   }
 
  private:
+  void check_act(const Tensor& t, const char* op, const char* what) const {
+    LLMT_CHECK(t.dtype == compute_, "cpu %s: %s is %s, the backend computes in %s", op, what, dtype_name(t.dtype),
+               dtype_name(compute_));
+  }
+
+  // One head's rows [T, hs] of q, k or v (at column `off` of rows `row` apart) widened to fp32.
+  template <class A>
+  static void load_head(const A* X, int64_t base, int64_t row, int64_t off, int T, int hs, float* dst) {
+    for (int t = 0; t < T; t++)
+      for (int j = 0; j < hs; j++) dst[(size_t)t * hs + j] = ld(X, base + t * row + off + j);
+  }
+
+  // A oneDNN matmul primitive per shape and dtype combination, created on first use (the
+  // creation JIT-compiles its kernel; a step reuses a few dozen shapes).
+  using MatmulKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool, DType, DType>;
+  struct Matmul {
+    dnnl::matmul prim;
+    dnnl::memory::desc a, b, bias, out;
+    bool widened = false;  // bf16 operands run as fp32 (oneDNN has no bf16 kernel for this CPU)
+  };
+  // a bf16 tensor's n values as fp32 in `scratch`
+  void* widen(const Tensor& t, int64_t n, std::vector<float>& scratch) {
+    scratch.resize((size_t)n);
+    convert(Tensor(scratch.data(), DType::f32, {n}), t, n);
+    return scratch.data();
+  }
+  static dnnl::memory::data_type dnnl_type(DType t) {
+    return t == DType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+  }
+  Matmul make_matmul(const MatmulKey& key) {
+    auto [M, N, K, ta, tb, accumulate, has_bias, in_t, out_t] = key;
+    using tag = dnnl::memory::format_tag;
+    Matmul m;
+    // a transpose is a stride: [M,K] read from storage [K,M] is format "ba"
+    m.a = dnnl::memory::desc({M, K}, dnnl_type(in_t), ta ? tag::ba : tag::ab);
+    m.b = dnnl::memory::desc({K, N}, dnnl_type(in_t), tb ? tag::ba : tag::ab);
+    m.out = dnnl::memory::desc({M, N}, dnnl_type(out_t), tag::ab);
+    if (has_bias) m.bias = dnnl::memory::desc({1, N}, dnnl_type(in_t), tag::ab);
+    dnnl::primitive_attr attr;
+    if (accumulate) {  // out = out + a b (+ bias)
+      dnnl::post_ops po;
+      po.append_sum(1.0f);
+      attr.set_post_ops(po);
+    }
+    auto create = [&] {
+      dnnl::matmul::desc desc = has_bias ? dnnl::matmul::desc(m.a, m.b, m.bias, m.out) : dnnl::matmul::desc(m.a, m.b, m.out);
+      m.prim = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, engine_));
+    };
+    try {
+      create();
+    } catch (const dnnl::error& e) {
+      LLMT_CHECK(in_t == DType::bf16, "cpu matmul: oneDNN has no f32 matmul for %lld x %lld x %lld: %s", (long long)M,
+                 (long long)N, (long long)K, e.what());
+      // No bf16 kernels on this CPU (oneDNN 2.x needs AVX-512): widen the operands to fp32, which is
+      // the same arithmetic (bf16 products are exact in fp32, sums accumulate in fp32), only slower.
+      if (!warned_widen_) log_warn("cpu backend: oneDNN has no bf16 matmul on this CPU; bf16 matmuls run in fp32 "
+                                   "on widened operands (same results, no bf16 speed-up)");
+      warned_widen_ = true;
+      const auto f32 = dnnl::memory::data_type::f32;
+      m.a = dnnl::memory::desc({M, K}, f32, ta ? tag::ba : tag::ab);
+      m.b = dnnl::memory::desc({K, N}, f32, tb ? tag::ba : tag::ab);
+      m.out = dnnl::memory::desc({M, N}, f32, tag::ab);
+      if (has_bias) m.bias = dnnl::memory::desc({1, N}, f32, tag::ab);
+      m.widened = true;
+      create();
+    }
+    return m;
+  }
+
   int nthreads_ = 1;
+  DType compute_;
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::map<MatmulKey, Matmul> matmuls_;
+  std::vector<float> wa_, wb_, wbias_, wout_;  // fp32 copies of bf16 operands when widened
+  bool warned_widen_ = false;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+std::unique_ptr<Backend> make_cpu_backend(int threads, DType compute) {
+  return std::make_unique<CpuBackend>(threads, compute);
+}
 
 }  // namespace llmt

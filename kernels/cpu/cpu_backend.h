@@ -1,4 +1,4 @@
-// The CPU backend (engine/backend/backend.h): OpenMP across rows, heads or channels.
+// The CPU backend (engine/backend/backend.h): oneDNN matmuls, OpenMP across rows, heads or channels.
 #pragma once
 #include <memory>
 
@@ -6,7 +6,7 @@
 
 namespace llmt {
 
-// threads <= 0 means every core OpenMP reports.
-std::unique_ptr<Backend> make_cpu_backend(int threads);
+// threads <= 0 means every core OpenMP reports. compute: f32, or bf16 (mixed precision).
+std::unique_ptr<Backend> make_cpu_backend(int threads, DType compute = DType::f32);
 
 }  // namespace llmt

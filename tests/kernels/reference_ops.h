@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace llmt_ref {
@@ -120,12 +121,16 @@ inline DV rope(const DV& qkv, int B, int T, int NH, int NKV, int hs, double thet
   return out;
 }
 
-// Causal grouped-query attention. out[B*T, NH*hs]; att[B,NH,T,T] with zeros above the diagonal.
-inline DV attention(const DV& qkv, int B, int T, int NH, int NKV, int hs, DV* att_out = nullptr) {
+// Causal grouped-query attention. out[B*T, NH*hs]; lse[B,NH,T] the log-sum-exp of each query row's
+// scaled scores; drop(b, h, t, u), when given, multiplies probability (t, u) after the softmax
+// (dropout: 0 or 1/(1-p)).
+using DropFn = std::function<double(int b, int h, int t, int u)>;
+inline DV attention(const DV& qkv, int B, int T, int NH, int NKV, int hs, DV* lse_out = nullptr,
+                    const DropFn& drop = nullptr) {
   const int R = (NH + 2 * NKV) * hs, group = NH / NKV;
   const double scale = 1.0 / std::sqrt((double)hs);
   DV out((size_t)B * T * NH * hs, 0.0);
-  if (att_out) att_out->assign((size_t)B * NH * T * T, 0.0);
+  if (lse_out) lse_out->assign((size_t)B * NH * T, 0.0);
   std::vector<double> p((size_t)T);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++) {
@@ -143,11 +148,12 @@ inline DV attention(const DV& qkv, int B, int T, int NH, int NKV, int hs, DV* at
         double z = 0;
         for (int u = 0; u <= t; u++) z += (p[u] = std::exp(p[u] - mx));
         for (int u = 0; u <= t; u++) p[u] /= z;
+        if (lse_out) (*lse_out)[((int64_t)b * NH + h) * T + t] = mx + std::log(z);
         double* o = &out[((int64_t)b * T + t) * NH * hs + (int64_t)h * hs];
         for (int u = 0; u <= t; u++) {
           const double* v = &qkv[((int64_t)b * T + u) * R + (int64_t)(NH + NKV) * hs + (int64_t)kh * hs];
-          for (int d = 0; d < hs; d++) o[d] += p[u] * v[d];
-          if (att_out) (*att_out)[(((int64_t)b * NH + h) * T + t) * T + u] = p[u];
+          double pu = drop ? p[u] * drop(b, h, t, u) : p[u];
+          for (int d = 0; d < hs; d++) o[d] += pu * v[d];
         }
       }
     }

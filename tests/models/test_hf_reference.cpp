@@ -5,7 +5,8 @@
 #include <vector>
 
 #include "engine/ckpt/safetensors.h"
-#include "engine/optim/adamw.h"
+#include "engine/dist/communicator.h"
+#include "engine/fsdp/fsdp.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
@@ -60,38 +61,55 @@ void check_model(const std::string& name) {
   const int B = (int)ids_t->shape[0], T = (int)ids_t->shape[1];
 
   // Hugging Face shifts labels inside the model: position t predicts labels[t + 1].
-  std::vector<int32_t> targets(ids.size(), -100);
+  std::vector<int32_t> targets(ids.size(), kIgnoreIndex);
   int n_valid = 0;
   for (int b = 0; b < B; b++)
     for (int t = 0; t + 1 < T; t++) {
       targets[b * T + t] = labels[b * T + t + 1];
-      n_valid += targets[b * T + t] != -100;
+      n_valid += targets[b * T + t] != kIgnoreIndex;
     }
 
+  // one process, unsharded: the trainer's store with a shard group of one
   auto be = make_cpu_backend(2);
   Transformer model(cfg, *be, B, T);
   const ModelLayout& L = model.layout();
-  FullUnitStore store(*be, L);
+  std::unique_ptr<DataComm> solo = make_solo_data_comm();
+  FsdpStore store(*be, L, Strategy::no_shard, *solo, 1);
   SafetensorsCheckpoint ckpt(dir);
   check_hf_tensors(ckpt, cfg, L, dir);
-  for (size_t u = 0; u < L.units.size(); u++) load_hf_unit(ckpt, cfg, L, (int)u, store.params((int)u));
+  for (size_t u = 0; u < L.units.size(); u++) {
+    std::vector<float> host((size_t)L.units[u].numel);
+    load_hf_unit(ckpt, cfg, L, (int)u, host.data());
+    store.set_unit((int)u, host.data());
+  }
+  BackendBuffer loss(*be, DType::f64, {1});
+  auto loss_mean = [&] {  // the loss sum so far over the counted tokens, then reset
+    double s = 0.0;
+    be->copy_to_host(&s, loss.tensor().data, sizeof(s));
+    be->zero(loss.tensor().data, sizeof(s));
+    return s / n_valid;
+  };
+  TrainPass pass;
+  pass.grad_scale = 1.0f / n_valid;
 
   // forward: logits and loss
-  double loss_sum = model.forward(store, ids.data(), targets.data(), false, 0.0f);
+  model.forward(store, ids.data(), targets.data(), 0, loss.tensor());
   std::vector<float> ref_logits = read_all(ref, "logits");
   Tensor lg = model.logits();
   EXPECT_LT(rel_error(lg.f32(), ref_logits.data(), lg.numel()), tol::kF32Logits) << name << " logits";
   float ref_loss = read_all(ref, "loss")[0];
-  EXPECT_NEAR(loss_sum / n_valid, ref_loss, tol::kF32Loss * std::fabs(ref_loss)) << name << " loss";
+  EXPECT_NEAR(loss_mean(), ref_loss, tol::kF32Loss * std::fabs(ref_loss)) << name << " loss";
 
   // backward: every parameter's gradient
   store.zero_grads();
-  model.forward(store, ids.data(), targets.data(), true, 1.0f / n_valid);
+  model.forward(store, ids.data(), targets.data(), 0, loss.tensor(), &pass);
   model.backward(store);
+  loss_mean();
   int checked = 0;
   for (size_t u = 0; u < L.units.size(); u++) {
+    const float* grad = store.shard_state((int)u).grad.f32();  // the whole unit: one shard
     for (const ParamSpec& p : L.units[u].params) {
-      std::vector<float> g = hf_view(store.grads((int)u), p), want = read_all(ref, "grad." + p.hf_name);
+      std::vector<float> g = hf_view(grad, p), want = read_all(ref, "grad." + p.hf_name);
       ASSERT_EQ(g.size(), want.size()) << p.hf_name;
       EXPECT_LT(rel_error(g.data(), want.data(), p.numel()), tol::kF32Grad) << name << " grad of " << p.hf_name;
       checked++;
@@ -104,19 +122,18 @@ void check_model(const std::string& name) {
   std::vector<float> losses = read_all(ref, "losses");
   AdamWConfig oc;
   oc.weight_decay = 0.1f;
-  AdamW opt(*be, L, oc);
-  std::vector<float*> params, grads;
-  for (size_t u = 0; u < L.units.size(); u++) params.push_back(store.params((int)u)), grads.push_back(store.grads((int)u));
   for (int step = 0; step < kSteps; step++) {
     store.zero_grads();
-    double s = model.forward(store, ids.data(), targets.data(), true, 1.0f / n_valid);
-    EXPECT_NEAR(s / n_valid, losses[step], tol::kF32Loss * std::fabs(losses[step])) << name << " loss before step " << step;
+    model.forward(store, ids.data(), targets.data(), 0, loss.tensor(), &pass);
+    EXPECT_NEAR(loss_mean(), losses[step], tol::kF32Loss * std::fabs(losses[step])) << name << " loss before step " << step;
     model.backward(store);
-    opt.step(params, grads, kLr, 1.0f);
+    store.optimizer_step(kLr, oc, 1.0f);
   }
-  for (size_t u = 0; u < L.units.size(); u++)
+  for (size_t u = 0; u < L.units.size(); u++) {
+    std::vector<float> unit((size_t)L.units[u].numel);
+    store.get_unit((int)u, unit.data());
     for (const ParamSpec& p : L.units[u].params) {
-      std::vector<float> w = hf_view(store.params((int)u), p), want = read_all(ref, "step3." + p.hf_name);
+      std::vector<float> w = hf_view(unit.data(), p), want = read_all(ref, "step3." + p.hf_name);
       std::vector<float> g0 = read_all(ref, "grad." + p.hf_name);
       double ratio = 0.0;
       std::string bad = tol::check_adam_params(w.data(), want.data(), g0.data(), p.numel(), tol::kF32Grad, kLr, kSteps,
@@ -124,6 +141,7 @@ void check_model(const std::string& name) {
       EXPECT_EQ(bad, "") << name << " after " << kSteps << " steps: " << p.hf_name;
       if (std::getenv("LLMT_TEST_MARGINS")) std::printf("margin %s %s %.3g\n", name.c_str(), p.hf_name.c_str(), ratio);
     }
+  }
 }
 
 }  // namespace

@@ -58,9 +58,9 @@ uint32_t shard_crc(const FsdpStore& store, const ModelLayout& L) {
   for (size_t u = 0; u < L.units.size(); u++) {
     FsdpStore::ShardState s = store.shard_state((int)u);
     size_t n = (size_t)store.shard_numel((int)u) * sizeof(float);
-    c = crc32c(c, s.master, n);
-    c = crc32c(c, s.m, n);
-    c = crc32c(c, s.v, n);
+    c = crc32c(c, s.master.data, n);
+    c = crc32c(c, s.m.data, n);
+    c = crc32c(c, s.v.data, n);
   }
   return c;
 }
@@ -118,9 +118,9 @@ int main(int argc, char** argv) {
 #pragma omp parallel for
         for (int64_t i = 0; i < n; i++) {
           uint32_t h = (uint32_t)(i * 2654435761u) ^ (uint32_t)(u * 40503u + me * 977u);
-          s.master[i] = (float)(h & 0xffff) * 1e-5f;
-          s.m[i] = (float)(h >> 16) * 1e-7f;
-          s.v[i] = (float)((h >> 8) & 0xffff) * 1e-9f;
+          s.master.f32()[i] = (float)(h & 0xffff) * 1e-5f;
+          s.m.f32()[i] = (float)(h >> 16) * 1e-7f;
+          s.v.f32()[i] = (float)((h >> 8) & 0xffff) * 1e-9f;
         }
       }
       store.set_steps_done(100);
@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
         for (size_t u = 0; u < L.units.size(); u++) {
           FsdpStore::ShardState s = store.shard_state((int)u);
           size_t n = (size_t)store.shard_numel((int)u) * sizeof(float);
-          std::memset(s.master, 0, n), std::memset(s.m, 0, n), std::memset(s.v, 0, n);
+          std::memset(s.master.data, 0, n), std::memset(s.m.data, 0, n), std::memset(s.v.data, 0, n);
         }
         world->barrier();
         double t2 = now();

@@ -70,10 +70,16 @@ struct TrainRun {
   double step(int step) {
     std::vector<int32_t> tokens, targets;
     tiny_global_batch(step, kGlobal, kT, tokens, targets);  // different every step
-    size_t off = (size_t)(comm.rank() * B) * kT;
-    AdamWConfig oc;
-    oc.weight_decay = 0.1f;
-    return train_step(*model, *store, comm, {{tokens.data() + off, targets.data() + off, kT}}, 3e-3f, oc, 0.5).loss;
+    int64_t first = (int64_t)comm.rank() * B;
+    StepSettings ss;
+    ss.lr = 3e-3f;
+    ss.adamw.weight_decay = 0.1f;
+    ss.max_grad_norm = 0.5;
+    ss.seed = 5;
+    ss.step = step;
+    return train_step(*model, *store, comm, *data, {{tokens.data() + first * kT, targets.data() + first * kT, kT, first}},
+                      ss)
+        .loss;
   }
   void save(const std::string& path, int64_t global_step) {
     save_train_state(path, comm, layout(), *store, global_step, "{\"rng\": [1, 2, 3]}", config_json(cfg));
@@ -88,7 +94,7 @@ struct TrainRun {
     for (size_t u = 0; u < layout().units.size(); u++) {
       FsdpStore::ShardState s = store->shard_state((int)u);
       int64_t n = store->shard_numel((int)u);
-      const float* src = kind == 0 ? s.master : kind == 1 ? s.m : s.v;
+      const float* src = (kind == 0 ? s.master : kind == 1 ? s.m : s.v).f32();  // CPU: host memory
       std::vector<float> all((size_t)(n * W));
       comm.all_gather(src, all.data(), n, DType::f32);
       int32_t lohi[2] = {(int32_t)s.lo, (int32_t)s.hi};

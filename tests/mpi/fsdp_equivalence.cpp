@@ -55,14 +55,20 @@ Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_s
   for (int step = 0; step < kSteps; step++) {
     std::vector<MicroBatch> micro;
     for (int m = 0; m < accum; m++) {
-      size_t off = (size_t)((m * W + r) * B) * kT;  // the sampler's slicing of the global batch
-      micro.push_back({tokens.data() + off, targets.data() + off, kT});
+      int64_t first = (int64_t)(m * W + r) * B;  // the sampler's slicing of the global batch
+      micro.push_back({tokens.data() + first * kT, targets.data() + first * kT, kT, first});
     }
-    StepResult res = train_step(model, store, comm, micro, kLr, oc, 0.5);
+    StepSettings ss;
+    ss.lr = kLr;
+    ss.adamw = oc;
+    ss.max_grad_norm = 0.5;
+    ss.seed = 11;
+    ss.step = step;
+    StepResult res = train_step(model, store, comm, *data, micro, ss);
     out.losses.push_back(res.loss);
     if (step == 0 && comm.size() == 1)
       for (size_t u = 0; u < L.units.size(); u++) {
-        const float* g = store.shard_state((int)u).grad;
+        const float* g = store.shard_state((int)u).grad.f32();
         out.grads.emplace_back(g, g + L.units[u].numel);
       }
   }

@@ -1,0 +1,966 @@
+// The Backend op conformance suite: every op of every backend checked on its own against the math,
+// run once per backend configuration (the CPU in fp32 and in bf16; the CUDA backend joins through
+// the same list). As ggml's test-backend-ops: one suite, every backend.
+//  - forwards against double-precision plain-loop references (tests/kernels/reference_ops.h);
+//  - backwards against central finite differences of those DOUBLE references, for a random linear
+//    functional L = sum(out * r), with the backend's backward fed dout = r;
+//  - "+=" outputs are pre-filled with random nonzero values and must be added to; "=" outputs are
+//    pre-filled with garbage and must be overwritten.
+// Inputs are random (fixed std::mt19937 seeds), never zero, with odd sizes so that swapped dimensions
+// show. In bf16 the inputs are drawn exactly representable in bf16, so the references see what the
+// backend sees and the error measured is the op's own (fp32 arithmetic, bf16 rounding of results).
+//
+// Error measure: rel = max|got - want| / max|want| over the whole tensor; the limits are
+// tests/tolerances.h's op limits for the backend's compute dtype (central differences, eps = 1e-6).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/core/error.h"
+#include "engine/core/tensor.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/kernels/reference_ops.h"
+#include "tests/tolerances.h"
+
+namespace {
+
+using llmt::Backend;
+using llmt::DType;
+using llmt::Tensor;
+using DV = std::vector<double>;
+using FV = std::vector<float>;
+using IV = std::vector<int32_t>;
+namespace tol = llmt_test::tol;
+
+constexpr double kFdEps = 1e-6;
+
+// The backend configurations the suite runs against.
+struct BackendCase {
+  const char* name;
+  std::function<std::unique_ptr<Backend>()> make;
+};
+const std::vector<BackendCase>& backend_cases() {
+  static const std::vector<BackendCase> cases = {
+      {"cpu_f32", [] { return llmt::make_cpu_backend(2, DType::f32); }},
+      {"cpu_bf16", [] { return llmt::make_cpu_backend(2, DType::bf16); }},
+  };
+  return cases;
+}
+
+Backend* g_be = nullptr;  // the current case's backend
+Backend& be() { return *g_be; }
+DType act_dtype() { return g_be->compute_dtype(); }
+bool is_bf16() { return act_dtype() == DType::bf16; }
+double fwd_tol() { return is_bf16() ? tol::kBf16OpForward : tol::kF32OpForward; }
+double grad_tol() { return is_bf16() ? tol::kBf16OpBackward : tol::kF32OpBackward; }
+
+class Ops : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    backend_ = backend_cases()[GetParam()].make();
+    g_be = backend_.get();
+  }
+  void TearDown() override {
+    g_be = nullptr;
+    backend_.reset();
+  }
+  std::unique_ptr<Backend> backend_;
+};
+
+std::string case_name(const ::testing::TestParamInfo<int>& info) { return backend_cases()[info.param].name; }
+
+// ---- host helpers ----
+
+// A value the act dtype holds exactly (bf16 rounding in bf16, itself in f32).
+float representable(float x) { return is_bf16() ? llmt::bf16_to_f32(llmt::f32_to_bf16(x)) : x; }
+
+FV rand_f(std::mt19937& rng, size_t n, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  FV v(n);
+  for (auto& x : v) {
+    do x = d(rng);
+    while (std::fabs(x) < 1e-3f);  // never (near) zero
+  }
+  return v;
+}
+// Random values for an act tensor: exactly representable in the compute dtype.
+FV rand_act(std::mt19937& rng, size_t n, float lo = -1.f, float hi = 1.f) {
+  FV v = rand_f(rng, n, lo, hi);
+  for (auto& x : v) x = representable(x);
+  return v;
+}
+DV to_d(const FV& f) { return DV(f.begin(), f.end()); }
+DV add_d(const FV& a, const DV& b) {
+  DV r(b.size());
+  for (size_t i = 0; i < b.size(); i++) r[i] = (double)a[i] + b[i];
+  return r;
+}
+double dot(const DV& a, const DV& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
+  return s;
+}
+
+// Central finite differences of f at x, every coordinate.
+DV fd_grad(const std::function<double(const DV&)>& f, DV x, double eps = kFdEps) {
+  DV g(x.size());
+  for (size_t i = 0; i < x.size(); i++) {
+    double xi = x[i];
+    x[i] = xi + eps;
+    double fp = f(x);
+    x[i] = xi - eps;
+    double fm = f(x);
+    x[i] = xi;
+    g[i] = (fp - fm) / (2 * eps);
+  }
+  return g;
+}
+
+// max|got - want| / max|want|, reported with the worst element.
+::testing::AssertionResult Close(const FV& got, const DV& want, double tol) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  double maxd = 0, maxw = 0;
+  size_t wi = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    double d = std::fabs((double)got[i] - want[i]);
+    if (!(d <= maxd)) maxd = d, wi = i;  // catches NaN
+    maxw = std::max(maxw, std::fabs(want[i]));
+  }
+  double rel = maxw > 0 ? maxd / maxw : maxd;
+  if (std::getenv("LLMT_TEST_MARGINS")) std::printf("margin %s %.3g of %.3g\n", ::testing::UnitTest::GetInstance()->current_test_info()->name(), rel, tol);
+  if (rel < tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "rel err " << rel << " >= " << tol << "; worst at [" << wi << "]: got "
+                                       << got[wi] << ", want " << want[wi] << " (max|want| " << maxw << ", n "
+                                       << got.size() << ")";
+}
+
+// A backend allocation holding a host vector: f32 / i32 as given, or floats stored in the act
+// dtype (Buf::act).
+class Buf {
+ public:
+  explicit Buf(size_t bytes) : bytes_(bytes) { p_ = be().alloc(bytes ? bytes : 4); }
+  template <class T>
+  explicit Buf(const std::vector<T>& h) : Buf(h.size() * sizeof(T)) {
+    if (bytes_) be().copy_from_host(p_, h.data(), bytes_);
+  }
+  // floats stored in the compute dtype (rounded to nearest even in bf16)
+  static std::unique_ptr<Buf> act(const FV& h) {
+    if (!is_bf16()) return std::make_unique<Buf>(h);
+    std::vector<uint16_t> b(h.size());
+    for (size_t i = 0; i < h.size(); i++) b[i] = llmt::f32_to_bf16(h[i]);
+    auto buf = std::make_unique<Buf>(b);
+    buf->bf16_ = true;
+    return buf;
+  }
+  static std::unique_ptr<Buf> act_bytes(size_t n) {
+    auto buf = std::make_unique<Buf>(n * llmt::dtype_size(act_dtype()));
+    buf->bf16_ = is_bf16();
+    return buf;
+  }
+  ~Buf() { be().release(p_); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  void* p() const { return p_; }
+  Tensor f32(std::initializer_list<int64_t> dims) const { return Tensor(p_, DType::f32, dims); }
+  Tensor f64(std::initializer_list<int64_t> dims) const { return Tensor(p_, DType::f64, dims); }
+  Tensor i32(std::initializer_list<int64_t> dims) const { return Tensor(p_, DType::i32, dims); }
+  Tensor bf16(std::initializer_list<int64_t> dims) const { return Tensor(p_, DType::bf16, dims); }
+  Tensor a(std::initializer_list<int64_t> dims) const { return Tensor(p_, bf16_ ? DType::bf16 : DType::f32, dims); }
+  template <class T>
+  std::vector<T> read() const {
+    std::vector<T> h(bytes_ / sizeof(T));
+    be().synchronize();
+    if (bytes_) be().copy_to_host(h.data(), p_, bytes_);
+    return h;
+  }
+  // the contents as floats, whatever they are stored in
+  FV rf() const {
+    if (!bf16_) return read<float>();
+    std::vector<uint16_t> h = read<uint16_t>();
+    FV f(h.size());
+    for (size_t i = 0; i < h.size(); i++) f[i] = llmt::bf16_to_f32(h[i]);
+    return f;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+  bool bf16_ = false;
+};
+using BufP = std::unique_ptr<Buf>;
+
+Tensor null_act(std::initializer_list<int64_t> dims) { return Tensor(nullptr, act_dtype(), dims); }
+
+// ======================= memory =======================
+
+TEST_P(Ops, MemoryAllocZeroedAlignedAndCopies) {
+  const size_t n = 1001;
+  void* p = be().alloc(n * 4);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ((uintptr_t)p % 64, 0u) << "alloc must be 64-byte aligned";
+  FV h(n, 1.f);
+  be().copy_to_host(h.data(), p, n * 4);
+  for (size_t i = 0; i < n; i++) ASSERT_EQ(h[i], 0.f) << "alloc must zero-fill, element " << i;
+  std::mt19937 rng(1);
+  FV src = rand_f(rng, n);
+  be().copy_from_host(p, src.data(), n * 4);
+  void* q = be().alloc(n * 4);
+  be().copy(q, p, n * 4);
+  FV back(n);
+  be().copy_to_host(back.data(), q, n * 4);
+  EXPECT_EQ(0, std::memcmp(back.data(), src.data(), n * 4));
+  be().zero(q, n * 4);
+  be().copy_to_host(back.data(), q, n * 4);
+  for (size_t i = 0; i < n; i++) ASSERT_EQ(back[i], 0.f) << "zero() left element " << i;
+  be().release(p);
+  be().release(q);
+  auto e = be().make_event();  // events exist on every backend; on the CPU they are already complete
+  be().record(*e);
+  be().wait(*e);
+  e->synchronize();
+}
+
+// ======================= matmul =======================
+
+struct MM {
+  int64_t M, N, K;
+};
+
+// Forward in all four transpose combinations, with and without bias, overwrite and accumulate, into
+// an act output (activations) and an f32 output (parameter gradients).
+TEST_P(Ops, MatmulForwardAllTransposesBiasAccumulate) {
+  std::mt19937 rng(11);
+  for (MM s : {MM{7, 5, 9}, MM{33, 17, 65}, MM{1, 13, 3}})
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++)
+        for (int hb = 0; hb < 2; hb++)
+          for (int acc = 0; acc < 2; acc++)
+            for (int f32_out = 0; f32_out < 2; f32_out++) {
+              if (f32_out && hb) continue;  // parameter gradients take no bias
+              SCOPED_TRACE(::testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K << " ta=" << ta
+                                                << " tb=" << tb << " bias=" << hb << " accumulate=" << acc
+                                                << " out=" << (f32_out ? "f32" : "act"));
+              FV a = rand_act(rng, s.M * s.K), b = rand_act(rng, s.K * s.N), bias = rand_act(rng, s.N),
+                 pre = f32_out ? rand_f(rng, s.M * s.N, 2.f, 3.f) : rand_act(rng, s.M * s.N, 2.f, 3.f);
+              BufP da = Buf::act(a), db = Buf::act(b), dbias = Buf::act(bias);
+              BufP dout = f32_out ? std::make_unique<Buf>(pre) : Buf::act(pre);
+              be().matmul(f32_out ? dout->f32({s.M, s.N}) : dout->a({s.M, s.N}),
+                          ta ? da->a({s.K, s.M}) : da->a({s.M, s.K}), tb ? db->a({s.N, s.K}) : db->a({s.K, s.N}),
+                          hb ? dbias->a({s.N}) : null_act({s.N}), s.M, s.N, s.K, ta, tb, acc);
+              DV want = to_d(pre), bd = to_d(bias);
+              llmt_ref::matmul(want, to_d(a), to_d(b), hb ? &bd : nullptr, s.M, s.N, s.K, ta, tb, acc);
+              EXPECT_TRUE(Close(dout->rf(), want, f32_out ? tol::kF32OpForward + (is_bf16() ? tol::kBf16OpForward / 4 : 0)
+                                                          : fwd_tol()));
+            }
+}
+
+// Gradients of out = op(a) @ op(b) + bias, computed the way a model computes them (more matmuls in
+// the other transpose combinations, and bias_backward), against finite differences of the double
+// forward. da (an activation gradient, act) is accumulated (+=) onto random values; db (a parameter
+// gradient, f32) is overwritten (=) over garbage.
+TEST_P(Ops, MatmulGradientsAllTransposesVsFiniteDifferences) {
+  std::mt19937 rng(12);
+  const int64_t M = 7, N = 5, K = 9;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb);
+      FV a = rand_act(rng, M * K), b = rand_act(rng, K * N), bias = rand_act(rng, N), r = rand_act(rng, M * N);
+      FV pre_da = rand_act(rng, M * K), pre_db = rand_f(rng, K * N), pre_dbias = rand_f(rng, N);
+      DV ad = to_d(a), bd = to_d(b), biasd = to_d(bias), rd = to_d(r);
+      auto L = [&](const DV& A, const DV& Bm, const DV& bi) {
+        DV out;
+        llmt_ref::matmul(out, A, Bm, &bi, M, N, K, ta, tb, false);
+        return dot(out, rd);
+      };
+      DV ga = fd_grad([&](const DV& x) { return L(x, bd, biasd); }, ad);
+      DV gb = fd_grad([&](const DV& x) { return L(ad, x, biasd); }, bd);
+      DV gbias = fd_grad([&](const DV& x) { return L(ad, bd, x); }, biasd);
+
+      BufP A = Buf::act(a), Bb = Buf::act(b), R = Buf::act(r), dA = Buf::act(pre_da);
+      Buf dB(pre_db), dBias(pre_dbias);
+      // dA = r @ B^T  (B = op(b) [K,N])
+      if (!ta)
+        be().matmul(dA->a({M, K}), R->a({M, N}), tb ? Bb->a({N, K}) : Bb->a({K, N}), null_act({K}), M, K, N, false,
+                    !tb, true);
+      else  // da stored [K,M] = B @ r^T
+        be().matmul(dA->a({K, M}), tb ? Bb->a({N, K}) : Bb->a({K, N}), R->a({M, N}), null_act({M}), K, M, N, tb,
+                    true, true);
+      // dB = A^T @ r  (A = op(a) [M,K])
+      if (!tb)
+        be().matmul(dB.f32({K, N}), ta ? A->a({K, M}) : A->a({M, K}), R->a({M, N}), null_act({N}), K, N, M, !ta,
+                    false, false);
+      else  // db stored [N,K] = r^T @ A
+        be().matmul(dB.f32({N, K}), R->a({M, N}), ta ? A->a({K, M}) : A->a({M, K}), null_act({K}), N, K, M, true,
+                    ta, false);
+      be().bias_backward(dBias.f32({N}), R->a({M, N}), M, N);
+      EXPECT_TRUE(Close(dA->rf(), add_d(pre_da, ga), grad_tol())) << "da (accumulate)";
+      EXPECT_TRUE(Close(dB.rf(), gb, grad_tol())) << "db (overwrite)";
+      EXPECT_TRUE(Close(dBias.rf(), add_d(pre_dbias, gbias), grad_tol())) << "dbias (+=)";
+    }
+}
+
+TEST_P(Ops, MatmulRejectsMixedInputDtypes) {
+  Buf a(64 * 4), b(64 * 4), out(64 * 4);
+  Tensor wrong = is_bf16() ? a.f32({8, 8}) : a.bf16({8, 8});
+  EXPECT_THROW(be().matmul(out.f32({8, 8}), wrong, b.a({8, 8}), null_act({8}), 8, 8, 8, false, false, false),
+               llmt::Error);
+}
+
+TEST_P(Ops, BiasBackwardAccumulatesColumnSums) {
+  std::mt19937 rng(13);
+  for (MM s : {MM{13, 11, 0}, MM{1, 7, 0}, MM{257, 3, 0}}) {
+    FV dout = rand_act(rng, s.M * s.N), pre = rand_f(rng, s.N, 1.f, 2.f);
+    DV want = to_d(pre);
+    for (int64_t m = 0; m < s.M; m++)
+      for (int64_t n = 0; n < s.N; n++) want[n] += dout[m * s.N + n];
+    BufP D = Buf::act(dout);
+    Buf DB(pre);
+    be().bias_backward(DB.f32({s.N}), D->a({s.M, s.N}), s.M, s.N);
+    EXPECT_TRUE(Close(DB.rf(), want, tol::kF32OpForward)) << "M=" << s.M << " N=" << s.N;
+  }
+}
+
+// ======================= embedding =======================
+
+constexpr int B_ = 2, T_ = 7, C_ = 12, V_ = 19;
+
+IV make_tokens(std::mt19937& rng) {
+  std::uniform_int_distribution<int> d(0, V_ - 1);
+  IV tok(B_ * T_);
+  for (auto& t : tok) t = d(rng);
+  tok[0] = V_ - 1;  // the edges of the table
+  tok[1] = 0;
+  tok[5] = tok[0];  // repeated tokens: their gradients must add up
+  tok[9] = tok[0];
+  tok[12] = tok[1];
+  return tok;
+}
+
+TEST_P(Ops, EmbeddingForwardWithAndWithoutWpe) {
+  std::mt19937 rng(21);
+  for (int with_wpe = 0; with_wpe < 2; with_wpe++) {
+    SCOPED_TRACE(with_wpe ? "with wpe" : "without wpe");
+    IV tok = make_tokens(rng);
+    FV wte = rand_act(rng, V_ * C_), wpe = rand_act(rng, T_ * C_), garbage = rand_act(rng, B_ * T_ * C_, 5.f, 6.f);
+    Buf Tok(tok);
+    BufP Wte = Buf::act(wte), Wpe = Buf::act(wpe), Out = Buf::act(garbage);
+    be().embedding_forward(Out->a({B_ * T_, C_}), Tok.i32({B_, T_}), Wte->a({V_, C_}),
+                           with_wpe ? Wpe->a({T_, C_}) : null_act({T_, C_}), B_, T_, C_, V_);
+    DV wpd = to_d(wpe);
+    EXPECT_TRUE(
+        Close(Out->rf(), llmt_ref::embedding(tok, to_d(wte), with_wpe ? &wpd : nullptr, B_, T_, C_), fwd_tol()));
+  }
+}
+
+TEST_P(Ops, EmbeddingBackwardVsFiniteDifferencesAccumulates) {
+  std::mt19937 rng(22);
+  for (int with_wpe = 0; with_wpe < 2; with_wpe++) {
+    SCOPED_TRACE(with_wpe ? "with wpe" : "without wpe");
+    IV tok = make_tokens(rng);
+    FV wte = rand_act(rng, V_ * C_), wpe = rand_act(rng, T_ * C_), r = rand_act(rng, B_ * T_ * C_);
+    FV pre_wte = rand_f(rng, V_ * C_), pre_wpe = rand_f(rng, T_ * C_);
+    DV wted = to_d(wte), wped = to_d(wpe), rd = to_d(r);
+    DV gwte = fd_grad(
+        [&](const DV& x) { return dot(llmt_ref::embedding(tok, x, with_wpe ? &wped : nullptr, B_, T_, C_), rd); },
+        wted);
+    Buf Tok(tok), dWte(pre_wte), dWpe(pre_wpe);
+    BufP R = Buf::act(r);
+    be().embedding_backward(dWte.f32({V_, C_}), with_wpe ? dWpe.f32({T_, C_}) : Tensor(nullptr, DType::f32, {T_, C_}),
+                            R->a({B_ * T_, C_}), Tok.i32({B_, T_}), B_, T_, C_);
+    EXPECT_TRUE(Close(dWte.rf(), add_d(pre_wte, gwte), grad_tol())) << "dwte (+=)";
+    if (with_wpe) {
+      DV gwpe = fd_grad([&](const DV& x) { return dot(llmt_ref::embedding(tok, wted, &x, B_, T_, C_), rd); }, wped);
+      EXPECT_TRUE(Close(dWpe.rf(), add_d(pre_wpe, gwpe), grad_tol())) << "dwpe (+=)";
+    } else {
+      EXPECT_EQ(dWpe.rf(), pre_wpe) << "dwpe buffer touched although dwpe.data was null";
+    }
+  }
+}
+
+TEST_P(Ops, EmbeddingTokenOutOfRangeThrows) {
+  std::mt19937 rng(23);
+  FV wte = rand_act(rng, V_ * C_), wpe = rand_act(rng, T_ * C_);
+  BufP Wte = Buf::act(wte), Wpe = Buf::act(wpe), Out = Buf::act_bytes(B_ * T_ * C_);
+  for (int bad : {V_, V_ + 100, -1, -100}) {
+    IV tok = make_tokens(rng);
+    tok[B_ * T_ - 1] = bad;
+    Buf Tok(tok);
+    EXPECT_THROW(be().embedding_forward(Out->a({B_ * T_, C_}), Tok.i32({B_, T_}), Wte->a({V_, C_}), Wpe->a({T_, C_}),
+                                        B_, T_, C_, V_),
+                 llmt::Error)
+        << "token id " << bad << " with V=" << V_;
+  }
+}
+
+// ======================= norms =======================
+
+constexpr int64_t NN = 14;  // rows
+constexpr int NC = 12;      // channels
+
+TEST_P(Ops, LayerNormForwardMatchesReference) {
+  std::mt19937 rng(31);
+  FV x = rand_f(rng, NN * NC), w = rand_act(rng, NC), b = rand_act(rng, NC);
+  for (int i = 0; i < NN * NC; i++) x[i] = representable(x[i] + 0.3f * (i / NC));  // rows with different means
+  FV g1 = rand_act(rng, NN * NC, 5.f, 6.f), g2 = rand_f(rng, NN, 5.f, 6.f), g3 = rand_f(rng, NN, 5.f, 6.f);
+  BufP X = Buf::act(x), W = Buf::act(w), Bb = Buf::act(b), Out = Buf::act(g1);
+  Buf Mean(g2), Rstd(g3);
+  const float eps = 1e-5f;
+  be().layernorm_forward(Out->a({NN, NC}), Mean.f32({NN}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), Bb->a({NC}), NN,
+                         NC, eps);
+  DV mean, rstd;
+  DV want = llmt_ref::layernorm(to_d(x), to_d(w), to_d(b), NN, NC, eps, &mean, &rstd);
+  EXPECT_TRUE(Close(Out->rf(), want, fwd_tol())) << "out";
+  EXPECT_TRUE(Close(Mean.rf(), mean, tol::kF32OpForward)) << "mean (f32 statistics)";
+  EXPECT_TRUE(Close(Rstd.rf(), rstd, tol::kF32OpForward)) << "rstd (f32 statistics)";
+}
+
+TEST_P(Ops, LayerNormBackwardVsFiniteDifferencesAccumulates) {
+  std::mt19937 rng(32);
+  FV x = rand_act(rng, NN * NC), w = rand_act(rng, NC), b = rand_act(rng, NC), r = rand_act(rng, NN * NC);
+  FV pre_dx = rand_act(rng, NN * NC), pre_dw = rand_f(rng, NC), pre_db = rand_f(rng, NC);
+  const float eps = 1e-5f;
+  BufP X = Buf::act(x), W = Buf::act(w), Bb = Buf::act(b), Out = Buf::act_bytes(NN * NC), R = Buf::act(r),
+       dX = Buf::act(pre_dx);
+  Buf Mean(NN * 4), Rstd(NN * 4), dW(pre_dw), dB(pre_db);
+  be().layernorm_forward(Out->a({NN, NC}), Mean.f32({NN}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), Bb->a({NC}), NN,
+                         NC, eps);
+  be().layernorm_backward(dX->a({NN, NC}), dW.f32({NC}), dB.f32({NC}), R->a({NN, NC}), X->a({NN, NC}), W->a({NC}),
+                          Mean.f32({NN}), Rstd.f32({NN}), NN, NC);
+  DV xd = to_d(x), wd = to_d(w), bd = to_d(b), rd = to_d(r);
+  auto L = [&](const DV& X_, const DV& W_, const DV& B_) {
+    return dot(llmt_ref::layernorm(X_, W_, B_, NN, NC, eps), rd);
+  };
+  EXPECT_TRUE(Close(dX->rf(), add_d(pre_dx, fd_grad([&](const DV& v) { return L(v, wd, bd); }, xd)), grad_tol()))
+      << "dx (+=)";
+  EXPECT_TRUE(Close(dW.rf(), add_d(pre_dw, fd_grad([&](const DV& v) { return L(xd, v, bd); }, wd)), grad_tol()))
+      << "dw (+=)";
+  EXPECT_TRUE(Close(dB.rf(), add_d(pre_db, fd_grad([&](const DV& v) { return L(xd, wd, v); }, bd)), grad_tol()))
+      << "db (+=)";
+}
+
+TEST_P(Ops, RmsNormForwardMatchesReference) {
+  std::mt19937 rng(33);
+  FV x = rand_act(rng, NN * NC), w = rand_act(rng, NC);
+  FV g1 = rand_act(rng, NN * NC, 5.f, 6.f), g2 = rand_f(rng, NN, 5.f, 6.f);
+  BufP X = Buf::act(x), W = Buf::act(w), Out = Buf::act(g1);
+  Buf Rstd(g2);
+  const float eps = 1e-6f;
+  be().rmsnorm_forward(Out->a({NN, NC}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), NN, NC, eps);
+  DV rstd;
+  DV want = llmt_ref::rmsnorm(to_d(x), to_d(w), NN, NC, eps, &rstd);
+  EXPECT_TRUE(Close(Out->rf(), want, fwd_tol())) << "out";
+  EXPECT_TRUE(Close(Rstd.rf(), rstd, tol::kF32OpForward)) << "rstd (f32 statistics)";
+}
+
+TEST_P(Ops, RmsNormBackwardVsFiniteDifferencesAccumulates) {
+  std::mt19937 rng(34);
+  FV x = rand_act(rng, NN * NC), w = rand_act(rng, NC), r = rand_act(rng, NN * NC);
+  FV pre_dx = rand_act(rng, NN * NC), pre_dw = rand_f(rng, NC);
+  const float eps = 1e-6f;
+  BufP X = Buf::act(x), W = Buf::act(w), Out = Buf::act_bytes(NN * NC), R = Buf::act(r), dX = Buf::act(pre_dx);
+  Buf Rstd(NN * 4), dW(pre_dw);
+  be().rmsnorm_forward(Out->a({NN, NC}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), NN, NC, eps);
+  be().rmsnorm_backward(dX->a({NN, NC}), dW.f32({NC}), R->a({NN, NC}), X->a({NN, NC}), W->a({NC}), Rstd.f32({NN}), NN,
+                        NC);
+  DV xd = to_d(x), wd = to_d(w), rd = to_d(r);
+  auto L = [&](const DV& X_, const DV& W_) { return dot(llmt_ref::rmsnorm(X_, W_, NN, NC, eps), rd); };
+  EXPECT_TRUE(Close(dX->rf(), add_d(pre_dx, fd_grad([&](const DV& v) { return L(v, wd); }, xd)), grad_tol()))
+      << "dx (+=)";
+  EXPECT_TRUE(Close(dW.rf(), add_d(pre_dw, fd_grad([&](const DV& v) { return L(xd, v); }, wd)), grad_tol()))
+      << "dw (+=)";
+}
+
+// ======================= activations =======================
+
+TEST_P(Ops, GeluForwardMatchesTanhReference) {
+  std::mt19937 rng(41);
+  const int64_t n = 1001;
+  FV x = rand_act(rng, n, -4.f, 4.f), g = rand_act(rng, n, 5.f, 6.f);
+  BufP X = Buf::act(x), Out = Buf::act(g);
+  be().gelu_forward(Out->a({n}), X->a({n}), n);
+  EXPECT_TRUE(Close(Out->rf(), llmt_ref::gelu(to_d(x)), fwd_tol()));
+}
+
+TEST_P(Ops, GeluBackwardVsFiniteDifferencesOverwritesAndAliases) {
+  std::mt19937 rng(42);
+  const int64_t n = 257;
+  FV x = rand_act(rng, n, -4.f, 4.f), r = rand_act(rng, n), g = rand_act(rng, n, 5.f, 6.f);
+  DV rd = to_d(r);
+  DV want = fd_grad([&](const DV& v) { return dot(llmt_ref::gelu(v), rd); }, to_d(x));
+  {
+    BufP X = Buf::act(x), R = Buf::act(r), dX = Buf::act(g);
+    be().gelu_backward(dX->a({n}), X->a({n}), R->a({n}), n);
+    EXPECT_TRUE(Close(dX->rf(), want, grad_tol())) << "dx (=) over garbage";
+  }
+  {
+    BufP X = Buf::act(x), R = Buf::act(r);
+    be().gelu_backward(R->a({n}), X->a({n}), R->a({n}), n);  // dx aliases dout
+    EXPECT_TRUE(Close(R->rf(), want, grad_tol())) << "dx aliasing dout";
+  }
+}
+
+TEST_P(Ops, SwiGLUForwardMatchesReference) {
+  std::mt19937 rng(43);
+  const int64_t N = 14;
+  const int I = 9;
+  FV gu = rand_act(rng, N * 2 * I, -3.f, 3.f), g = rand_act(rng, N * I, 5.f, 6.f);
+  BufP GU = Buf::act(gu), Out = Buf::act(g);
+  be().swiglu_forward(Out->a({N, I}), GU->a({N, 2 * I}), N, I);
+  EXPECT_TRUE(Close(Out->rf(), llmt_ref::swiglu(to_d(gu), N, I), fwd_tol()));
+}
+
+TEST_P(Ops, SwiGLUBackwardVsFiniteDifferencesOverwrites) {
+  std::mt19937 rng(44);
+  const int64_t N = 14;
+  const int I = 9;
+  FV gu = rand_act(rng, N * 2 * I, -3.f, 3.f), r = rand_act(rng, N * I), g = rand_act(rng, N * 2 * I, 5.f, 6.f);
+  DV rd = to_d(r);
+  DV want = fd_grad([&](const DV& v) { return dot(llmt_ref::swiglu(v, N, I), rd); }, to_d(gu));
+  BufP GU = Buf::act(gu), R = Buf::act(r), dGU = Buf::act(g);
+  be().swiglu_backward(dGU->a({N, 2 * I}), R->a({N, I}), GU->a({N, 2 * I}), N, I);
+  EXPECT_TRUE(Close(dGU->rf(), want, grad_tol())) << "dgate_up (=) over garbage";
+}
+
+// ======================= dropout =======================
+
+// The keep/drop decision of element (b, t, c): the spec every backend follows.
+bool kept(const llmt::Dropout& d, int64_t b, int t, int64_t c) {
+  return llmt::dropout_keep(d.key, llmt::dropout_row(d.row0 + b, t), c, d.p);
+}
+
+TEST_P(Ops, DropoutMaskStatisticsAndScale) {
+  const int B = 3, T = 50, C = 400;  // 60,000 elements
+  const int64_t n = (int64_t)B * T * C;
+  FV ones(n, 1.0f);
+  for (float p : {0.1f, 0.5f}) {
+    SCOPED_TRACE(::testing::Message() << "p=" << p);
+    llmt::Dropout d{p, 0x1234abcdull, 17};
+    BufP X = Buf::act(ones);
+    be().dropout(X->a({B * T, C}), B, T, C, d);
+    FV got = X->rf();
+    const float scale = representable(1.0f / (1.0f - p));
+    int64_t kept_n = 0, wrong = 0;
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+          float v = got[((int64_t)b * T + t) * C + c];
+          bool k = kept(d, b, t, c);
+          kept_n += k;
+          wrong += k ? v != scale : v != 0.0f;
+        }
+    EXPECT_EQ(wrong, 0) << "kept elements must be scaled by 1/(1-p), dropped ones zero, as dropout_keep says";
+    // the kept fraction is binomial(n, 1-p): within 5 standard deviations
+    double mean = n * (1.0 - p), sd = std::sqrt(n * p * (1.0 - p));
+    EXPECT_NEAR((double)kept_n, mean, 5 * sd);
+  }
+  // p = 0 changes nothing; a different key draws a different mask; the same key the same mask
+  BufP X = Buf::act(ones);
+  be().dropout(X->a({B * T, C}), B, T, C, llmt::Dropout{0.0f, 1, 0});
+  EXPECT_EQ(X->rf(), ones);
+  int64_t differ = 0;
+  for (int c = 0; c < C; c++) differ += kept({0.5f, 1, 0}, 0, 0, c) != kept({0.5f, 2, 0}, 0, 0, c);
+  EXPECT_GT(differ, C / 4);
+}
+
+// A sequence's mask depends on which sequence it is (row0 + b) and the position, not on how the
+// batch was cut: one batch of 4 equals two batches of 2 whose row0 follow on, even with a shorter
+// padded length in one of them.
+TEST_P(Ops, DropoutMaskIndependentOfBatchSplit) {
+  std::mt19937 rng(45);
+  const int C = 33, T = 9, T_short = 6;
+  llmt::Dropout d{0.3f, 987654321ull, 40};
+  FV x = rand_act(rng, (size_t)4 * T * C);
+  BufP whole = Buf::act(x);
+  be().dropout(whole->a({4 * T, C}), 4, T, C, d);
+  FV w = whole->rf();
+  // sequences 2, 3 alone (row0 + 2), cut to T_short tokens
+  FV part((size_t)2 * T_short * C);
+  for (int b = 0; b < 2; b++)
+    for (int t = 0; t < T_short; t++)
+      for (int c = 0; c < C; c++) part[((size_t)b * T_short + t) * C + c] = x[((size_t)(b + 2) * T + t) * C + c];
+  BufP half = Buf::act(part);
+  llmt::Dropout d2 = d;
+  d2.row0 = d.row0 + 2;
+  be().dropout(half->a({2 * T_short, C}), 2, T_short, C, d2);
+  FV h = half->rf();
+  for (int b = 0; b < 2; b++)
+    for (int t = 0; t < T_short; t++)
+      for (int c = 0; c < C; c++)
+        ASSERT_EQ(h[((size_t)b * T_short + t) * C + c], w[((size_t)(b + 2) * T + t) * C + c])
+            << "sequence " << b + 2 << " position " << t << " channel " << c;
+}
+
+// ======================= RoPE and attention =======================
+
+struct AttnCfg {
+  int NH, NKV;
+};
+constexpr int AB = 2, AT = 7, HS = 6;
+
+TEST_P(Ops, RopeForwardAndBackwardVsReference) {
+  std::mt19937 rng(51);
+  for (AttnCfg c : {AttnCfg{4, 2}, AttnCfg{3, 3}, AttnCfg{3, 1}})
+    for (double theta : {10000.0, 10.0}) {
+      SCOPED_TRACE(::testing::Message() << "NH=" << c.NH << " NKV=" << c.NKV << " theta=" << theta);
+      const int R = (c.NH + 2 * c.NKV) * HS;
+      const int64_t n = (int64_t)AB * AT * R;
+      FV qkv = rand_act(rng, n), r = rand_act(rng, n);
+      DV want = llmt_ref::rope(to_d(qkv), AB, AT, c.NH, c.NKV, HS, theta);
+      BufP Q = Buf::act(qkv);
+      be().rope_forward(Q->a({AB * AT, R}), AB, AT, c.NH, c.NKV, HS, (float)theta);
+      FV got = Q->rf();
+      EXPECT_TRUE(Close(got, want, fwd_tol())) << "rope_forward";
+      for (int64_t row = 0; row < AB * AT; row++)
+        for (int j = (c.NH + c.NKV) * HS; j < R; j++)
+          ASSERT_EQ(got[row * R + j], qkv[row * R + j]) << "v part changed, row " << row << " col " << j;
+      // backward: dqkv = r in place; expect d/dqkv sum(rope(qkv) * r)
+      DV rd = to_d(r);
+      DV g = fd_grad([&](const DV& v) { return dot(llmt_ref::rope(v, AB, AT, c.NH, c.NKV, HS, theta), rd); },
+                     to_d(qkv));
+      BufP dQ = Buf::act(r);
+      be().rope_backward(dQ->a({AB * AT, R}), AB, AT, c.NH, c.NKV, HS, (float)theta);
+      EXPECT_TRUE(Close(dQ->rf(), g, grad_tol())) << "rope_backward";
+    }
+}
+
+// dropout on attention probabilities as the op's contract says: 1/(1-p) where kept, 0 where dropped
+llmt_ref::DropFn attn_drop(const llmt::Dropout& d) {
+  if (!d.active()) return nullptr;
+  return [d](int b, int h, int t, int u) {
+    bool keep = llmt::dropout_keep(d.key, llmt::dropout_row(d.row0 + b, t), ((int64_t)h << llmt::kDropoutPosBits) + u, d.p);
+    return keep ? 1.0 / (1.0 - d.p) : 0.0;
+  };
+}
+
+TEST_P(Ops, AttentionForwardMatchesReference) {
+  std::mt19937 rng(52);
+  for (AttnCfg c : {AttnCfg{3, 3}, AttnCfg{4, 2}, AttnCfg{3, 1}})
+    for (float p : {0.0f, 0.25f}) {
+      SCOPED_TRACE(::testing::Message() << "NH=" << c.NH << " NKV=" << c.NKV << " dropout " << p);
+      const int R = (c.NH + 2 * c.NKV) * HS;
+      llmt::Dropout d{p, 77, 5};
+      FV qkv = rand_act(rng, (size_t)AB * AT * R, -1.5f, 1.5f);
+      FV g1 = rand_act(rng, (size_t)AB * AT * c.NH * HS, 5.f, 6.f), g2 = rand_f(rng, (size_t)AB * c.NH * AT, 5.f, 6.f);
+      BufP Q = Buf::act(qkv), Out = Buf::act(g1);
+      Buf Lse(g2);
+      be().attention_forward(Out->a({AB * AT, c.NH * HS}), Lse.f32({AB, c.NH, AT}), Q->a({AB * AT, R}), AB, AT, c.NH,
+                             c.NKV, HS, d);
+      DV lse;
+      DV want = llmt_ref::attention(to_d(qkv), AB, AT, c.NH, c.NKV, HS, &lse, attn_drop(d));
+      EXPECT_TRUE(Close(Out->rf(), want, fwd_tol())) << "out (=)";
+      EXPECT_TRUE(Close(Lse.rf(), lse, tol::kF32OpForward + (is_bf16() ? tol::kBf16OpForward / 4 : 0.0)))
+          << "lse (=): the log-sum-exp of each row's scaled scores";
+    }
+}
+
+TEST_P(Ops, AttentionBackwardVsFiniteDifferencesMhaGqaDropout) {
+  std::mt19937 rng(53);
+  for (AttnCfg c : {AttnCfg{3, 3}, AttnCfg{4, 2}, AttnCfg{3, 1}})
+    for (float p : {0.0f, 0.25f}) {
+      SCOPED_TRACE(::testing::Message() << "NH=" << c.NH << " NKV=" << c.NKV << " dropout " << p);
+      const int R = (c.NH + 2 * c.NKV) * HS;
+      llmt::Dropout d{p, 99, 3};
+      FV qkv = rand_act(rng, (size_t)AB * AT * R, -1.5f, 1.5f), r = rand_act(rng, (size_t)AB * AT * c.NH * HS);
+      FV g1 = rand_act(rng, qkv.size(), 5.f, 6.f);
+      BufP Q = Buf::act(qkv), Out = Buf::act_bytes(r.size()), dOut = Buf::act(r), dQ = Buf::act(g1);
+      Buf Lse((size_t)AB * c.NH * AT * 4);
+      be().attention_forward(Out->a({AB * AT, c.NH * HS}), Lse.f32({AB, c.NH, AT}), Q->a({AB * AT, R}), AB, AT, c.NH,
+                             c.NKV, HS, d);
+      be().attention_backward(dQ->a({AB * AT, R}), dOut->a({AB * AT, c.NH * HS}), Q->a({AB * AT, R}),
+                              Out->a({AB * AT, c.NH * HS}), Lse.f32({AB, c.NH, AT}), AB, AT, c.NH, c.NKV, HS, d);
+      DV rd = to_d(r);
+      DV want = fd_grad(
+          [&](const DV& v) { return dot(llmt_ref::attention(v, AB, AT, c.NH, c.NKV, HS, nullptr, attn_drop(d)), rd); },
+          to_d(qkv));
+      EXPECT_TRUE(Close(dQ->rf(), want, grad_tol())) << "dqkv (=) over garbage";
+    }
+}
+
+// ======================= cross-entropy =======================
+
+TEST_P(Ops, CrossEntropyLossAndGradientVsFiniteDifferencesWithIgnored) {
+  std::mt19937 rng(61);
+  const int64_t N = 14;
+  const int V = 19;
+  const float grad_scale = 0.37f;
+  FV logits = rand_act(rng, N * V, -3.f, 3.f), garbage = rand_act(rng, N * V, 5.f, 6.f);
+  IV tg(N);
+  std::uniform_int_distribution<int> d(0, V - 1);
+  for (auto& t : tg) t = d(rng);
+  tg[0] = 0;
+  tg[1] = V - 1;
+  tg[2] = tg[5] = tg[13] = llmt::kIgnoreIndex;
+  DV ld = to_d(logits);
+  double want_loss = llmt_ref::cross_entropy(ld, tg, N, V);
+  DV want_grad = fd_grad([&](const DV& v) { return grad_scale * llmt_ref::cross_entropy(v, tg, N, V); }, ld);
+  const double before = 1.25;  // loss_sum accumulates (+=)
+  auto loss_of = [&](Buf& s) { return s.read<double>()[0] - before; };
+
+  {  // separate dlogits pre-filled with garbage
+    BufP L = Buf::act(logits), dL = Buf::act(garbage);
+    Buf Tg(tg), S(std::vector<double>{before});
+    be().cross_entropy(S.f64({1}), dL->a({N, V}), L->a({N, V}), Tg.i32({N}), N, V, grad_scale);
+    EXPECT_NEAR(loss_of(S), want_loss, tol::kF32OpForward * std::fabs(want_loss)) << "loss sum over non-ignored rows";
+    FV got = dL->rf();
+    EXPECT_TRUE(Close(got, want_grad, grad_tol())) << "dlogits (=)";
+    for (int64_t n : {2, 5, 13})
+      for (int j = 0; j < V; j++) ASSERT_EQ(got[n * V + j], 0.f) << "ignored row " << n << " must be zero";
+    EXPECT_EQ(L->rf(), logits) << "logits changed although dlogits is a separate buffer";
+  }
+  {  // dlogits aliasing logits
+    BufP L = Buf::act(logits);
+    Buf Tg(tg), S(std::vector<double>{before});
+    be().cross_entropy(S.f64({1}), L->a({N, V}), L->a({N, V}), Tg.i32({N}), N, V, grad_scale);
+    EXPECT_NEAR(loss_of(S), want_loss, tol::kF32OpForward * std::fabs(want_loss)) << "aliased";
+    EXPECT_TRUE(Close(L->rf(), want_grad, grad_tol())) << "dlogits aliasing logits";
+  }
+  {  // no dlogits: loss only
+    BufP L = Buf::act(logits);
+    Buf Tg(tg), S(std::vector<double>{before});
+    be().cross_entropy(S.f64({1}), null_act({N, V}), L->a({N, V}), Tg.i32({N}), N, V, grad_scale);
+    EXPECT_NEAR(loss_of(S), want_loss, tol::kF32OpForward * std::fabs(want_loss)) << "loss only";
+    EXPECT_EQ(L->rf(), logits) << "logits changed with dlogits.data == nullptr";
+  }
+  {  // every row ignored: loss 0 and zero gradient
+    IV all(N, llmt::kIgnoreIndex);
+    BufP L = Buf::act(logits), dL = Buf::act(garbage);
+    Buf Tg(all), S(std::vector<double>{before});
+    be().cross_entropy(S.f64({1}), dL->a({N, V}), L->a({N, V}), Tg.i32({N}), N, V, grad_scale);
+    EXPECT_EQ(loss_of(S), 0.0);
+    for (float v : dL->rf()) ASSERT_EQ(v, 0.f) << "all rows ignored: dlogits must be zero";
+  }
+}
+
+TEST_P(Ops, CrossEntropyTargetOutOfRangeThrows) {
+  std::mt19937 rng(62);
+  const int64_t N = 5;
+  const int V = 19;
+  FV logits = rand_act(rng, N * V);
+  for (int bad : {V, V + 7, -1, -99, -101}) {
+    IV tg = {0, 3, llmt::kIgnoreIndex, 7, bad};
+    BufP L = Buf::act(logits), dL = Buf::act_bytes(N * V);
+    Buf Tg(tg), S(8);
+    EXPECT_THROW(be().cross_entropy(S.f64({1}), dL->a({N, V}), L->a({N, V}), Tg.i32({N}), N, V, 1.f), llmt::Error)
+        << "target " << bad << " with dlogits";
+    EXPECT_THROW(be().cross_entropy(S.f64({1}), null_act({N, V}), L->a({N, V}), Tg.i32({N}), N, V, 1.f), llmt::Error)
+        << "target " << bad << " loss only";
+  }
+}
+
+// ======================= optimizer and reductions =======================
+
+TEST_P(Ops, AdamWThreeStepsMatchTorchAdamWAndWriteTheComputeCopy) {
+  std::mt19937 rng(71);
+  const int64_t n = 37;
+  // beta2 and eps away from the defaults so that a hard-coded constant or eps in the wrong place shows:
+  // with |g*grad_scale| ~ 0.25, eps = 1e-3 moves the update by ~0.5%, far above the tolerance.
+  const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-3f, wd = 0.1f, gs = 0.5f;
+  FV p = rand_f(rng, n), m(n, 0.f), v(n, 0.f);
+  DV pd = to_d(p), md(n, 0.0), vd(n, 0.0);
+  Buf P(p), M(m), Vb(v), PC((size_t)n * 2);
+  for (int t = 1; t <= 3; t++) {
+    SCOPED_TRACE(::testing::Message() << "step " << t);
+    FV g = rand_f(rng, n);
+    Buf G(g);
+    FV p_before = P.rf();
+    DV pd_before = pd;
+    be().adamw(P.f32({n}), is_bf16() ? PC.bf16({n}) : Tensor(), G.f32({n}), M.f32({n}), Vb.f32({n}), n, lr, b1, b2, eps,
+               wd, t, gs);
+    llmt_ref::adamw(pd, to_d(g), md, vd, lr, b1, b2, eps, wd, t, gs);
+    FV got = P.rf();
+    EXPECT_TRUE(Close(got, pd, tol::kF32OpForward)) << "p";
+    EXPECT_TRUE(Close(M.rf(), md, tol::kF32OpForward)) << "m";
+    EXPECT_TRUE(Close(Vb.rf(), vd, tol::kF32OpForward)) << "v";
+    // the update itself, from the same starting point, relative to its own size
+    FV upd(n);
+    DV want_upd(n);
+    for (int64_t i = 0; i < n; i++) {
+      upd[i] = got[i] - p_before[i];
+      want_upd[i] = pd[i] - pd_before[i];
+    }
+    EXPECT_TRUE(Close(upd, want_upd, tol::kF32OpBackward)) << "p_new - p_old";
+    if (is_bf16()) {  // the compute copy is the master's rounding, bit for bit
+      std::vector<uint16_t> pc = PC.read<uint16_t>();
+      for (int64_t i = 0; i < n; i++) ASSERT_EQ(pc[i], llmt::f32_to_bf16(got[i])) << "compute copy " << i;
+    }
+  }
+}
+
+TEST_P(Ops, SumSquaresAccumulatesInDouble) {
+  std::mt19937 rng(72);
+  for (int64_t n : {1, 7, 1001, 100003}) {
+    FV x = rand_f(rng, n, -2.f, 2.f);
+    double want = 0.5;  // out += the sum
+    for (float f : x) want += (double)f * f;
+    Buf X(x), S(std::vector<double>{0.5});
+    be().sum_squares(S.f64({1}), X.f32({n}), n);
+    EXPECT_NEAR(S.read<double>()[0], want, tol::kF32OpForward * want) << "n=" << n;
+  }
+}
+
+// ======================= dtype conversion =======================
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+bool bf16_is_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f) != 0; }
+
+// Round to nearest even by distances (not by bit tricks): the two bf16 neighbours of a finite x, the
+// nearer wins, ties go to the even mantissa; above the largest bf16 the upper neighbour is 2^128 (= inf).
+uint16_t ref_bf16(float x) {
+  uint32_t u = bits(x);
+  uint32_t lo = u & 0xffff0000u;
+  if (lo == u) return (uint16_t)(u >> 16);
+  uint32_t hi = lo + 0x10000u;  // next bf16 away from zero
+  double xd = std::fabs((double)x), lod = std::fabs((double)from_bits(lo));
+  double hid = ((hi & 0x7fffffffu) == 0x7f800000u) ? std::ldexp(1.0, 128) : std::fabs((double)from_bits(hi));
+  double dl = xd - lod, dh = hid - xd;
+  if (dl < dh) return (uint16_t)(lo >> 16);
+  if (dh < dl) return (uint16_t)(hi >> 16);
+  return ((lo >> 16) & 1) ? (uint16_t)(hi >> 16) : (uint16_t)(lo >> 16);
+}
+
+TEST_P(Ops, ConvertF32ToBf16RoundsToNearestEven) {
+  struct Case {
+    uint32_t in;
+    uint16_t out;
+  };
+  const Case cases[] = {
+      {0x3f808000u, 0x3f80},  // tie, lower neighbour even: stays
+      {0x3f818000u, 0x3f82},  // tie, lower neighbour odd: rounds up to even
+      {0x3f808001u, 0x3f81},  // just above the tie
+      {0x3f807fffu, 0x3f80},  // just below the tie
+      {0xbf808000u, 0xbf80},  // negative tie to even
+      {0xbf818000u, 0xbf82},
+      {0x3f80ffffu, 0x3f81},
+      {0x3fffffffu, 0x4000},  // carry into the exponent
+      {0x7f7fffffu, 0x7f80},  // max float rounds to inf
+      {0x7f7f7fffu, 0x7f7f},
+      {0x7f800000u, 0x7f80},  // inf
+      {0xff800000u, 0xff80},  // -inf
+      {0x00000000u, 0x0000},
+      {0x80000000u, 0x8000},
+      {0x00008000u, 0x0000},  // subnormal tie to even (zero)
+      {0x00018000u, 0x0002},  // subnormal tie to even (up)
+  };
+  const int n = sizeof(cases) / sizeof(cases[0]);
+  FV in(n);
+  for (int i = 0; i < n; i++) in[i] = from_bits(cases[i].in);
+  Buf I(in), O((size_t)n * 2);
+  be().convert(O.bf16({n}), I.f32({n}), n);
+  auto out = O.read<uint16_t>();
+  for (int i = 0; i < n; i++)
+    EXPECT_EQ(out[i], cases[i].out) << std::hex << "f32 0x" << cases[i].in << " -> bf16 0x" << out[i]
+                                    << ", want 0x" << cases[i].out;
+}
+
+TEST_P(Ops, ConvertF32ToBf16NaNStaysNaN) {
+  const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7f80ffffu, 0xffffffffu, 0x7fffffffu};
+  const int n = 6;
+  FV in(n);
+  for (int i = 0; i < n; i++) in[i] = from_bits(nans[i]);
+  Buf I(in), O((size_t)n * 2);
+  be().convert(O.bf16({n}), I.f32({n}), n);
+  auto out = O.read<uint16_t>();
+  for (int i = 0; i < n; i++)
+    EXPECT_TRUE(bf16_is_nan(out[i])) << std::hex << "f32 NaN 0x" << nans[i] << " -> bf16 0x" << out[i];
+}
+
+TEST_P(Ops, ConvertRandomRoundTripsAgainstDistanceReference) {
+  std::mt19937 rng(81);
+  const int64_t n = 4099;
+  FV in(n);
+  std::uniform_int_distribution<int> e(-30, 30);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  for (int64_t i = 0; i < n; i++) in[i] = std::ldexp(d(rng), e(rng));
+  for (int64_t i = 0; i < n; i += 17) in[i] = from_bits((bits(in[i]) & 0xffff0000u) | 0x8000u);  // exact ties
+  Buf I(in), O((size_t)n * 2), Back((size_t)n * 4);
+  be().convert(O.bf16({n}), I.f32({n}), n);
+  auto out = O.read<uint16_t>();
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (out[i] != ref_bf16(in[i]) && bad++ < 5)
+      ADD_FAILURE() << std::hex << "f32 0x" << bits(in[i]) << " -> 0x" << out[i] << ", want 0x" << ref_bf16(in[i]);
+  EXPECT_EQ(bad, 0);
+  // bf16 -> f32 is exact: the 16 bits become the top half
+  be().convert(Back.f32({n}), O.bf16({n}), n);
+  FV back = Back.rf();
+  for (int64_t i = 0; i < n; i++) ASSERT_EQ(bits(back[i]), (uint32_t)out[i] << 16) << "bf16 -> f32 at " << i;
+}
+
+TEST_P(Ops, ConvertBf16ToF32KeepsSpecials) {
+  std::vector<uint16_t> h = {0x0000, 0x8000, 0x3f80, 0xbf81, 0x7f80, 0xff80, 0x7fc1, 0x0001, 0x7f7f};
+  const int64_t n = (int64_t)h.size();
+  Buf I(h), O((size_t)n * 4);
+  be().convert(O.f32({n}), I.bf16({n}), n);
+  FV out = O.rf();
+  for (int64_t i = 0; i < n; i++) EXPECT_EQ(bits(out[i]), (uint32_t)h[i] << 16) << "bf16 0x" << std::hex << h[i];
+}
+
+// ======================= elementwise =======================
+
+TEST_P(Ops, ElementwiseAddAccumulateScale) {
+  std::mt19937 rng(91);
+  const int64_t n = 1003;
+  FV a = rand_act(rng, n), b = rand_act(rng, n), g = rand_act(rng, n, 5.f, 6.f);
+  DV sum(n);
+  for (int64_t i = 0; i < n; i++) sum[i] = (double)a[i] + b[i];
+  {
+    BufP A = Buf::act(a), Bb = Buf::act(b), O = Buf::act(g);
+    be().add(O->a({n}), A->a({n}), Bb->a({n}), n);
+    EXPECT_TRUE(Close(O->rf(), sum, fwd_tol())) << "add (=)";
+    EXPECT_EQ(A->rf(), a);
+    EXPECT_EQ(Bb->rf(), b);
+  }
+  {
+    BufP A = Buf::act(a), Bb = Buf::act(b);
+    be().add(A->a({n}), A->a({n}), Bb->a({n}), n);
+    EXPECT_TRUE(Close(A->rf(), sum, fwd_tol())) << "add, out aliasing a";
+  }
+  {
+    BufP A = Buf::act(a), Bb = Buf::act(b);
+    be().add(Bb->a({n}), A->a({n}), Bb->a({n}), n);
+    EXPECT_TRUE(Close(Bb->rf(), sum, fwd_tol())) << "add, out aliasing b";
+  }
+  {
+    BufP D = Buf::act(a), S = Buf::act(b);
+    be().accumulate(D->a({n}), S->a({n}), n);
+    EXPECT_TRUE(Close(D->rf(), sum, fwd_tol())) << "accumulate (+=)";
+    EXPECT_EQ(S->rf(), b) << "accumulate changed src";
+  }
+  {  // an f32 gradient shard += a gradient in the act dtype (the FSDP store's accumulation)
+    Buf D(a);
+    BufP S = Buf::act(b);
+    be().accumulate(D.f32({n}), S->a({n}), n);
+    EXPECT_TRUE(Close(D.rf(), sum, tol::kF32OpForward)) << "accumulate f32 += act";
+  }
+  {
+    BufP X = Buf::act(a);
+    const float s = -0.731f;
+    be().scale(X->a({n}), s, n);
+    DV want(n);
+    for (int64_t i = 0; i < n; i++) want[i] = (double)a[i] * s;
+    EXPECT_TRUE(Close(X->rf(), want, fwd_tol())) << "scale";
+  }
+}
+
+}  // namespace
+
+INSTANTIATE_TEST_SUITE_P(Backends, Ops, ::testing::Range(0, (int)backend_cases().size()), case_name);
