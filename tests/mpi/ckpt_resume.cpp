@@ -51,8 +51,9 @@ struct TrainRun {
   std::unique_ptr<FsdpStore> store;
   int B;
   std::unique_ptr<DataComm> data;
-  TrainRun(const ModelConfig& c, ControlComm& cm, Strategy s, int local_size) : cfg(c), comm(cm) {
-    be = make_cpu_backend(1);
+  TrainRun(const ModelConfig& c, ControlComm& cm, Strategy s, int local_size, DType compute = DType::f32)
+      : cfg(c), comm(cm) {
+    be = make_cpu_backend(1, compute);
     data = make_mpi_data_comm(comm);
     B = kGlobal / comm.size();
     model = std::make_unique<Transformer>(cfg, *be, B, kT, false);
@@ -133,15 +134,20 @@ void on_rank0(F&& f) {
   g_world->barrier();
 }
 
-void check_resume(Arch arch, Strategy save_strategy, int save_local) {
+// With dropout on (GPT-2 everywhere, LLaMA on attention): a resumed run draws the same masks.
+void check_resume(Arch arch, Strategy save_strategy, int save_local, DType compute = DType::f32) {
   const int W = g_world->size(), r = g_world->rank();
   ModelConfig cfg = tiny_model(arch);
+  cfg.attn_pdrop = 0.1f;
+  if (arch == Arch::gpt2) cfg.embd_pdrop = cfg.resid_pdrop = 0.1f;
+  const double loss_tol = compute == DType::f32 ? llmt_test::tol::kF32Loss : llmt_test::tol::kBf16ReorderLoss;
   std::string tag = std::string(arch == Arch::gpt2 ? "gpt2" : "llama") + " saved " + strategy_name(save_strategy) +
-                    " W=" + std::to_string(W);
-  std::string path = shared_path(std::string("state_") + cfg.arch_name() + "_" + strategy_name(save_strategy) + ".h5");
+                    " W=" + std::to_string(W) + " " + dtype_name(compute);
+  std::string path = shared_path(std::string("state_") + cfg.arch_name() + "_" + strategy_name(save_strategy) + "_" +
+                                 dtype_name(compute) + ".h5");
 
   // the uninterrupted run, saved midway
-  TrainRun a(cfg, *g_world, save_strategy, save_local);
+  TrainRun a(cfg, *g_world, save_strategy, save_local, compute);
   a.init();
   std::vector<double> ref;
   State saved;
@@ -155,7 +161,7 @@ void check_resume(Arch arch, Strategy save_strategy, int save_local) {
 
   // the same world and strategy: bitwise state, bitwise losses
   {
-    TrainRun b(cfg, *g_world, save_strategy, save_local);
+    TrainRun b(cfg, *g_world, save_strategy, save_local, compute);
     LoadedTrainState st = b.load(path);
     EXPECT_EQ(st.global_step, kSaveAt);
     EXPECT_EQ(st.adam_step, kSaveAt);
@@ -166,30 +172,30 @@ void check_resume(Arch arch, Strategy save_strategy, int save_local) {
   }
   // full_shard over every rank (a different strategy when the save was not full_shard)
   {
-    TrainRun b(cfg, *g_world, Strategy::full_shard, g_local_size);
+    TrainRun b(cfg, *g_world, Strategy::full_shard, g_local_size, compute);
     b.load(path);
     expect_bitwise(gather_state(b), saved, tag + ", loaded full_shard");
     for (int s = kSaveAt; s < kSteps; s++)
-      EXPECT_NEAR(b.step(s), ref[s], llmt_test::tol::kF32Loss * std::fabs(ref[s])) << tag << ", loaded full_shard, step " << s;
+      EXPECT_NEAR(b.step(s), ref[s], loss_tol * std::fabs(ref[s])) << tag << ", loaded full_shard, step " << s;
   }
   // every rank alone (no_shard on a communicator of one), the whole batch in one micro-batch
   {
     std::unique_ptr<ControlComm> self = g_world->split(r, 0);
-    TrainRun b(cfg, *self, Strategy::no_shard, 1);
+    TrainRun b(cfg, *self, Strategy::no_shard, 1, compute);
     b.load(path);
     expect_bitwise(gather_state(b), saved, tag + ", loaded alone");
     for (int s = kSaveAt; s < kSteps; s++)
-      EXPECT_NEAR(b.step(s), ref[s], llmt_test::tol::kF32Loss * std::fabs(ref[s])) << tag << ", loaded alone, step " << s;
+      EXPECT_NEAR(b.step(s), ref[s], loss_tol * std::fabs(ref[s])) << tag << ", loaded alone, step " << s;
   }
   // full_shard over two of three ranks (and the third alone), while both groups read at once
   if (W >= 3) {
     std::unique_ptr<ControlComm> sub = g_world->split(r < 2 ? 0 : 1, r);
-    TrainRun b(cfg, *sub, r < 2 ? Strategy::full_shard : Strategy::no_shard, 1);
+    TrainRun b(cfg, *sub, r < 2 ? Strategy::full_shard : Strategy::no_shard, 1, compute);
     if (kGlobal % sub->size() == 0) {
       b.load(path);
       expect_bitwise(gather_state(b), saved, tag + ", loaded on a sub-communicator");
       for (int s = kSaveAt; s < kSteps; s++)
-        EXPECT_NEAR(b.step(s), ref[s], llmt_test::tol::kF32Loss * std::fabs(ref[s])) << tag << ", sub-communicator, step " << s;
+        EXPECT_NEAR(b.step(s), ref[s], loss_tol * std::fabs(ref[s])) << tag << ", sub-communicator, step " << s;
     }
   }
 }
@@ -220,6 +226,7 @@ void copy_file(const std::string& from, const std::string& to, int64_t keep_byte
 }  // namespace
 
 TEST(CkptResume, Gpt2FullShard) { check_resume(Arch::gpt2, Strategy::full_shard, g_local_size); }
+TEST(CkptResume, Gpt2FullShardBf16) { check_resume(Arch::gpt2, Strategy::full_shard, g_local_size, DType::bf16); }
 TEST(CkptResume, LlamaShardGradOp) { check_resume(Arch::llama, Strategy::shard_grad_op, g_local_size); }
 TEST(CkptResume, Gpt2NoShard) { check_resume(Arch::gpt2, Strategy::no_shard, g_local_size); }
 TEST(CkptResume, LlamaHybridShard) {

@@ -1,7 +1,9 @@
 // FSDP equivalence under mpirun (ctest runs this at 1, 2, 3 and 4 ranks): every strategy, split
 // over ranks and micro-batches in every way the world size allows, must give the loss at every
-// step and the final parameters of a single process training on the whole global batch at once.
-// Bounds: tests/tolerances.h (fp32; sums grouped differently round differently, nothing more).
+// step and the final parameters of a single process training on the whole global batch at once:
+// in fp32, in bf16 (--bf16, gradients reduced in f32 or bf16), and with dropout (the masks depend on
+// the sequence, not the split). Bounds: tests/tolerances.h (sums grouped differently round
+// differently, nothing more). And the bytes each rank sends per step equal llmt plan's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "tests/mpi/tiny_models.h"
 #include "tests/test_util.h"
 #include "tests/tolerances.h"
+#include "train/plan.h"
 #include "train/step.h"
 
 using namespace llmt;
@@ -28,18 +31,27 @@ const int kSteps = 4, kGlobal = 12, kT = 11;
 const float kLr = 3e-3f;
 namespace tol = llmt_test::tol;
 
+// What a run computes in and reduces in.
+struct Precision {
+  DType compute = DType::f32, reduce = DType::f32;
+  std::string name() const {
+    return std::string(compute == DType::f32 ? "f32" : "bf16") + (reduce == DType::f32 ? "" : " bf16-reduce");
+  }
+};
+
 struct Outcome {
   std::vector<double> losses;
   std::vector<std::vector<float>> params;  // full units at the end
   std::vector<std::vector<float>> grads;   // full units' gradients of the first step (single process only)
 };
 
-Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_size, int B, int accum, bool ckpt) {
-  auto be = make_cpu_backend(1);
+Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_size, int B, int accum, bool ckpt,
+              Precision prec = {}, double* comm_bytes_first_step = nullptr) {
+  auto be = make_cpu_backend(1, prec.compute);
   Transformer model(cfg, *be, B, kT, ckpt);
   const ModelLayout& L = model.layout();
   std::unique_ptr<DataComm> data = make_mpi_data_comm(comm);
-  FsdpStore store(*be, L, s, *data, local_size);
+  FsdpStore store(*be, L, s, *data, local_size, prec.reduce);
   std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
     host.resize((size_t)L.units[u].numel);
@@ -66,6 +78,7 @@ Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_s
     ss.step = step;
     StepResult res = train_step(model, store, comm, *data, micro, ss);
     out.losses.push_back(res.loss);
+    if (step == 0 && comm_bytes_first_step) *comm_bytes_first_step = store.comm_bytes() + data->stats().total();
     if (step == 0 && comm.size() == 1)
       for (size_t u = 0; u < L.units.size(); u++) {
         const float* g = store.shard_state((int)u).grad.f32();
@@ -79,29 +92,41 @@ Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_s
   return out;
 }
 
-// Losses within the fp32 bound; weights element by element within what Adam makes of gradients
-// that agree to kF32ReorderGrad (tests/tolerances.h).
-void expect_same(const Outcome& got, const Outcome& want, const std::string& what) {
-  for (int i = 0; i < kSteps; i++)
-    EXPECT_NEAR(got.losses[i], want.losses[i], tol::kF32Loss * std::fabs(want.losses[i])) << what << " step " << i + 1;
+// Losses within the loss bound; weights element by element within what Adam makes of gradients
+// that agree to the reorder bound (tests/tolerances.h), for the precision compared.
+void expect_same(const Outcome& got, const Outcome& want, const std::string& what, Precision prec) {
+  const bool f32 = prec.compute == DType::f32 && prec.reduce == DType::f32;
+  const double loss_tol = f32 ? tol::kF32Loss : tol::kBf16ReorderLoss;
+  const double grad_tol = f32 ? tol::kF32ReorderGrad : tol::kBf16ReorderGrad;
+  const bool margins = std::getenv("LLMT_TEST_MARGINS") && g_world->rank() == 0;
+  for (int i = 0; i < kSteps; i++) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], loss_tol * std::fabs(want.losses[i])) << what << " step " << i + 1;
+    if (margins)
+      std::printf("margin %s loss %d %.3g of %.3g\n", what.c_str(), i, std::fabs(got.losses[i] / want.losses[i] - 1),
+                  loss_tol);
+  }
   for (size_t u = 0; u < want.params.size(); u++) {
     double ratio = 0.0;
     EXPECT_EQ(tol::check_adam_params(got.params[u].data(), want.params[u].data(), want.grads[u].data(),
-                                     (int64_t)want.params[u].size(), tol::kF32ReorderGrad, kLr, kSteps, tol::kUnitF32,
-                                     &ratio),
+                                     (int64_t)want.params[u].size(), grad_tol, kLr, kSteps, tol::kUnitF32, &ratio),
               "")
         << what << " unit " << u;
-    if (std::getenv("LLMT_TEST_MARGINS") && g_world->rank() == 0) std::printf("margin %s unit %zu %.3g\n", what.c_str(), u, ratio);
+    if (margins) std::printf("margin %s unit %zu %.3g\n", what.c_str(), u, ratio);
   }
 }
 
-void check_family(Arch arch) {
+void check_family(Arch arch, Precision prec = {}, float dropout = 0.0f) {
   ModelConfig cfg = tiny_model(arch);
+  cfg.attn_pdrop = dropout;
+  if (arch == Arch::gpt2) cfg.embd_pdrop = cfg.resid_pdrop = dropout;
   const int W = g_world->size(), r = g_world->rank();
-  // reference: this rank alone, the whole global batch in one micro-batch, unsharded
+  // reference: this rank alone, the whole global batch in one micro-batch, unsharded, in the same
+  // compute precision (a single process reduces nothing)
   std::unique_ptr<ControlComm> self = g_world->split(r, 0);
-  Outcome ref = train(cfg, *self, Strategy::no_shard, 1, kGlobal, 1, false);
+  Outcome ref = train(cfg, *self, Strategy::no_shard, 1, kGlobal, 1, false, {prec.compute, DType::f32});
   ASSERT_LT(ref.losses.back(), ref.losses.front()) << "the reference run learns";
+  const std::string family = std::string(arch == Arch::gpt2 ? "gpt2 " : "llama ") + prec.name() +
+                             (dropout > 0.0f ? " dropout " : " ");
 
   for (Strategy s : {Strategy::full_shard, Strategy::shard_grad_op, Strategy::no_shard, Strategy::hybrid_shard}) {
     // hybrid: shard over pairs of ranks where the world has pairs, so both groups are > 1 at 4 ranks
@@ -109,21 +134,58 @@ void check_family(Arch arch) {
     for (int accum : {1, 2}) {
       if (kGlobal % (W * accum)) continue;
       int B = kGlobal / (W * accum);
-      std::string what = std::string(arch == Arch::gpt2 ? "gpt2 " : "llama ") + strategy_name(s) + " W=" +
-                         std::to_string(W) + " B=" + std::to_string(B) + " accum=" + std::to_string(accum);
-      expect_same(train(cfg, *g_world, s, local, B, accum, false), ref, what);
+      std::string what = family + strategy_name(s) + " W=" + std::to_string(W) + " B=" + std::to_string(B) +
+                         " accum=" + std::to_string(accum);
+      expect_same(train(cfg, *g_world, s, local, B, accum, false, prec), ref, what, prec);
     }
   }
-  // gradient checkpointing changes nothing but memory
+  // gradient checkpointing changes nothing but memory (its recomputed forward draws the same masks)
   int B = kGlobal / W;
-  expect_same(train(cfg, *g_world, Strategy::full_shard, g_local_size, B, 1, true), ref,
-              "gradient checkpointing, full_shard");
+  expect_same(train(cfg, *g_world, Strategy::full_shard, g_local_size, B, 1, true, prec), ref,
+              family + "gradient checkpointing, full_shard", prec);
 }
 
 }  // namespace
 
 TEST(FsdpEquivalence, Gpt2AllStrategies) { check_family(Arch::gpt2); }
 TEST(FsdpEquivalence, LlamaGqaAllStrategies) { check_family(Arch::llama); }
+TEST(FsdpEquivalence, Gpt2AllStrategiesBf16) { check_family(Arch::gpt2, {DType::bf16, DType::f32}); }
+TEST(FsdpEquivalence, LlamaGqaAllStrategiesBf16) { check_family(Arch::llama, {DType::bf16, DType::f32}); }
+TEST(FsdpEquivalence, Gpt2AllStrategiesBf16Reduce) { check_family(Arch::gpt2, {DType::bf16, DType::bf16}); }
+TEST(FsdpEquivalence, LlamaGqaAllStrategiesBf16Reduce) { check_family(Arch::llama, {DType::bf16, DType::bf16}); }
+TEST(FsdpEquivalence, Gpt2AllStrategiesDropout) { check_family(Arch::gpt2, {}, 0.1f); }
+TEST(FsdpEquivalence, LlamaGqaAllStrategiesDropout) { check_family(Arch::llama, {}, 0.1f); }
+TEST(FsdpEquivalence, Gpt2Bf16Dropout) { check_family(Arch::gpt2, {DType::bf16, DType::f32}, 0.1f); }
+
+// Bytes each rank sends in the first step (the store's collectives and the step's loss and norm)
+// against llmt plan's prediction, for every strategy in both compute and reduce precisions: bf16
+// gathers move half the bytes.
+TEST(FsdpEquivalence, CommBytesEqualThePlan) {
+  ModelConfig cfg = tiny_model(Arch::gpt2);
+  const int W = g_world->size();
+  for (Strategy s : {Strategy::full_shard, Strategy::shard_grad_op, Strategy::no_shard, Strategy::hybrid_shard})
+    for (Precision prec : {Precision{DType::f32, DType::f32}, Precision{DType::bf16, DType::f32},
+                           Precision{DType::bf16, DType::bf16}})
+      for (int accum : {1, 2}) {
+        if (kGlobal % (W * accum)) continue;
+        int local = s == Strategy::hybrid_shard && W % 2 == 0 ? 2 : g_local_size;
+        int B = kGlobal / (W * accum);
+        double measured = 0.0;
+        train(cfg, *g_world, s, local, B, accum, false, prec, &measured);
+        PlanArgs pa;
+        pa.world = W;
+        pa.ranks_per_node = s == Strategy::hybrid_shard ? local : W;
+        pa.fsdp = strategy_name(s);
+        pa.batch = B;
+        pa.seq_len = kT;
+        pa.accum = accum;
+        pa.bf16 = prec.compute == DType::bf16;
+        pa.reduce_dtype = prec.reduce;
+        double planned = make_plan(cfg, pa)["comm_total_bytes"].get<double>();
+        EXPECT_NEAR(measured, planned, 1e-9 * planned + 1e-6)
+            << strategy_name(s) << " " << prec.name() << " W=" << W << " accum=" << accum;
+      }
+}
 
 TEST(FsdpEquivalence, CollectivesMoveWhatTheyShould) {
   std::unique_ptr<DataComm> data = make_mpi_data_comm(*g_world);

@@ -5,9 +5,10 @@ Makes three tiny, randomly initialised models under tests/reference/:
   gpt2_tiny/        GPT2LMHeadModel, gelu_new, tied embeddings
   llama_tiny/       LlamaForCausalLM, grouped-query attention (4 heads, 2 kv heads), untied lm_head
   llama_tied_tiny/  the same LLaMA with tied embeddings, 4 kv heads, rope_theta 500000
-Each directory holds the Hugging Face export (config.json, model.safetensors, float32) and
+Each directory holds the Hugging Face export (config.json, model.safetensors, float32),
 reference.safetensors: one fixed batch, its logits, loss and gradients, and the parameters after
-3 AdamW steps on that batch (see README.md for the exact contents and conventions).
+3 AdamW steps on that batch (see README.md for the exact contents and conventions), and
+reference_bf16.safetensors: the same under torch.autocast(bfloat16).
 
 Everything is deterministic: torch.manual_seed, float32, attn_implementation="eager", every
 dropout probability 0, and the model in train() mode (with dropout 0 this equals eval mode).
@@ -153,6 +154,36 @@ def make_fixture(name):
     return ref, out_dir
 
 
+def make_bf16_fixture(name):
+    """The same model, batch and AdamW steps under torch.autocast(bfloat16): matmuls (and attention's
+    score and value products) in bf16, norms, softmax and the loss in fp32, fp32 parameters stepped
+    by AdamW. llmt's --bf16 is compared with this (tests/models/test_hf_reference.cpp)."""
+    model = build(name)
+    out_dir = os.path.join(HERE, name)
+    input_ids, labels = make_batch()
+    ref = {}
+    opt = torch.optim.AdamW(param_groups(model), lr=LR, betas=BETAS, eps=EPS)
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(input_ids=input_ids, labels=labels)
+        out.loss.backward()
+        losses.append(out.loss.item())
+        if step == 0:
+            ref["logits"] = out.logits.detach().float()
+            ref["loss"] = out.loss.detach().float().reshape(1)
+            for n, p in model.named_parameters():
+                ref[f"grad.{n}"] = p.grad.detach().float().clone()
+        opt.step()
+    ref["losses"] = torch.tensor(losses, dtype=torch.float32)
+    for n, p in model.named_parameters():
+        ref[f"step3.{n}"] = p.detach().clone()
+    ref = {k: v.contiguous() for k, v in ref.items()}
+    save_file(ref, os.path.join(out_dir, "reference_bf16.safetensors"))
+    print(f"{name}: bf16 autocast loss {ref['loss'].item():.6f}  losses {[round(x, 6) for x in losses]}")
+
+
 def summary(name, ref, out_dir):
     back = load_file(os.path.join(out_dir, "reference.safetensors"))
     assert back.keys() == ref.keys() and all(torch.equal(back[k], ref[k]) for k in ref), "reload mismatch"
@@ -205,6 +236,7 @@ def main():
     for name in MODELS:
         ref, out_dir = make_fixture(name)
         summary(name, ref, out_dir)
+        make_bf16_fixture(name)
     return 0
 
 
