@@ -3,7 +3,7 @@
 #include "cli/commands.h"
 #include "train/flags.h"
 #include "train/plan.h"
-#include "train/trainer.h"
+#include "train/train_args.h"
 
 namespace llmt {
 

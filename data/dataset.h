@@ -19,7 +19,6 @@ namespace llmt {
 
 class Tokenizer;
 
-
 class TokenDataset {
  public:
   TokenDataset() = default;  // empty: no examples

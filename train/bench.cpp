@@ -11,10 +11,10 @@
 #include "engine/core/log.h"
 #include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
-#include "train/trainer.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/transformer.h"
 #include "train/step.h"
+#include "train/train_args.h"
 
 namespace llmt {
 

@@ -1,13 +1,26 @@
-// `llmt export CHECKPOINT_DIR OUT_DIR`: a Hugging Face directory from a checkpoint's exact training
-// state (the fp32 master weights in state.h5), whatever world size wrote it; one unit gathered at a
-// time. Runs alone or under mpirun.
+// Hugging Face directories from the training state: the one path that writes a model for
+// transformers, used by checkpoints, the end of training and `llmt export`.
 #pragma once
 #include <string>
 
 #include "engine/dist/communicator.h"
+#include "engine/fsdp/fsdp.h"
+#include "models/config.h"
+#include "models/layout.h"
 
 namespace llmt {
 
+// Writes dir/config.json and dir/model.safetensors (dtype "F32" or "BF16", split as save_pretrained
+// does) from the store's fp32 master weights, one unit at a time: every rank takes part in the unit's
+// gather, rank 0 writes it; then the tokenizer's files from tokenizer_dir ("" for none). A failure on
+// rank 0 (a full disk) keeps rank 0 in the gathers, and then every rank throws it together: no rank
+// is left waiting. Collective over `world`.
+void write_hf_model(ControlComm& world, FsdpStore& store, const ModelConfig& cfg, const ModelLayout& layout,
+                    const std::string& dir, const std::string& dtype, const std::string& tokenizer_dir);
+
+// `llmt export CHECKPOINT_DIR OUT_DIR`: a Hugging Face directory from a checkpoint's exact training
+// state (the fp32 master weights in state.h5), whatever world size wrote it, after verifying its
+// checksums. Runs alone or under mpirun.
 void run_export(const std::string& checkpoint_dir, const std::string& out_dir, const std::string& dtype,
                 ControlComm& world);
 

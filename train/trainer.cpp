@@ -5,10 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
-#include <functional>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,113 +30,11 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
+#include "train/export.h"
 #include "train/plan.h"
 #include "train/step.h"
 
 namespace llmt {
-
-// Flags that only mean something to other launchers: accepted so their commands run unchanged,
-// each with a warning that says it is ignored.
-static const char* kIgnoredFlags[] = {"use_habana", "use_lazy_mode", "use_hpu_graphs", "use_hpu_graphs_for_inference",
-                                      "use_hpu_graphs_for_training", "gaudi_config_name", "deepspeed", "report_to"};
-
-TrainArgs parse_train_args(Flags& f) {
-  TrainArgs a;
-  a.device = f.get_string("device", a.device);
-  a.threads = f.get_int("threads", a.threads);
-  a.model_name_or_path = f.get_string("model_name_or_path", "");
-  a.model_config = f.get_string("model_config", "");
-  a.tokenizer_name_or_path = f.get_string("tokenizer_name_or_path", "");
-  a.data.data_path = f.get_string("data_path", "");
-  a.data.dataset_name = f.get_string("dataset_name", "");
-  a.data.dataset_config_name = f.get_string("dataset_config_name", "");
-  a.data.dataset_dir = f.get_string("dataset_dir", "");
-  a.data.train_file = f.get_string("train_file", "");
-  a.data.validation_file = f.get_string("validation_file", "");
-  a.data.block_size = f.get_int("block_size", 0);
-  a.data.model_max_length = f.get_int("model_max_length", a.data.model_max_length);
-  a.data.instruction_field = f.get_string("alpaca_instruction_field", a.data.instruction_field);
-  a.data.input_field = f.get_string("alpaca_input_field", a.data.input_field);
-  a.data.output_field = f.get_string("alpaca_output_field", a.data.output_field);
-  a.data.cache_dir = f.get_string("cache_dir", "");
-  a.output_dir = f.get_string("output_dir", "");
-  a.max_steps = f.get_int64("max_steps", a.max_steps);
-  a.num_train_epochs = f.get_double("num_train_epochs", a.num_train_epochs);
-  a.per_device_train_batch_size = f.get_int("per_device_train_batch_size", a.per_device_train_batch_size);
-  a.per_device_eval_batch_size = f.get_int("per_device_eval_batch_size", a.per_device_eval_batch_size);
-  a.gradient_accumulation_steps = f.get_int("gradient_accumulation_steps", a.gradient_accumulation_steps);
-  a.learning_rate = f.get_double("learning_rate", a.learning_rate);
-  a.weight_decay = f.get_double("weight_decay", a.weight_decay);
-  a.adam_beta1 = f.get_double("adam_beta1", a.adam_beta1);
-  a.adam_beta2 = f.get_double("adam_beta2", a.adam_beta2);
-  a.adam_epsilon = f.get_double("adam_epsilon", a.adam_epsilon);
-  a.max_grad_norm = f.get_double("max_grad_norm", a.max_grad_norm);
-  a.lr_scheduler_type = f.get_string("lr_scheduler_type", a.lr_scheduler_type);
-  a.warmup_ratio = f.get_double("warmup_ratio", a.warmup_ratio);
-  a.warmup_steps = f.get_int64("warmup_steps", a.warmup_steps);
-  a.logging_steps = f.get_int("logging_steps", a.logging_steps);
-  a.throughput_warmup_steps = f.get_int("throughput_warmup_steps", a.throughput_warmup_steps);
-  a.fsdp = f.get_string("fsdp", a.fsdp);
-  a.fsdp_transformer_layer_cls_to_wrap = f.get_string("fsdp_transformer_layer_cls_to_wrap", "");
-  a.hybrid_shard_group_size = f.get_int("hybrid_shard_group_size", 0);
-  a.gradient_checkpointing = f.get_bool("gradient_checkpointing", false);
-  a.do_eval = f.get_bool("do_eval", false);
-  a.evaluation_strategy = f.get_string("evaluation_strategy", f.get_string("eval_strategy", a.evaluation_strategy));
-  a.eval_steps = f.get_int64("eval_steps", 0);
-  a.save_strategy = f.get_string("save_strategy", a.save_strategy);
-  a.save_steps = f.get_int64("save_steps", a.save_steps);
-  a.save_total_limit = f.get_int("save_total_limit", 0);
-  a.resume_from_checkpoint = f.get_string("resume_from_checkpoint", "");
-  if (a.resume_from_checkpoint == "False" || a.resume_from_checkpoint == "false") a.resume_from_checkpoint.clear();
-  a.overwrite_output_dir = f.get_bool("overwrite_output_dir", false);
-  a.seed = (uint64_t)f.get_int64("seed", (long long)a.seed);
-  a.bf16 = f.get_bool("bf16", a.bf16);
-  a.tf32 = f.get_bool("tf32", a.tf32);
-  a.mixed_precision_reduce = f.get_string("mixed_precision_reduce", a.mixed_precision_reduce);
-  LLMT_CHECK(f.get_bool("do_train", true), "--do_train False: llmt train always trains");
-  for (const char* name : kIgnoredFlags)
-    if (f.has(name)) {
-      f.ignore(name);
-      if (launcher_rank_from_env() <= 0) log_warn("--%s only matters to other launchers; llmt ignores it", name);
-    }
-
-  LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got \"%s\"", a.device.c_str());
-  LLMT_CHECK(a.model_name_or_path.empty() != a.model_config.empty(),
-             "give exactly one of --model_name_or_path (a Hugging Face directory) or --model_config (a preset or "
-             "config.json, randomly initialised)");
-  int sources = !a.data.data_path.empty() + !a.data.dataset_name.empty() + !a.data.train_file.empty();
-  LLMT_CHECK(sources == 1, "give exactly one training data source: --data_path (Alpaca JSON), --dataset_name "
-                           "(wikitext, with --dataset_dir), or --train_file (plain text)");
-  LLMT_CHECK(!a.output_dir.empty(), "--output_dir is required");
-  LLMT_CHECK(a.per_device_train_batch_size > 0, "--per_device_train_batch_size must be positive, got %d",
-             a.per_device_train_batch_size);
-  LLMT_CHECK(a.per_device_eval_batch_size >= 0, "--per_device_eval_batch_size must not be negative");
-  LLMT_CHECK(a.gradient_accumulation_steps > 0, "--gradient_accumulation_steps must be positive, got %d",
-             a.gradient_accumulation_steps);
-  LLMT_CHECK(a.learning_rate >= 0.0, "--learning_rate must not be negative, got %g", a.learning_rate);
-  LLMT_CHECK(a.max_steps != 0 && (a.max_steps > 0 || a.num_train_epochs > 0.0),
-             "nothing to train: --max_steps or --num_train_epochs must be positive");
-  LLMT_CHECK(a.logging_steps > 0, "--logging_steps must be positive");
-  LLMT_CHECK(a.max_grad_norm >= 0.0, "--max_grad_norm must not be negative");
-  LLMT_CHECK(a.throughput_warmup_steps >= 0, "--throughput_warmup_steps must not be negative");
-  LLMT_CHECK(a.evaluation_strategy == "no" || a.evaluation_strategy == "steps" || a.evaluation_strategy == "epoch",
-             "--evaluation_strategy must be no, steps or epoch, got \"%s\"", a.evaluation_strategy.c_str());
-  LLMT_CHECK(a.save_strategy == "no" || a.save_strategy == "steps" || a.save_strategy == "epoch",
-             "--save_strategy must be no, steps or epoch, got \"%s\"", a.save_strategy.c_str());
-  LLMT_CHECK(a.save_strategy != "steps" || a.save_steps > 0, "--save_steps must be positive");
-  LLMT_CHECK(a.save_total_limit >= 0, "--save_total_limit must not be negative");
-  // validate spellings now, before any rank starts work
-  parse_fsdp(a.fsdp);
-  parse_reduce_dtype(a.mixed_precision_reduce);
-  make_schedule(a.lr_scheduler_type, 1, a.warmup_steps, a.warmup_ratio);
-  return a;
-}
-
-DType parse_reduce_dtype(const std::string& name) {
-  if (name == "float32" || name == "fp32") return DType::f32;
-  if (name == "bfloat16" || name == "bf16") return DType::bf16;
-  fail("--mixed_precision_reduce must be float32 or bfloat16, got \"%s\"", name.c_str());
-}
 
 namespace {
 
@@ -145,6 +42,8 @@ namespace {
 // finish the step, save a checkpoint, exit cleanly so the job can be requeued and resumed.
 volatile std::sig_atomic_t g_stop_signal = 0;
 void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+const double kMiB = 1024.0 * 1024.0;
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -171,6 +70,15 @@ std::string tokenizer_source(const TrainArgs& a) {
   return a.tokenizer_name_or_path.empty() ? a.model_name_or_path : a.tokenizer_name_or_path;
 }
 
+// The directory whose tokenizer files saved models carry ("" for none).
+std::string tokenizer_dir(const std::string& src) {
+  struct stat st;
+  if (src == "bytes" || stat(src.c_str(), &st) != 0) return "";
+  if (S_ISDIR(st.st_mode)) return src;
+  size_t slash = src.rfind('/');
+  return slash == std::string::npos ? "." : src.substr(0, slash);
+}
+
 std::unique_ptr<Tokenizer> pick_tokenizer(const TrainArgs& a, const ModelConfig& cfg) {
   std::string name = tokenizer_source(a);
   LLMT_CHECK(!name.empty(), "no tokenizer: give --tokenizer_name_or_path (a tokenizer directory or file, or \"bytes\" "
@@ -182,44 +90,397 @@ std::unique_ptr<Tokenizer> pick_tokenizer(const TrainArgs& a, const ModelConfig&
   return tok;
 }
 
-// Everything one run holds, so the loop below reads as the step it is.
-struct Run {
-  const TrainArgs& a;
-  ControlComm& world;
-  std::unique_ptr<DataComm> data;  // the store's collectives
-  const LaunchInfo& launch;
-  ModelConfig cfg;
-  std::unique_ptr<Backend> be;
-  std::unique_ptr<Transformer> model;
-  std::unique_ptr<FsdpStore> store;
-  std::unique_ptr<Tokenizer> tok;
-  TokenDataset train, eval;
-  int B = 0, T = 0, pad_id = 0;
-  std::string tokenizer_dir;  // where the tokenizer's files are, to copy into saved models
-  std::ofstream metrics;
-  std::vector<nlohmann::json> log_history;  // what was logged, for trainer_state.json (rank 0)
-  int64_t steps_per_epoch = 1;
-  int64_t global_batch = 1;  // sequences per step over every rank: with the seed, it fixes the data order
+// Everything one run holds. The constructor sets it up; run() is the loop of steps and their hooks.
+class Trainer {
+ public:
+  Trainer(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch);
+  void run();
+
+ private:
+  // setup
+  void prepare_output_dir();
+  void build_model();
+  void load_data();
+  void load_parameters();
+  void describe();
+  void resume();
+  // the loop: a step, then its hooks
+  StepResult step(int64_t step);
+  void log(int64_t step, const StepResult& r);
+  void maybe_evaluate(int64_t step);
+  bool maybe_save(int64_t step);
+  bool stop_requested(int64_t step, bool saved);
+  void finish();
+  // what the hooks call
+  double evaluate();
+  void save_checkpoint(int64_t step);
+  void record(const nlohmann::json& j);
+  std::string resume_path();
+  bool epoch_end(int64_t step) const { return (step + 1) % steps_per_epoch_ == 0; }
+
+  const TrainArgs& a_;
+  ControlComm& world_;
+  const LaunchInfo& launch_;
+  std::unique_ptr<DataComm> data_ = make_mpi_data_comm(world_);  // the world's data collectives
+  const Strategy strategy_ = parse_fsdp(a_.fsdp);
+  const DType reduce_dtype_ = parse_reduce_dtype(a_.mixed_precision_reduce);
+  const int W_ = world_.size();
+  ModelConfig cfg_;
+  int threads_ = 0;
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::string tokenizer_dir_;  // copied beside saved models
+  TokenDataset train_, eval_;
+  int B_ = 0, T_ = 0, pad_id_ = 0, local_size_ = 1;
+  std::unique_ptr<Transformer> model_;
+  std::unique_ptr<FsdpStore> store_;
+  std::unique_ptr<Sampler> sampler_;
+  int64_t steps_per_epoch_ = 1, total_steps_ = 0, first_step_ = 0;
+  int64_t global_batch_ = 1;  // sequences per step over every rank: with the seed, it fixes the data order
+  Schedule sched_;
+  AdamWConfig adamw_;
+  std::ofstream metrics_;
+  std::vector<nlohmann::json> log_history_;  // what was logged, for trainer_state.json (rank 0)
+  // this rank's batch buffers, one per micro-batch
+  std::vector<std::vector<int32_t>> tokens_, targets_;
+  // the logging window and the whole run's throughput
+  double window_start_ = 0.0, window_loss_ = 0.0, window_flops_ = 0.0, run_start_ = 0.0;
+  int64_t window_tokens_ = 0, window_steps_ = 0, run_tokens_ = 0;
+  double comm_before_ = 0.0, comm_first_step_ = 0.0;
+  double lr_ = 0.0;
+  // A live progress line on a terminal; not under mpirun or srun, whose ranks' output may look like a
+  // terminal but ends up in logs.
+  bool live_ = false;
+  // Fault injection for the tests: LLMT_FAIL_AT_STEP=rank:step makes that rank fail at that step.
+  int fail_rank_ = -1;
+  long long fail_step_ = -1;
 };
 
-// A metrics record: to metrics.jsonl and the log history (rank 0 only).
-void record(Run& r, const nlohmann::json& j) {
-  if (r.world.rank() != 0) return;
-  r.log_history.push_back(j);
-  r.metrics << j.dump() << "\n";
-  r.metrics.flush();
+Trainer::Trainer(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch)
+    : a_(a), world_(world), launch_(launch) {
+  LLMT_CHECK(a.device == "cpu", "--device cuda: the CUDA backend is not built into llmt yet (only its first kernels); "
+                                "use --device cpu");
+  if (a.tf32) log_info("note   --tf32 selects TF32 for fp32 matmuls on a GPU; the CPU has no TF32 and ignores it");
+  // Handlers first: Slurm's --signal can arrive while the data is still loading.
+  std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  prepare_output_dir();
+  log_info("%s", describe_layout(launch, a.device).c_str());
+  build_model();
+  load_data();
+  load_parameters();
+  describe();
+  resume();
+  live_ = world_.rank() == 0 && isatty(fileno(stdout)) && launch_.launcher == "single process";
+  if (const char* f = std::getenv("LLMT_FAIL_AT_STEP")) std::sscanf(f, "%d:%lld", &fail_rank_, &fail_step_);
 }
 
-// Mean loss over every token counted on every rank.
-double evaluate(Run& r) {
+void Trainer::prepare_output_dir() {
+  if (world_.rank() == 0) {
+    make_dir(a_.output_dir);
+    std::vector<CheckpointEntry> old = list_checkpoint_dirs(a_.output_dir);
+    LLMT_CHECK(old.empty() || !a_.resume_from_checkpoint.empty() || a_.overwrite_output_dir,
+               "%s already holds checkpoints: pass --resume_from_checkpoint latest to continue, or "
+               "--overwrite_output_dir to start again there (it removes them)", a_.output_dir.c_str());
+    if (a_.overwrite_output_dir && a_.resume_from_checkpoint.empty())
+      for (const CheckpointEntry& c : old) {  // a new run's checkpoints must not mix with the old run's steps
+        log_info("remove %s (--overwrite_output_dir)", c.path.c_str());
+        remove_dir_tree(c.path);
+      }
+  }
+  world_.barrier();
+}
+
+void Trainer::build_model() {
+  cfg_ = resolve_model_config(!a_.model_name_or_path.empty() ? a_.model_name_or_path : a_.model_config);
+  if (!a_.fsdp_transformer_layer_cls_to_wrap.empty()) {
+    const char* want = cfg_.arch == Arch::gpt2 ? "GPT2Block" : "LlamaDecoderLayer";
+    LLMT_CHECK(a_.fsdp_transformer_layer_cls_to_wrap == want, "--fsdp_transformer_layer_cls_to_wrap %s: a %s model's "
+               "layers are %s", a_.fsdp_transformer_layer_cls_to_wrap.c_str(), cfg_.arch_name(), want);
+  }
+  tok_ = pick_tokenizer(a_, cfg_);
+  tokenizer_dir_ = tokenizer_dir(tokenizer_source(a_));
+  threads_ = a_.threads > 0 ? a_.threads : default_threads_per_rank(launch_);
+  be_ = make_cpu_backend(threads_, a_.bf16 ? DType::bf16 : DType::f32);
+}
+
+void Trainer::load_data() {
+  DataArgs da = a_.data;
+  if (da.block_size <= 0) da.block_size = std::min(1024, cfg_.max_seq_len);
+  LLMT_CHECK(da.block_size <= cfg_.max_seq_len, "--block_size %d exceeds the model's context of %d", da.block_size,
+             cfg_.max_seq_len);
+  const std::string tok_src = tokenizer_source(a_);
+  if (da.tokenizer_path.empty() && tok_src != "bytes") da.tokenizer_path = tok_src;
+  // Alpaca examples longer than the model's context are cut at it, like those past model_max_length
+  if (da.model_max_length > cfg_.max_seq_len) {
+    if (!da.data_path.empty())
+      log_info("data   --model_max_length %d is beyond the model's context: examples are cut at %d tokens",
+               da.model_max_length, cfg_.max_seq_len);
+    da.model_max_length = cfg_.max_seq_len;
+  }
+  train_ = load_train_dataset(da, *tok_, world_.rank(), W_);
+  if (a_.do_eval || a_.evaluation_strategy != "no") {
+    eval_ = load_eval_dataset(da, *tok_, world_.rank(), W_);
+    LLMT_CHECK(!eval_.empty(), "--do_eval / --evaluation_strategy: there is no evaluation data (--validation_file, or "
+                               "a dataset with a validation split)");
+  }
+  pad_id_ = default_pad_id(*tok_);
+  B_ = a_.per_device_train_batch_size;
+  T_ = (int)std::min<int64_t>(train_.max_length(), cfg_.max_seq_len);
+  if (!eval_.empty()) T_ = (int)std::min<int64_t>(std::max<int64_t>(T_, eval_.max_length()), cfg_.max_seq_len);
+  LLMT_CHECK(a_.per_device_eval_batch_size <= B_,
+             "--per_device_eval_batch_size %d: llmt evaluates with the training activations, so at most "
+             "--per_device_train_batch_size (%d)", a_.per_device_eval_batch_size, B_);
+
+  const int accum = a_.gradient_accumulation_steps;
+  sampler_ = std::make_unique<Sampler>(train_.size(), W_, world_.rank(), B_, accum, a_.seed);
+  steps_per_epoch_ = sampler_->steps_per_epoch();
+  global_batch_ = (int64_t)W_ * B_ * accum;
+  total_steps_ = a_.max_steps > 0 ? a_.max_steps : (int64_t)std::ceil(a_.num_train_epochs * (double)steps_per_epoch_);
+  sched_ = make_schedule(a_.lr_scheduler_type, total_steps_, a_.warmup_steps, a_.warmup_ratio);
+  adamw_.beta1 = (float)a_.adam_beta1;
+  adamw_.beta2 = (float)a_.adam_beta2;
+  adamw_.eps = (float)a_.adam_epsilon;
+  adamw_.weight_decay = (float)a_.weight_decay;
+  tokens_.resize((size_t)accum);
+  targets_.resize((size_t)accum);
+}
+
+// The model's activations and the store, then every unit's parameters: read from the Hugging Face
+// checkpoint or initialised, one unit at a time (no rank holds the whole model).
+void Trainer::load_parameters() {
+  model_ = std::make_unique<Transformer>(cfg_, *be_, B_, T_, a_.gradient_checkpointing);
+  const ModelLayout& L = model_->layout();
+  local_size_ = a_.hybrid_shard_group_size > 0 ? a_.hybrid_shard_group_size : launch_.local_size;
+  // hybrid_shard's groups are runs of consecutive ranks: with a node's ranks they must be that node's
+  if (strategy_ == Strategy::hybrid_shard && a_.hybrid_shard_group_size <= 0)
+    LLMT_CHECK(world_.rank() / launch_.local_size == launch_.node,
+               "hybrid_shard shards within a node, so each node's ranks must be consecutive (mpirun's default "
+               "--map-by slot, or ppr:N:node); rank %d sits on node %d", world_.rank(), launch_.node);
+  store_ = std::make_unique<FsdpStore>(*be_, L, strategy_, *data_, local_size_, reduce_dtype_);
+  std::unique_ptr<SafetensorsCheckpoint> ckpt;
+  if (!a_.model_name_or_path.empty()) {
+    ckpt = std::make_unique<SafetensorsCheckpoint>(a_.model_name_or_path);
+    check_hf_tensors(*ckpt, cfg_, L, a_.model_name_or_path);
+  }
+  std::vector<float> host;
+  for (size_t u = 0; u < L.units.size(); u++) {
+    host.assign((size_t)L.units[u].numel, 0.0f);
+    if (ckpt) load_hf_unit(*ckpt, cfg_, L, (int)u, host.data());
+    else init_unit_params(cfg_, L.units[u], (int)u, a_.seed, host.data());
+    store_->set_unit((int)u, host.data());
+  }
+}
+
+// What this run holds and will send, as llmt plan predicts it (measured figures follow at the end).
+void Trainer::describe() {
+  const ModelLayout& L = model_->layout();
+  const ShardGroups& g = store_->groups();
+  PlanArgs pa;
+  pa.world = W_;
+  pa.ranks_per_node = strategy_ == Strategy::hybrid_shard ? local_size_ : W_;
+  pa.fsdp = strategy_name(strategy_);
+  pa.batch = B_;
+  pa.seq_len = T_;
+  pa.accum = a_.gradient_accumulation_steps;
+  pa.gradient_checkpointing = a_.gradient_checkpointing;
+  pa.bf16 = a_.bf16;
+  pa.reduce_dtype = reduce_dtype_;
+  nlohmann::json plan = make_plan(cfg_, pa);
+  log_info("model  %s, %.2fM parameters (%s)", cfg_.describe().c_str(), L.total_numel / 1e6,
+           a_.model_name_or_path.empty() ? "random init" : a_.model_name_or_path.c_str());
+  log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (master, grad, m, v%s), "
+           "activations %.1f MiB%s; compute %s, gradients reduced in %s",
+           strategy_name(strategy_), g.shard_size, g.shard_size == 1 ? "" : "s", g.replica_size,
+           g.replica_size == 1 ? "" : "s", store_->persistent_bytes() / kMiB, a_.bf16 ? ", bf16 copy" : "",
+           Transformer::activation_bytes(cfg_, B_, T_, a_.gradient_checkpointing, be_->compute_dtype()) / kMiB,
+           a_.gradient_checkpointing ? " (gradient checkpointing)" : "", dtype_name(be_->compute_dtype()),
+           dtype_name(reduce_dtype_));
+  log_info("plan   per rank: gathered buffers at most %.1f MiB; %.1f MiB sent per step at the longest batches "
+           "(llmt plan)",
+           plan["gathered_peak_gib"].get<double>() * 1024.0, plan["comm_total_bytes"].get<double>() / kMiB);
+  log_info("train  %lld steps (%lld per epoch), global batch %d x %d x %d = %lld sequences, lr %g (%s, %lld warmup), "
+           "%d threads per rank",
+           (long long)total_steps_, (long long)steps_per_epoch_, W_, B_, a_.gradient_accumulation_steps,
+           (long long)global_batch_, a_.learning_rate, sched_.type.c_str(), (long long)sched_.warmup_steps, threads_);
+}
+
+void Trainer::resume() {
+  std::string ck = resume_path();
+  if (!ck.empty()) {
+    LoadedTrainState st =
+        load_train_state(ck + "/state.h5", world_, model_->layout(), *store_, config_to_hf_json(cfg_).dump());
+    first_step_ = st.global_step;
+    if (world_.rank() == 0) {  // the log so far, so trainer_state.json keeps the whole history
+      std::ifstream f(ck + "/trainer_state.json");
+      nlohmann::json ts = nlohmann::json::parse(f, nullptr, false);
+      LLMT_CHECK(ts.is_object() && ts.contains("log_history") && ts["log_history"].is_array(),
+                 "%s/trainer_state.json is missing or malformed", ck.c_str());
+      LLMT_CHECK(!ts.contains("model_config") || ts["model_config"] == config_to_hf_json(cfg_),
+                 "%s/trainer_state.json belongs to another model (%s), not this %s", ck.c_str(),
+                 ts["model_config"].dump().c_str(), cfg_.describe().c_str());
+      for (auto& rec : ts["log_history"]) log_history_.push_back(rec);
+    }
+    world_.barrier();
+    nlohmann::json sc = nlohmann::json::parse(st.scalars_json, nullptr, false);
+    LLMT_CHECK(sc.is_object() && sc.value("global_batch", global_batch_) == global_batch_ &&
+                   sc.value("seed", a_.seed) == a_.seed,
+               "%s was trained with a global batch of %lld sequences and --seed %llu; this run has %lld and %llu, so "
+               "it would not continue with the same data (keep ranks x per-device batch x accumulation, and the seed)",
+               ck.c_str(), (long long)sc.value("global_batch", (int64_t)0), (unsigned long long)sc.value("seed", (uint64_t)0),
+               (long long)global_batch_, (unsigned long long)a_.seed);
+    log_info("resume %s: step %lld, Adam step %d; continuing to step %lld", ck.c_str(), (long long)first_step_,
+             st.adam_step, (long long)total_steps_);
+    LLMT_CHECK(first_step_ < total_steps_, "%s is at step %lld, and the run ends at step %lld: nothing left to train",
+               ck.c_str(), (long long)first_step_, (long long)total_steps_);
+  }
+  if (world_.rank() == 0) {  // metrics.jsonl: this run's records, after the resumed checkpoint's history
+    metrics_.open(a_.output_dir + "/metrics.jsonl", std::ios::trunc);
+    for (const auto& rec : log_history_) metrics_ << rec.dump() << "\n";
+    metrics_.flush();
+  }
+}
+
+void Trainer::run() {
+  window_start_ = run_start_ = now_s();
+  comm_before_ = store_->comm_bytes() + data_->stats().total();
+  for (int64_t s = first_step_; s < total_steps_; s++) {
+    if (s - first_step_ == a_.throughput_warmup_steps) run_start_ = now_s(), run_tokens_ = 0;
+    StepResult r = step(s);
+    if (s == first_step_) comm_first_step_ = store_->comm_bytes() + data_->stats().total() - comm_before_;
+    log(s, r);
+    maybe_evaluate(s);
+    bool saved = maybe_save(s);
+    if (stop_requested(s, saved)) {
+      log_info("stopped at step %lld of %lld by a signal; checkpoint-%lld holds the model", (long long)s + 1,
+               (long long)total_steps_, (long long)s + 1);
+      std::signal(SIGUSR1, SIG_DFL);
+      std::signal(SIGTERM, SIG_DFL);
+      return;
+    }
+  }
+  finish();
+}
+
+// This rank's micro-batches of step `s`, then one optimizer step over every rank.
+StepResult Trainer::step(int64_t s) {
+  LLMT_CHECK(!(world_.rank() == fail_rank_ && s + 1 == fail_step_), "injected failure (LLMT_FAIL_AT_STEP) at step %lld",
+             (long long)s + 1);
+  std::vector<MicroBatch> micro;
+  int64_t step_tokens = 0;
+  for (int m = 0; m < a_.gradient_accumulation_steps; m++) {
+    int len = collate(train_, sampler_->indices(s, m), pad_id_, tokens_[m], targets_[m]);
+    LLMT_CHECK(len <= T_, "internal: batch length %d over %d", len, T_);
+    micro.push_back({tokens_[m].data(), targets_[m].data(), len, ((int64_t)m * W_ + world_.rank()) * B_});
+    step_tokens += (int64_t)B_ * len;
+    window_flops_ += (double)B_ * len * Transformer::flops_per_token(cfg_, model_->layout(), len);
+  }
+  lr_ = a_.learning_rate * sched_.multiplier(s);
+  StepSettings ss;
+  ss.lr = (float)lr_;
+  ss.adamw = adamw_;
+  ss.max_grad_norm = a_.max_grad_norm;
+  ss.seed = a_.seed;
+  ss.step = s;
+  StepResult r = train_step(*model_, *store_, world_, *data_, micro, ss);
+  window_loss_ += r.loss;
+  window_tokens_ += step_tokens * W_;
+  run_tokens_ += step_tokens * W_;
+  window_steps_++;
+  return r;
+}
+
+// Every logging_steps (and at the last step): a line on rank 0 and a record in metrics.jsonl.
+void Trainer::log(int64_t s, const StepResult& r) {
+  if (live_) {
+    std::printf("\r  step %lld/%lld  loss %.4f  ", (long long)s + 1, (long long)total_steps_, r.loss);
+    std::fflush(stdout);
+  }
+  if ((s + 1) % a_.logging_steps != 0 && s + 1 != total_steps_) return;
+  const double dt = now_s() - window_start_, tps = window_tokens_ / dt, mean_loss = window_loss_ / window_steps_;
+  const double epoch = (double)(s + 1) / steps_per_epoch_;
+  if (live_) std::printf("\r");
+  log_info("step %6lld/%lld | epoch %.2f | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s (%.0f per rank) | "
+           "%.0f ms/step | rss %.2f GiB",
+           (long long)s + 1, (long long)total_steps_, epoch, mean_loss, lr_, r.grad_norm, tps, tps / W_,
+           1000.0 * dt / window_steps_, peak_rss_gib());
+  record({{"step", s + 1},
+          {"epoch", epoch},
+          {"loss", mean_loss},
+          {"learning_rate", lr_},
+          {"grad_norm", r.grad_norm},
+          {"tokens_per_s", tps},
+          {"tokens_per_s_per_rank", tps / W_},
+          {"gflops_rank0", window_flops_ / dt / 1e9},
+          {"flops_convention", Transformer::kFlopsConvention},
+          {"peak_rss_gib", peak_rss_gib()}});
+  window_start_ = now_s();
+  window_loss_ = window_flops_ = 0.0;
+  window_tokens_ = window_steps_ = 0;
+}
+
+void Trainer::maybe_evaluate(int64_t s) {
+  const int64_t every = a_.eval_steps > 0 ? a_.eval_steps : a_.logging_steps;  // Hugging Face's fallback
+  bool now = (a_.evaluation_strategy == "steps" && (s + 1) % every == 0) ||
+             (a_.evaluation_strategy == "epoch" && epoch_end(s));
+  if (!now) return;
+  double el = evaluate();
+  log_info("eval   step %lld | eval_loss %.4f | perplexity %.3f", (long long)s + 1, el, std::exp(el));
+  record({{"step", s + 1}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
+}
+
+bool Trainer::maybe_save(int64_t s) {
+  bool now = (a_.save_strategy == "steps" && (s + 1) % a_.save_steps == 0) ||
+             (a_.save_strategy == "epoch" && epoch_end(s));
+  if (now) save_checkpoint(s + 1);
+  return now;
+}
+
+// A signal reaches some ranks and not others: agree before acting, so every rank saves together.
+bool Trainer::stop_requested(int64_t s, bool saved) {
+  if (s + 1 >= total_steps_ || world_.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) == 0) return false;
+  log_info("signal received: saving at step %lld and stopping", (long long)s + 1);
+  if (!saved) save_checkpoint(s + 1);
+  return true;
+}
+
+void Trainer::finish() {
+  const double run_s = now_s() - run_start_;
+  if (total_steps_ - first_step_ > a_.throughput_warmup_steps)
+    log_info("done   %.0f tok/s over steps %d..%lld (%.0f per rank); measured per rank: %.1f MiB sent in step 1, "
+             "gathered buffers peaked at %.1f MiB, peak rss %.2f GiB",
+             run_tokens_ / run_s, a_.throughput_warmup_steps + 1, (long long)total_steps_, run_tokens_ / run_s / W_,
+             comm_first_step_ / kMiB, store_->peak_gathered_bytes() / kMiB, peak_rss_gib());
+  if (a_.do_eval) {
+    double el = evaluate();
+    log_info("eval   eval_loss %.4f | perplexity %.3f", el, std::exp(el));
+    record({{"step", total_steps_}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
+  }
+  // a signal arriving now changes nothing: this is the end of the run
+  write_hf_model(world_, *store_, cfg_, model_->layout(), a_.output_dir, a_.bf16 ? "BF16" : "F32", tokenizer_dir_);
+  std::signal(SIGUSR1, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  log_info("saved  %s (config.json, model.safetensors)", a_.output_dir.c_str());
+}
+
+// A metrics record: to metrics.jsonl and the log history (rank 0 only).
+void Trainer::record(const nlohmann::json& j) {
+  if (world_.rank() != 0) return;
+  log_history_.push_back(j);
+  metrics_ << j.dump() << "\n";
+  metrics_.flush();
+}
+
+// Mean loss over every token counted on every rank, without dropout.
+double Trainer::evaluate() {
   // per_device_eval_batch_size examples per rank per round, in rows of the training-sized activations
-  const int B = r.a.per_device_eval_batch_size > 0 ? r.a.per_device_eval_batch_size : r.B;
-  const int W = r.world.size(), rank = r.world.rank();
-  const int64_t n = r.eval.size(), per_round = (int64_t)W * B;
+  const int B = a_.per_device_eval_batch_size > 0 ? a_.per_device_eval_batch_size : B_;
+  const int rank = world_.rank();
+  const int64_t n = eval_.size(), per_round = (int64_t)W_ * B;
   const int64_t rounds = (n + per_round - 1) / per_round;  // the same on every rank: forward is collective
   std::vector<int32_t> tokens, targets;
   double counted = 0.0;
-  BackendBuffer loss_sum(*r.be, DType::f64, {1});
+  BackendBuffer loss_sum(*be_, DType::f64, {1});
   for (int64_t round = 0; round < rounds; round++) {
     std::vector<int64_t> idx;
     for (int b = 0; b < B; b++) {
@@ -227,406 +488,98 @@ double evaluate(Run& r) {
       if (i < n) idx.push_back(i);
     }
     int T = 1;
-    if (!idx.empty()) T = collate(r.eval, idx, r.pad_id, tokens, targets);
-    LLMT_CHECK(T <= r.T, "internal: evaluation batch of %d tokens over the %d the model was sized for", T, r.T);
+    if (!idx.empty()) T = collate(eval_, idx, pad_id_, tokens, targets);
+    LLMT_CHECK(T <= T_, "internal: evaluation batch of %d tokens over the %d the model was sized for", T, T_);
     // rows past the examples (the last round, and beyond the eval batch) are padding with no targets
-    std::vector<int32_t> tok_full((size_t)r.B * T, r.pad_id), tgt_full((size_t)r.B * T, kIgnoreIndex);
+    std::vector<int32_t> tok_full((size_t)B_ * T, pad_id_), tgt_full((size_t)B_ * T, kIgnoreIndex);
     for (size_t b = 0; b < idx.size(); b++)
       for (int t = 0; t < T; t++) {
         tok_full[b * T + t] = tokens[b * T + t];
         tgt_full[b * T + t] = targets[b * T + t];
       }
     counted += (double)count_targets(tgt_full.data(), (int64_t)tgt_full.size());
-    r.model->forward(*r.store, tok_full.data(), tgt_full.data(), T, loss_sum.tensor());
+    model_->forward(*store_, tok_full.data(), tgt_full.data(), T, loss_sum.tensor());
   }
-  r.data->all_reduce_async(loss_sum.tensor().data, 1, DType::f64, ReduceOp::sum)->wait();
+  data_->all_reduce_async(loss_sum.tensor().data, 1, DType::f64, ReduceOp::sum)->wait();
   double total = 0.0;
-  r.be->copy_to_host(&total, loss_sum.tensor().data, sizeof(total));
-  counted = r.world.all_reduce_sum(counted);
+  be_->copy_to_host(&total, loss_sum.tensor().data, sizeof(total));
+  counted = world_.all_reduce_sum(counted);
   return counted > 0 ? total / counted : NAN;
-}
-
-// Writes the model as a Hugging Face directory, one unit at a time: every rank takes part in the
-// unit's gather, rank 0 writes it; then the tokenizer's files beside it.
-// A failure writing (rank 0: a full disk, say) must not leave the other ranks waiting in the
-// gathers: rank 0 keeps taking part, and every rank learns of the error at the end.
-void save_model(Run& r, const std::string& dir) {
-  const ModelLayout& L = r.model->layout();
-  std::unique_ptr<HfExporter> ex;
-  std::string error;
-  auto attempt = [&](const std::function<void()>& fn) {
-    if (!error.empty()) return;
-    try {
-      fn();
-    } catch (const Error& e) {
-      error = e.what();
-      ex.reset();  // removes its temporary files
-    }
-  };
-  if (r.world.rank() == 0) attempt([&] { ex = std::make_unique<HfExporter>(dir, r.cfg, L, r.a.bf16 ? "BF16" : "F32"); });
-  std::vector<float> host;
-  for (size_t u = 0; u < L.units.size(); u++) {
-    host.resize((size_t)L.units[u].numel);
-    r.store->get_unit((int)u, host.data());
-    if (ex) attempt([&] { ex->write_unit((int)u, host.data()); });
-  }
-  if (ex) attempt([&] {
-    ex->finish();
-    if (!r.tokenizer_dir.empty()) copy_tokenizer_files(r.tokenizer_dir, dir);
-  });
-  agree_or_throw(r.world, error.empty(), error);
 }
 
 // output_dir/checkpoint-<step>: the Hugging Face export, the exact training state (state.h5) and
 // trainer_state.json, written under a temporary name, checksummed into manifest.json and renamed,
 // so a checkpoint is complete or absent; then the oldest beyond save_total_limit are removed.
-void save_checkpoint(Run& r, int64_t step) {
-  std::string dir = save_checkpoint_dir(r.a.output_dir, step, r.world, [&](const std::string& tmp) {
-    save_model(r, tmp);
+void Trainer::save_checkpoint(int64_t step) {
+  std::string dir = save_checkpoint_dir(a_.output_dir, step, world_, [&](const std::string& tmp) {
+    write_hf_model(world_, *store_, cfg_, model_->layout(), tmp, a_.bf16 ? "BF16" : "F32", tokenizer_dir_);
     nlohmann::json scalars = {{"global_step", step},
-                              {"seed", r.a.seed},
-                              {"steps_per_epoch", r.steps_per_epoch},
-                              {"global_batch", r.global_batch}};
-    save_train_state(tmp + "/state.h5", r.world, r.model->layout(), *r.store, step, scalars.dump(),
-                     config_to_hf_json(r.cfg).dump());
+                              {"seed", a_.seed},
+                              {"steps_per_epoch", steps_per_epoch_},
+                              {"global_batch", global_batch_}};
+    save_train_state(tmp + "/state.h5", world_, model_->layout(), *store_, step, scalars.dump(),
+                     config_to_hf_json(cfg_).dump());
     std::string error;
-    if (r.world.rank() == 0) try {
-      nlohmann::json ts = {{"global_step", step},
-                           {"epoch", (double)step / r.steps_per_epoch},
-                           {"max_steps", r.a.max_steps},
-                           {"num_train_epochs", r.a.num_train_epochs},
-                           {"logging_steps", r.a.logging_steps},
-                           {"save_steps", r.a.save_steps},
-                           {"train_batch_size", r.B},
-                           {"model_config", config_to_hf_json(r.cfg)},
-                           {"log_history", r.log_history}};
-      write_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    agree_or_throw(r.world, error.empty(), error);
+    if (world_.rank() == 0) try {
+        nlohmann::json ts = {{"global_step", step},
+                             {"epoch", (double)step / steps_per_epoch_},
+                             {"max_steps", a_.max_steps},
+                             {"num_train_epochs", a_.num_train_epochs},
+                             {"logging_steps", a_.logging_steps},
+                             {"save_steps", a_.save_steps},
+                             {"train_batch_size", B_},
+                             {"model_config", config_to_hf_json(cfg_)},
+                             {"log_history", log_history_}};
+        write_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    agree_or_throw(world_, error.empty(), error);
   });
-  if (r.world.rank() == 0) {
-    for (const std::string& gone : apply_save_total_limit(r.a.output_dir, r.a.save_total_limit, dir))
-      log_info("removed %s (--save_total_limit %d)", gone.c_str(), r.a.save_total_limit);
+  if (world_.rank() == 0) {
+    for (const std::string& gone : apply_save_total_limit(a_.output_dir, a_.save_total_limit, dir))
+      log_info("removed %s (--save_total_limit %d)", gone.c_str(), a_.save_total_limit);
     log_info("saved  %s", dir.c_str());
   }
-  r.world.barrier();
+  world_.barrier();
 }
 
 // The checkpoint --resume_from_checkpoint names ("latest"/"True": the newest complete one whose
 // checksums verify), agreed on every rank; "" when not resuming.
-std::string resume_path(Run& r) {
-  const std::string& want = r.a.resume_from_checkpoint;
+std::string Trainer::resume_path() {
+  const std::string& want = a_.resume_from_checkpoint;
   if (want.empty()) return "";
   if (want != "latest" && want != "True" && want != "true") {
-    if (r.world.rank() == 0) verify_checkpoint(want);
-    r.world.barrier();
+    std::string problem;
+    if (world_.rank() == 0) try {
+        verify_checkpoint(want);
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+    agree_or_throw(world_, problem.empty(), problem);
     return want;
   }
   // rank 0 looks (checksums cost a full read), every rank learns the step
   double step = 0.0;
-  if (r.world.rank() == 0) {
-    std::string latest = find_latest_checkpoint(r.a.output_dir, true);
-    LLMT_CHECK(!latest.empty(), "--resume_from_checkpoint %s: %s holds no complete checkpoint", want.c_str(),
-               r.a.output_dir.c_str());
-    step = (double)std::stoll(latest.substr(latest.rfind('-') + 1));
+  std::string problem;
+  if (world_.rank() == 0) {
+    std::string latest = find_latest_checkpoint(a_.output_dir, true);
+    if (latest.empty())
+      problem = strformat("--resume_from_checkpoint %s: %s holds no complete checkpoint", want.c_str(),
+                          a_.output_dir.c_str());
+    else
+      step = (double)std::stoll(latest.substr(latest.rfind('-') + 1));
   }
-  step = r.world.all_reduce_sum(step);
-  return checkpoint_path(r.a.output_dir, (int64_t)step);
+  agree_or_throw(world_, problem.empty(), problem);
+  step = world_.all_reduce_sum(step);
+  return checkpoint_path(a_.output_dir, (int64_t)step);
 }
 
 }  // namespace
 
 void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch) {
-  LLMT_CHECK(a.device == "cpu", "--device cuda: the CUDA backend is not built into llmt yet (only its first kernels); "
-                                "use --device cpu");
-  if (a.tf32) log_info("note   --tf32 selects TF32 for fp32 matmuls on a GPU; the CPU has no TF32 and ignores it");
-  const DType reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
-  Strategy strategy = parse_fsdp(a.fsdp);
-  Run r{a, world, make_mpi_data_comm(world), launch, {}, nullptr, nullptr, nullptr, nullptr, {}, {}, 0, 0, 0, {}, {}, {}, 1, 1};
-  if (world.rank() == 0) {
-    make_dir(a.output_dir);
-    std::vector<CheckpointEntry> old = list_checkpoint_dirs(a.output_dir);
-    LLMT_CHECK(old.empty() || !a.resume_from_checkpoint.empty() || a.overwrite_output_dir,
-               "%s already holds checkpoints: pass --resume_from_checkpoint latest to continue, or "
-               "--overwrite_output_dir to start again there (it removes them)", a.output_dir.c_str());
-    if (a.overwrite_output_dir && a.resume_from_checkpoint.empty())
-      for (const CheckpointEntry& c : old) {  // a new run's checkpoints must not mix with the old run's steps
-        log_info("remove %s (--overwrite_output_dir)", c.path.c_str());
-        remove_dir_tree(c.path);
-      }
-  }
-  world.barrier();
-  log_info("%s", describe_layout(launch, a.device).c_str());
-
-  // model
-  const bool from_hf = !a.model_name_or_path.empty();
-  r.cfg = resolve_model_config(from_hf ? a.model_name_or_path : a.model_config);
-  const ModelConfig& cfg = r.cfg;
-  if (!a.fsdp_transformer_layer_cls_to_wrap.empty()) {
-    const char* want = cfg.arch == Arch::gpt2 ? "GPT2Block" : "LlamaDecoderLayer";
-    LLMT_CHECK(a.fsdp_transformer_layer_cls_to_wrap == want,
-               "--fsdp_transformer_layer_cls_to_wrap %s: a %s model's layers are %s", a.fsdp_transformer_layer_cls_to_wrap.c_str(),
-               cfg.arch_name(), want);
-  }
-  r.tok = pick_tokenizer(a, cfg);
-  const std::string tok_src = tokenizer_source(a);
-  if (tok_src != "bytes") {  // the directory whose tokenizer files saved models carry
-    struct stat st;
-    size_t slash = tok_src.rfind('/');
-    if (stat(tok_src.c_str(), &st) == 0)
-      r.tokenizer_dir = S_ISDIR(st.st_mode) ? tok_src : slash == std::string::npos ? "." : tok_src.substr(0, slash);
-  }
-  int threads = a.threads;
-  if (threads <= 0) threads = default_threads_per_rank(launch);
-  r.be = make_cpu_backend(threads, a.bf16 ? DType::bf16 : DType::f32);
-
-  // data
-  DataArgs da = a.data;
-  if (da.block_size <= 0) da.block_size = std::min(1024, cfg.max_seq_len);
-  LLMT_CHECK(da.block_size <= cfg.max_seq_len, "--block_size %d exceeds the model's context of %d", da.block_size,
-             cfg.max_seq_len);
-  if (da.tokenizer_path.empty() && tok_src != "bytes") da.tokenizer_path = tok_src;
-  // Alpaca examples longer than the model's context are cut at it, like those past model_max_length
-  if (da.model_max_length > cfg.max_seq_len) {
-    if (!da.data_path.empty())
-      log_info("data   --model_max_length %d is beyond the model's context: examples are cut at %d tokens",
-               da.model_max_length, cfg.max_seq_len);
-    da.model_max_length = cfg.max_seq_len;
-  }
-  r.train = load_train_dataset(da, *r.tok, world.rank(), world.size());
-  if (a.do_eval || a.evaluation_strategy != "no") {
-    r.eval = load_eval_dataset(da, *r.tok, world.rank(), world.size());
-    LLMT_CHECK(!r.eval.empty(), "--do_eval / --evaluation_strategy: there is no evaluation data (--validation_file, or "
-                                "a dataset with a validation split)");
-  }
-  r.pad_id = default_pad_id(*r.tok);
-  r.B = a.per_device_train_batch_size;
-  r.T = (int)std::min<int64_t>(r.train.max_length(), cfg.max_seq_len);
-  if (!r.eval.empty()) r.T = (int)std::min<int64_t>(std::max<int64_t>(r.T, r.eval.max_length()), cfg.max_seq_len);
-  LLMT_CHECK(a.per_device_eval_batch_size <= r.B,
-             "--per_device_eval_batch_size %d: llmt evaluates with the training activations, so at most "
-             "--per_device_train_batch_size (%d)", a.per_device_eval_batch_size, r.B);
-
-  r.model = std::make_unique<Transformer>(cfg, *r.be, r.B, r.T, a.gradient_checkpointing);
-  const ModelLayout& L = r.model->layout();
-  int local_size = a.hybrid_shard_group_size > 0 ? a.hybrid_shard_group_size : launch.local_size;
-  // hybrid_shard's groups are runs of consecutive ranks: with a node's ranks they must be that node's
-  if (strategy == Strategy::hybrid_shard && a.hybrid_shard_group_size <= 0)
-    LLMT_CHECK(world.rank() / launch.local_size == launch.node,
-               "hybrid_shard shards within a node, so each node's ranks must be consecutive (mpirun's default "
-               "--map-by slot, or ppr:N:node); rank %d sits on node %d", world.rank(), launch.node);
-  r.store = std::make_unique<FsdpStore>(*r.be, L, strategy, *r.data, local_size, reduce_dtype);
-  {
-    std::unique_ptr<SafetensorsCheckpoint> ckpt;
-    if (from_hf) {
-      ckpt = std::make_unique<SafetensorsCheckpoint>(a.model_name_or_path);
-      check_hf_tensors(*ckpt, cfg, L, a.model_name_or_path);
-    }
-    std::vector<float> host;
-    for (size_t u = 0; u < L.units.size(); u++) {  // one unit at a time: no rank holds the whole model
-      host.assign((size_t)L.units[u].numel, 0.0f);
-      if (ckpt) load_hf_unit(*ckpt, cfg, L, (int)u, host.data());
-      else init_unit_params(cfg, L.units[u], (int)u, a.seed, host.data());
-      r.store->set_unit((int)u, host.data());
-    }
-  }
-  const ShardGroups& g = r.store->groups();
-  PlanArgs pa;
-  pa.world = world.size();
-  pa.ranks_per_node = strategy == Strategy::hybrid_shard ? local_size : world.size();
-  pa.fsdp = a.fsdp.empty() ? "no_shard" : a.fsdp;
-  pa.batch = r.B;
-  pa.seq_len = r.T;
-  pa.accum = a.gradient_accumulation_steps;
-  pa.gradient_checkpointing = a.gradient_checkpointing;
-  pa.bf16 = a.bf16;
-  pa.reduce_dtype = reduce_dtype;
-  nlohmann::json plan = make_plan(cfg, pa);
-  const double mib = 1024.0 * 1024.0, gib_to_mib = 1024.0;
-  log_info("model  %s, %.2fM parameters (%s)", cfg.describe().c_str(), L.total_numel / 1e6,
-           from_hf ? a.model_name_or_path.c_str() : "random init");
-  log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (master, grad, m, v%s), "
-           "activations %.1f MiB%s; compute %s, gradients reduced in %s",
-           strategy_name(strategy), g.shard_size, g.shard_size == 1 ? "" : "s", g.replica_size,
-           g.replica_size == 1 ? "" : "s", r.store->persistent_bytes() / mib, a.bf16 ? ", bf16 copy" : "",
-           Transformer::activation_bytes(cfg, r.B, r.T, a.gradient_checkpointing, r.be->compute_dtype()) / mib,
-           a.gradient_checkpointing ? " (gradient checkpointing)" : "", dtype_name(r.be->compute_dtype()),
-           dtype_name(reduce_dtype));
-  log_info("plan   per rank: gathered buffers at most %.1f MiB; %.1f MiB sent per step at the longest batches "
-           "(llmt plan)",
-           plan["gathered_peak_gib"].get<double>() * gib_to_mib, plan["comm_total_gib"].get<double>() * gib_to_mib);
-
-  // schedule
-  const int accum = a.gradient_accumulation_steps, W = world.size();
-  Sampler sampler(r.train.size(), W, world.rank(), r.B, accum, a.seed);
-  const int64_t steps_per_epoch = sampler.steps_per_epoch();
-  r.steps_per_epoch = steps_per_epoch;
-  r.global_batch = (int64_t)W * r.B * accum;
-  const int64_t total_steps =
-      a.max_steps > 0 ? a.max_steps : (int64_t)std::ceil(a.num_train_epochs * (double)steps_per_epoch);
-  Schedule sched = make_schedule(a.lr_scheduler_type, total_steps, a.warmup_steps, a.warmup_ratio);
-  log_info("train  %lld steps (%lld per epoch), global batch %d x %d x %d = %d sequences, lr %g (%s, %lld warmup), "
-           "%d threads per rank",
-           (long long)total_steps, (long long)steps_per_epoch, W, r.B, accum, W * r.B * accum, a.learning_rate,
-           sched.type.c_str(), (long long)sched.warmup_steps, threads);
-  AdamWConfig oc;
-  oc.beta1 = (float)a.adam_beta1;
-  oc.beta2 = (float)a.adam_beta2;
-  oc.eps = (float)a.adam_epsilon;
-  oc.weight_decay = (float)a.weight_decay;
-
-  // A live progress line on a terminal; not under mpirun or srun, whose ranks' output may look like a
-  // terminal but ends up in logs.
-  const bool live = world.rank() == 0 && isatty(fileno(stdout)) && launch.launcher == "single process";
-
-  // FLOPs by the PaLM convention (DESIGN.md): per token 6 * N_matmul + 12 * layers * d_model * T, with T
-  // each batch's own length. No peak figure exists for CPUs, so no MFU there.
-  auto flops_per_token = [&](int T) { return Transformer::flops_per_token(cfg, L, T); };
-  double window_flops = 0.0;  // this rank's
-  std::vector<std::vector<int32_t>> tokens(accum), targets(accum);
-  double window_start = now_s(), window_loss = 0.0, run_start = 0.0;
-  int64_t window_tokens = 0, window_steps = 0, run_tokens = 0;
-  const double comm_before = r.store->comm_bytes() + r.data->stats().total();
-  double comm_first_step = 0.0;
-  // Fault injection for the tests: LLMT_FAIL_AT_STEP=rank:step makes that rank fail at that step.
-  int fail_rank = -1;
-  long long fail_step = -1;
-  if (const char* f = std::getenv("LLMT_FAIL_AT_STEP")) std::sscanf(f, "%d:%lld", &fail_rank, &fail_step);
-  const int64_t eval_every = a.eval_steps > 0 ? a.eval_steps : a.logging_steps;  // Hugging Face's fallback
-  std::signal(SIGUSR1, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
-  int64_t stopped_at = -1;
-  int64_t first_step = 0;
-  if (std::string ck = resume_path(r); !ck.empty()) {
-    LoadedTrainState st = load_train_state(ck + "/state.h5", world, L, *r.store, config_to_hf_json(cfg).dump());
-    first_step = st.global_step;
-    if (world.rank() == 0) {  // the log so far, so trainer_state.json keeps the whole history
-      std::ifstream f(ck + "/trainer_state.json");
-      nlohmann::json ts = nlohmann::json::parse(f, nullptr, false);
-      LLMT_CHECK(ts.is_object() && ts.contains("log_history") && ts["log_history"].is_array(),
-                 "%s/trainer_state.json is missing or malformed", ck.c_str());
-      LLMT_CHECK(!ts.contains("model_config") || ts["model_config"] == config_to_hf_json(cfg),
-                 "%s/trainer_state.json belongs to another model (%s), not this %s", ck.c_str(),
-                 ts["model_config"].dump().c_str(), cfg.describe().c_str());
-      for (auto& rec : ts["log_history"]) r.log_history.push_back(rec);
-    }
-    world.barrier();
-    nlohmann::json sc = nlohmann::json::parse(st.scalars_json, nullptr, false);
-    LLMT_CHECK(sc.is_object() && sc.value("global_batch", r.global_batch) == r.global_batch &&
-                   sc.value("seed", a.seed) == a.seed,
-               "%s was trained with a global batch of %lld sequences and --seed %llu; this run has %lld and %llu, so "
-               "it would not continue with the same data (keep ranks x per-device batch x accumulation, and the seed)",
-               ck.c_str(), (long long)sc.value("global_batch", (int64_t)0), (unsigned long long)sc.value("seed", (uint64_t)0),
-               (long long)r.global_batch, (unsigned long long)a.seed);
-    log_info("resume %s: step %lld, Adam step %d; continuing to step %lld", ck.c_str(), (long long)first_step,
-             st.adam_step, (long long)total_steps);
-    LLMT_CHECK(first_step < total_steps, "%s is at step %lld, and the run ends at step %lld: nothing left to train",
-               ck.c_str(), (long long)first_step, (long long)total_steps);
-  }
-  if (world.rank() == 0) {  // metrics.jsonl: this run's records, after the resumed checkpoint's history
-    r.metrics.open(a.output_dir + "/metrics.jsonl", std::ios::trunc);
-    for (const auto& rec : r.log_history) r.metrics << rec.dump() << "\n";
-    r.metrics.flush();
-  }
-  window_start = now_s();
-  for (int64_t step = first_step; step < total_steps; step++) {
-    LLMT_CHECK(!(world.rank() == fail_rank && step + 1 == fail_step), "injected failure (LLMT_FAIL_AT_STEP) at step %lld",
-               (long long)step + 1);
-    if (step - first_step == a.throughput_warmup_steps) run_start = now_s(), run_tokens = 0;
-    std::vector<MicroBatch> micro;
-    int64_t step_tokens = 0;
-    for (int m = 0; m < accum; m++) {
-      int len = collate(r.train, sampler.indices(step, m), r.pad_id, tokens[m], targets[m]);
-      LLMT_CHECK(len <= r.T, "internal: batch length %d over %d", len, r.T);
-      micro.push_back({tokens[m].data(), targets[m].data(), len, ((int64_t)m * W + world.rank()) * r.B});
-      step_tokens += (int64_t)r.B * len;
-      window_flops += (double)r.B * len * flops_per_token(len);
-    }
-    double lr = a.learning_rate * sched.multiplier(step);
-    StepSettings ss;
-    ss.lr = (float)lr;
-    ss.adamw = oc;
-    ss.max_grad_norm = a.max_grad_norm;
-    ss.seed = a.seed;
-    ss.step = step;
-    StepResult res = train_step(*r.model, *r.store, world, *r.data, micro, ss);
-    const double loss = res.loss, grad_norm = res.grad_norm;
-    if (step == first_step) comm_first_step = r.store->comm_bytes() + r.data->stats().total() - comm_before;
-
-    const int64_t global_tokens = step_tokens * W;
-    window_loss += loss;
-    window_tokens += global_tokens;
-    run_tokens += global_tokens;
-    window_steps++;
-    const double epoch = (double)(step + 1) / steps_per_epoch;
-    if (live) {
-      std::printf("\r  step %lld/%lld  loss %.4f  ", (long long)step + 1, (long long)total_steps, loss);
-      std::fflush(stdout);
-    }
-    if ((step + 1) % a.logging_steps == 0 || step + 1 == total_steps) {
-      double dt = now_s() - window_start, tps = window_tokens / dt, mean_loss = window_loss / window_steps;
-      if (live) std::printf("\r");
-      log_info("step %6lld/%lld | epoch %.2f | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s (%.0f per rank) | "
-               "%.0f ms/step | rss %.2f GiB",
-               (long long)step + 1, (long long)total_steps, epoch, mean_loss, lr, grad_norm, tps, tps / W,
-               1000.0 * dt / window_steps, peak_rss_gib());
-      record(r, {{"step", step + 1},
-                 {"epoch", epoch},
-                 {"loss", mean_loss},
-                 {"learning_rate", lr},
-                 {"grad_norm", grad_norm},
-                 {"tokens_per_s", tps},
-                 {"tokens_per_s_per_rank", tps / W},
-                 {"gflops_rank0", window_flops / dt / 1e9},
-                 {"flops_convention", Transformer::kFlopsConvention},
-                 {"peak_rss_gib", peak_rss_gib()}});
-      window_start = now_s();
-      window_loss = window_flops = 0.0;
-      window_tokens = window_steps = 0;
-    }
-    bool epoch_end = (step + 1) % steps_per_epoch == 0;
-    bool eval_now = (a.evaluation_strategy == "steps" && (step + 1) % eval_every == 0) ||
-                    (a.evaluation_strategy == "epoch" && epoch_end);
-    if (eval_now) {
-      double el = evaluate(r);
-      log_info("eval   step %lld | eval_loss %.4f | perplexity %.3f", (long long)step + 1, el, std::exp(el));
-      record(r, {{"step", step + 1}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
-    }
-    bool save_now = (a.save_strategy == "steps" && (step + 1) % a.save_steps == 0) ||
-                    (a.save_strategy == "epoch" && epoch_end);
-    if (save_now) save_checkpoint(r, step + 1);
-    // a signal reaches some ranks and not others: agree before acting, so every rank saves together
-    if (step + 1 < total_steps && world.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) > 0) {
-      log_info("signal received: saving at step %lld and stopping", (long long)step + 1);
-      if (!save_now) save_checkpoint(r, step + 1);
-      stopped_at = step + 1;
-      break;
-    }
-  }
-  if (stopped_at > 0) {
-    log_info("stopped at step %lld of %lld by a signal; checkpoint-%lld holds the model", (long long)stopped_at,
-             (long long)total_steps, (long long)stopped_at);
-    std::signal(SIGUSR1, SIG_DFL);
-    std::signal(SIGTERM, SIG_DFL);
-    return;
-  }
-  double run_s = now_s() - run_start;
-  if (total_steps - first_step > a.throughput_warmup_steps)
-    log_info("done   %.0f tok/s over steps %d..%lld (%.0f per rank); measured per rank: %.1f MiB sent in step 1, "
-             "gathered buffers peaked at %.1f MiB, peak rss %.2f GiB",
-             run_tokens / run_s, a.throughput_warmup_steps + 1, (long long)total_steps, run_tokens / run_s / W,
-             comm_first_step / mib, r.store->peak_gathered_bytes() / mib, peak_rss_gib());
-  if (a.do_eval) {
-    double el = evaluate(r);
-    log_info("eval   eval_loss %.4f | perplexity %.3f", el, std::exp(el));
-    record(r, {{"step", total_steps}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
-  }
-  save_model(r, a.output_dir);  // a signal arriving now changes nothing: this is the end of the run
-  std::signal(SIGUSR1, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
-  log_info("saved  %s (config.json, model.safetensors)", a.output_dir.c_str());
+  Trainer t(a, world, launch);
+  t.run();
 }
 
 }  // namespace llmt

@@ -1,0 +1,256 @@
+#include "train/train_args.h"
+
+#include <cstdio>
+
+#include "engine/core/error.h"
+#include "engine/core/log.h"
+#include "engine/dist/launch.h"
+#include "engine/fsdp/fsdp.h"
+#include "engine/optim/schedule.h"
+
+namespace llmt {
+
+namespace {
+
+// A flag's value read with the member's own type, the member's current value as the default.
+std::string get(Flags& f, const char* n, const std::string& d) { return f.get_string(n, d); }
+int get(Flags& f, const char* n, int d) { return f.get_int(n, d); }
+int64_t get(Flags& f, const char* n, int64_t d) { return f.get_int64(n, d); }
+uint64_t get(Flags& f, const char* n, uint64_t d) { return (uint64_t)f.get_int64(n, (long long)d); }
+double get(Flags& f, const char* n, double d) { return f.get_double(n, d); }
+bool get(Flags& f, const char* n, bool d) { return f.get_bool(n, d); }
+
+std::string text(const std::string& v) { return v.empty() ? "" : v; }
+std::string text(bool v) { return v ? "True" : "False"; }
+std::string text(double v) { return strformat("%g", v); }
+template <class T>
+std::string text(T v) {
+  return std::to_string(v);
+}
+
+template <auto M>
+void read_arg(Flags& f, const char* name, TrainArgs& a) {
+  a.*M = get(f, name, a.*M);
+}
+template <auto M>
+void read_data(Flags& f, const char* name, TrainArgs& a) {
+  a.data.*M = get(f, name, a.data.*M);
+}
+template <auto M>
+std::string show_arg(const TrainArgs& a) {
+  return text(a.*M);
+}
+template <auto M>
+std::string show_data(const TrainArgs& a) {
+  return text(a.data.*M);
+}
+
+// Flags that only mean something to other launchers: accepted so their commands run unchanged, each
+// with a warning that says it is ignored.
+void read_ignored(Flags& f, const char* name, TrainArgs&) {
+  if (!f.has(name)) return;
+  f.ignore(name);
+  if (launcher_rank_from_env() <= 0) log_warn("--%s only matters to other launchers; llmt ignores it", name);
+}
+
+#define ARG(member) &read_arg<&TrainArgs::member>, &show_arg<&TrainArgs::member>
+#define ARG_UNSET(member) &read_arg<&TrainArgs::member>, nullptr  // the help says what unset means
+#define DATA(member) &read_data<&DataArgs::member>, &show_data<&DataArgs::member>
+#define DATA_UNSET(member) &read_data<&DataArgs::member>, nullptr
+#define IGNORED(name, help) {name, "accepted and ignored, with a warning", "", help, &read_ignored, nullptr}
+
+}  // namespace
+
+const std::vector<TrainFlag>& train_flags() {
+  static const std::vector<TrainFlag> flags = {
+      // model
+      {"model_name_or_path", "model", "DIR", "a Hugging Face directory (config.json, safetensors, tokenizer files)",
+       ARG(model_name_or_path)},
+      {"model_config", "model", "NAME|FILE",
+       "instead: a preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-7b, llama-13b, llama2-7b, gpt2-tiny, "
+       "gpt2-small-byte, llama-tiny) or a config.json, randomly initialised",
+       ARG(model_config)},
+      {"tokenizer_name_or_path", "model", "DIR|FILE|bytes",
+       "the tokenizer (default: the model directory); bytes = byte-level ids 0..255", ARG(tokenizer_name_or_path)},
+      // data
+      {"data_path", "data", "FILE", "Alpaca JSON or JSON Lines, Stanford Alpaca's prompts", DATA(data_path)},
+      {"dataset_name", "data", "wikitext", "WikiText from local files under --dataset_dir (nothing is downloaded)",
+       DATA(dataset_name)},
+      {"dataset_config_name", "data", "NAME", "wikitext-2-raw-v1, wikitext-103-raw-v1, wikitext-2-v1, wikitext-103-v1",
+       DATA(dataset_config_name)},
+      {"dataset_dir", "data", "DIR", "where the WikiText files are", DATA(dataset_dir)},
+      {"train_file", "data", "FILE", "plain text, grouped into --block_size tokens as run_clm does", DATA(train_file)},
+      {"validation_file", "data", "FILE", "plain text for evaluation", DATA(validation_file)},
+      {"block_size", "data", "N", "tokens per run_clm block (0: min(1024, the model's context))", DATA_UNSET(block_size)},
+      {"model_max_length", "data", "N", "Alpaca examples are cut at this many tokens", DATA(model_max_length)},
+      {"alpaca_instruction_field", "data", "NAME", "the Alpaca record's instruction field", DATA(instruction_field)},
+      {"alpaca_input_field", "data", "NAME", "the Alpaca record's input field", DATA(input_field)},
+      {"alpaca_output_field", "data", "NAME", "the Alpaca record's response field", DATA(output_field)},
+      {"cache_dir", "data", "DIR|none", "the token cache (default ~/.cache/llmt)", DATA(cache_dir)},
+      // training
+      {"output_dir", "training", "DIR", "where checkpoints, metrics.jsonl and the final model go (required)",
+       ARG(output_dir)},
+      {"max_steps", "training", "N", "optimizer steps; > 0 overrides --num_train_epochs", ARG_UNSET(max_steps)},
+      {"num_train_epochs", "training", "X", "passes over the training data", ARG(num_train_epochs)},
+      {"per_device_train_batch_size", "training", "N", "sequences per rank per micro-batch",
+       ARG(per_device_train_batch_size)},
+      {"gradient_accumulation_steps", "training", "N", "micro-batches per optimizer step",
+       ARG(gradient_accumulation_steps)},
+      {"learning_rate", "training", "X", "AdamW's peak learning rate", ARG(learning_rate)},
+      {"weight_decay", "training", "X", "AdamW weight decay (not on biases and norm weights)", ARG(weight_decay)},
+      {"adam_beta1", "training", "X", "AdamW beta1", ARG(adam_beta1)},
+      {"adam_beta2", "training", "X", "AdamW beta2", ARG(adam_beta2)},
+      {"adam_epsilon", "training", "X", "AdamW epsilon", ARG(adam_epsilon)},
+      {"max_grad_norm", "training", "X", "clip the global gradient norm to this (0: no clipping)", ARG(max_grad_norm)},
+      {"lr_scheduler_type", "training", "linear|cosine|constant|constant_with_warmup", "the learning-rate schedule",
+       ARG(lr_scheduler_type)},
+      {"warmup_ratio", "training", "X", "warm-up as a fraction of the steps", ARG(warmup_ratio)},
+      {"warmup_steps", "training", "N", "warm-up steps (overrides --warmup_ratio)", ARG(warmup_steps)},
+      {"seed", "training", "N", "initialisation, data order and dropout masks", ARG(seed)},
+      // parallelism and precision
+      {"fsdp", "parallelism and precision", "\"full_shard auto_wrap\"|shard_grad_op|hybrid_shard|no_shard",
+       "how parameters, gradients and optimizer state are split over the ranks (empty: no_shard)", ARG(fsdp)},
+      {"fsdp_transformer_layer_cls_to_wrap", "parallelism and precision", "GPT2Block|LlamaDecoderLayer",
+       "checked against the model: one unit per transformer block", ARG(fsdp_transformer_layer_cls_to_wrap)},
+      {"hybrid_shard_group_size", "parallelism and precision", "N",
+       "ranks a hybrid_shard shard spans (0: the ranks of a node)", ARG_UNSET(hybrid_shard_group_size)},
+      {"gradient_checkpointing", "parallelism and precision", "True|False",
+       "keep only each block's input; recompute the block in backward", ARG(gradient_checkpointing)},
+      {"bf16", "parallelism and precision", "True|False",
+       "bf16 compute copy, gathers and activations; fp32 master weights, moments, norms, softmax and loss",
+       ARG(bf16)},
+      {"mixed_precision_reduce", "parallelism and precision", "float32|bfloat16",
+       "what gradients are reduced in (torchtitan's name)", ARG(mixed_precision_reduce)},
+      {"tf32", "parallelism and precision", "True|False", "TF32 for fp32 matmuls on a GPU (the CPU has none)",
+       ARG(tf32)},
+      {"device", "parallelism and precision", "cpu|cuda", "where each rank computes", ARG(device)},
+      {"threads", "parallelism and precision", "N", "CPU threads per rank (0: the node's cores / ranks per node)",
+       ARG_UNSET(threads)},
+      // evaluation
+      {"do_eval", "evaluation", "True|False", "evaluate once at the end", ARG(do_eval)},
+      {"evaluation_strategy", "evaluation", "no|steps|epoch", "when to evaluate (also --eval_strategy)",
+       [](Flags& f, const char* n, TrainArgs& a) {
+         a.evaluation_strategy = f.get_string(n, f.get_string("eval_strategy", a.evaluation_strategy));
+       },
+       &show_arg<&TrainArgs::evaluation_strategy>},
+      {"eval_steps", "evaluation", "N", "evaluate every N steps (0: --logging_steps)", ARG_UNSET(eval_steps)},
+      {"per_device_eval_batch_size", "evaluation", "N", "sequences per rank per evaluation batch (0: the train one)",
+       ARG_UNSET(per_device_eval_batch_size)},
+      // checkpoints
+      {"save_strategy", "checkpoints", "no|steps|epoch", "when to write output_dir/checkpoint-<step>",
+       ARG(save_strategy)},
+      {"save_steps", "checkpoints", "N", "save every N steps", ARG(save_steps)},
+      {"save_total_limit", "checkpoints", "N", "keep the newest N checkpoints (0: all)", ARG(save_total_limit)},
+      {"resume_from_checkpoint", "checkpoints", "DIR|latest",
+       "continue from a checkpoint at any world size and strategy (latest: the newest complete one)",
+       [](Flags& f, const char* n, TrainArgs& a) {
+         a.resume_from_checkpoint = f.get_string(n, a.resume_from_checkpoint);
+         if (a.resume_from_checkpoint == "False" || a.resume_from_checkpoint == "false") a.resume_from_checkpoint.clear();
+       },
+       nullptr},
+      {"overwrite_output_dir", "checkpoints", "True|False", "start again in an output_dir that holds checkpoints",
+       ARG(overwrite_output_dir)},
+      // logging
+      {"logging_steps", "logging", "N", "print and record a line every N steps", ARG(logging_steps)},
+      {"throughput_warmup_steps", "logging", "N", "steps left out of the final throughput", ARG(throughput_warmup_steps)},
+      {"do_train", "logging", "True", "accepted: llmt train always trains",
+       [](Flags& f, const char* n, TrainArgs&) {
+         LLMT_CHECK(f.get_bool(n, true), "--do_train False: llmt train always trains");
+       },
+       nullptr},
+      IGNORED("use_habana", "optimum-habana"),
+      IGNORED("use_lazy_mode", "optimum-habana"),
+      IGNORED("use_hpu_graphs", "optimum-habana"),
+      IGNORED("use_hpu_graphs_for_inference", "optimum-habana"),
+      IGNORED("use_hpu_graphs_for_training", "optimum-habana"),
+      IGNORED("gaudi_config_name", "optimum-habana"),
+      IGNORED("deepspeed", "DeepSpeed's config"),
+      IGNORED("report_to", "experiment trackers"),
+  };
+  return flags;
+}
+
+#undef ARG
+#undef ARG_UNSET
+#undef DATA
+#undef DATA_UNSET
+#undef IGNORED
+
+TrainArgs parse_train_args(Flags& f) {
+  TrainArgs a;
+  for (const TrainFlag& flag : train_flags()) flag.read(f, flag.name, a);
+
+  LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got \"%s\"", a.device.c_str());
+  LLMT_CHECK(a.model_name_or_path.empty() != a.model_config.empty(),
+             "give exactly one of --model_name_or_path (a Hugging Face directory) or --model_config (a preset or "
+             "config.json, randomly initialised)");
+  int sources = !a.data.data_path.empty() + !a.data.dataset_name.empty() + !a.data.train_file.empty();
+  LLMT_CHECK(sources == 1, "give exactly one training data source: --data_path (Alpaca JSON), --dataset_name "
+                           "(wikitext, with --dataset_dir), or --train_file (plain text)");
+  LLMT_CHECK(!a.output_dir.empty(), "--output_dir is required");
+  LLMT_CHECK(a.per_device_train_batch_size > 0, "--per_device_train_batch_size must be positive, got %d",
+             a.per_device_train_batch_size);
+  LLMT_CHECK(a.per_device_eval_batch_size >= 0, "--per_device_eval_batch_size must not be negative");
+  LLMT_CHECK(a.gradient_accumulation_steps > 0, "--gradient_accumulation_steps must be positive, got %d",
+             a.gradient_accumulation_steps);
+  LLMT_CHECK(a.learning_rate >= 0.0, "--learning_rate must not be negative, got %g", a.learning_rate);
+  LLMT_CHECK(a.max_steps != 0 && (a.max_steps > 0 || a.num_train_epochs > 0.0),
+             "nothing to train: --max_steps or --num_train_epochs must be positive");
+  LLMT_CHECK(a.logging_steps > 0, "--logging_steps must be positive");
+  LLMT_CHECK(a.max_grad_norm >= 0.0, "--max_grad_norm must not be negative");
+  LLMT_CHECK(a.throughput_warmup_steps >= 0, "--throughput_warmup_steps must not be negative");
+  LLMT_CHECK(a.evaluation_strategy == "no" || a.evaluation_strategy == "steps" || a.evaluation_strategy == "epoch",
+             "--evaluation_strategy must be no, steps or epoch, got \"%s\"", a.evaluation_strategy.c_str());
+  LLMT_CHECK(a.save_strategy == "no" || a.save_strategy == "steps" || a.save_strategy == "epoch",
+             "--save_strategy must be no, steps or epoch, got \"%s\"", a.save_strategy.c_str());
+  LLMT_CHECK(a.save_strategy != "steps" || a.save_steps > 0, "--save_steps must be positive");
+  LLMT_CHECK(a.save_total_limit >= 0, "--save_total_limit must not be negative");
+  // validate spellings now, before any rank starts work
+  parse_fsdp(a.fsdp);
+  parse_reduce_dtype(a.mixed_precision_reduce);
+  make_schedule(a.lr_scheduler_type, 1, a.warmup_steps, a.warmup_ratio);
+  return a;
+}
+
+DType parse_reduce_dtype(const std::string& name) {
+  if (name == "float32" || name == "fp32") return DType::f32;
+  if (name == "bfloat16" || name == "bf16") return DType::bf16;
+  fail("--mixed_precision_reduce must be float32 or bfloat16, got \"%s\"", name.c_str());
+}
+
+std::string train_help() {
+  const TrainArgs defaults;
+  std::string s =
+      "llmt train: train a GPT-2 or LLaMA model; flags are Hugging Face TrainingArguments names\n"
+      "run it alone, or on every rank: mpirun -hostfile H -np N llmt train ... / srun --mpi=pmix llmt train ...\n"
+      "give one model (--model_name_or_path or --model_config) and one data source (--data_path, --dataset_name or\n"
+      "--train_file); any flag not listed here is an error.\n";
+  std::string group;
+  for (const TrainFlag& f : train_flags()) {
+    if (group != f.group) s += strformat("\n%s:\n", (group = f.group).c_str());
+    std::string head = strformat("  --%s %s", f.name, f.value);
+    std::string d = f.show ? f.show(defaults) : "";
+    if (head.size() >= 44) head += "\n" + std::string(44, ' ');  // a long value list: the help goes below
+    s += strformat("%-44s %s%s\n", head.c_str(), f.help, d.empty() ? "" : (" (" + d + ")").c_str());
+  }
+  return s;
+}
+
+std::string train_flags_markdown() {
+  const TrainArgs defaults;
+  std::string s, group;
+  for (const TrainFlag& f : train_flags()) {
+    if (group != f.group) {
+      s += strformat("%s| %s | | |\n", group.empty() ? "| flag | value (default) | what it does |\n| --- | --- | --- |\n" : "",
+                     (group = f.group).c_str());
+    }
+    std::string d = f.show ? f.show(defaults) : "";
+    std::string value = f.value;
+    for (size_t i = 0; (i = value.find('|', i)) != std::string::npos; i += 2) value.replace(i, 1, "\\|");
+    s += strformat("| `--%s` | %s%s | %s |\n", f.name, value.empty() ? "" : ("`" + value + "`").c_str(),
+                   d.empty() ? "" : (" (" + d + ")").c_str(), f.help);
+  }
+  return s;
+}
+
+}  // namespace llmt

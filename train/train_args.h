@@ -1,0 +1,74 @@
+// llmt train's arguments, with the Hugging Face TrainingArguments names, and the one table of its
+// flags: it reads them (parse_train_args), prints `llmt train --help`, and writes the README's
+// flag list (`llmt train --help-markdown`; a test keeps the README equal to it).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "engine/core/tensor.h"
+#include "train/flags.h"
+
+namespace llmt {
+
+struct TrainArgs {
+  std::string device = "cpu";
+  int threads = 0;                   // CPU threads per rank; 0 = this rank's share of the node's cores
+  std::string model_name_or_path;    // a Hugging Face directory: config.json + safetensors (+ tokenizer)
+  std::string model_config;          // or a preset name / config.json, randomly initialised
+  std::string tokenizer_name_or_path;  // default: model_name_or_path; "bytes" = byte-level
+  DataArgs data;
+  std::string output_dir;
+  int64_t max_steps = -1;            // > 0 overrides num_train_epochs
+  double num_train_epochs = 3.0;
+  int per_device_train_batch_size = 8;
+  int per_device_eval_batch_size = 0;  // 0: the train batch size
+  int gradient_accumulation_steps = 1;
+  double learning_rate = 5e-5;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;
+  std::string lr_scheduler_type = "linear";
+  double warmup_ratio = 0.0;
+  int64_t warmup_steps = 0;
+  int logging_steps = 500;
+  int throughput_warmup_steps = 0;   // steps left out of the throughput summary
+  std::string fsdp;                  // "full_shard auto_wrap", "shard_grad_op", "hybrid_shard", "no_shard" ("" = no_shard)
+  std::string fsdp_transformer_layer_cls_to_wrap;  // GPT2Block / LlamaDecoderLayer
+  int hybrid_shard_group_size = 0;   // ranks a hybrid_shard shard spans; 0 = the ranks of a node
+  bool gradient_checkpointing = false;
+  bool do_eval = false;
+  std::string evaluation_strategy = "no";  // no, steps, epoch
+  int64_t eval_steps = 0;
+  std::string save_strategy = "steps";     // no, steps, epoch (Hugging Face's default is steps)
+  int64_t save_steps = 500;
+  int save_total_limit = 0;                // 0 = keep every checkpoint
+  std::string resume_from_checkpoint;      // a checkpoint directory, or "latest" / "True"
+  bool overwrite_output_dir = false;       // train into an output_dir that holds checkpoints
+  uint64_t seed = 42;
+  bool bf16 = false;                       // bf16 compute copy, gathers and activations (fp32 master, moments)
+  bool tf32 = false;
+  std::string mixed_precision_reduce = "float32";  // gradients reduced in float32 or bfloat16 (torchtitan's name)
+};
+
+// One flag of llmt train: how --help and the README describe it, and how it is read.
+struct TrainFlag {
+  const char* name;
+  const char* group;  // the heading it is listed under
+  const char* value;  // what it takes: DIR, N, X, True|False, a|b|c ("" for a flag that is accepted and ignored)
+  const char* help;
+  void (*read)(Flags& flags, const char* name, TrainArgs& args);
+  std::string (*show)(const TrainArgs& args);  // its value, to print the default (nullptr: none worth printing)
+};
+const std::vector<TrainFlag>& train_flags();
+
+// Reads every train flag from `flags` and checks the values (then flags.finish() rejects the rest).
+TrainArgs parse_train_args(Flags& flags);
+std::string train_help();           // llmt train --help
+std::string train_flags_markdown();  // the README's flag list
+
+// --mixed_precision_reduce: float32 (default) or bfloat16.
+DType parse_reduce_dtype(const std::string& name);
+
+}  // namespace llmt
