@@ -3,7 +3,8 @@
 # Debian/Ubuntu system carries (the licence texts) plus this project's docs, train a small GPT-2
 # on the CPU with two ranks under mpirun, fully sharded ("full_shard auto_wrap"), for a minute or
 # two, and write the model as a Hugging Face directory.
-#   QUICKSTART_STEPS (default 300), QUICKSTART_RANKS (2) and QUICKSTART_OUT (out/quickstart) change the run.
+#   QUICKSTART_STEPS (default 300), QUICKSTART_RANKS (2) and QUICKSTART_OUT (out/quickstart) change the run;
+#   arguments are more llmt train flags (e.g. scripts/quickstart.sh --bf16 True).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x build/bin/llmt ] || scripts/setup.sh
@@ -36,5 +37,6 @@ mpirun "${mpi_flags[@]}" build/bin/llmt train \
   --logging_steps 50 \
   --save_strategy no \
   --seed 42 \
-  --output_dir "$out"
+  --output_dir "$out" \
+  "$@"
 echo "quickstart: the trained model is in $out (config.json, model.safetensors); metrics in $out/metrics.jsonl"

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/backend/backend.h"
+#include "engine/backend/profiling.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/dist/mpi_communicator.h"
@@ -45,6 +46,24 @@ static double median_of(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// This machine's memory bandwidth, with the backend's threads, the way AdamW uses memory: every
+// write lands on an array it has just read (a[i] += s * b[i]), so no write-allocate traffic hides
+// in it; 12 bytes counted per element, as STREAM counts (reads and writes). AdamW streams 28 bytes
+// per parameter counted the same way. Median of 5 passes over two 512 MiB arrays.
+static double stream_gb_per_s(int threads) {
+  const int64_t n = 128ll << 20;
+  std::vector<float> a((size_t)n, 1.0f), b((size_t)n, 2.0f);
+  std::vector<double> gbs;
+  for (int rep = 0; rep < 6; rep++) {
+    auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for simd num_threads(threads)
+    for (int64_t i = 0; i < n; i++) a[(size_t)i] += 1e-3f * b[(size_t)i];
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) gbs.push_back(12.0 * (double)n / s / 1e9);  // the first pass is warm-up
+  }
+  return median_of(gbs);
+}
+
 void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch) {
   ModelConfig cfg = resolve_model_config(a.model);
   if (a.dropout >= 0.0) {
@@ -53,20 +72,18 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
     validate_config(cfg, "--dropout");
   }
   int threads = a.threads > 0 ? a.threads : default_threads_per_rank(launch);
-  auto be = make_cpu_backend(threads, a.bf16 ? DType::bf16 : DType::f32);
-  Transformer model(cfg, *be, a.batch, a.seq_len, a.gradient_checkpointing);
+  ProfilingBackend be(make_cpu_backend(threads, a.bf16 ? DType::bf16 : DType::f32));
+  Transformer model(cfg, be, a.batch, a.seq_len, a.gradient_checkpointing);
   const ModelLayout& L = model.layout();
   Strategy strategy = parse_fsdp(a.fsdp);
   std::unique_ptr<DataComm> data = make_mpi_data_comm(world);
-  FsdpStore store(*be, L, strategy, *data, launch.local_size, parse_reduce_dtype(a.mixed_precision_reduce));
+  FsdpStore store(be, L, strategy, *data, launch.local_size, parse_reduce_dtype(a.mixed_precision_reduce));
   std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
     host.resize((size_t)L.units[u].numel);
     init_unit_params(cfg, L.units[u], (int)u, 1337, host.data());
     store.set_unit((int)u, host.data());
   }
-  AdamWConfig oc;
-  oc.weight_decay = 0.1f;
 
   // synthetic tokens, different on every rank
   const int64_t N = (int64_t)a.batch * a.seq_len;
@@ -80,25 +97,56 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
   std::vector<MicroBatch> micro = {{tokens.data(), targets.data(), a.seq_len, (int64_t)world.rank() * a.batch}};
   StepSettings ss;
   ss.lr = 1e-4f;
-  ss.adamw = oc;
+  ss.adamw.weight_decay = 0.1f;
   ss.max_grad_norm = 1.0;
 
   std::vector<double> ms;
   double comm_per_step = 0.0;
-  for (int it = 0; it < a.warmup + a.steps; it++) {
+  auto timed_step = [&](int it) {
     world.barrier();
     double comm0 = store.comm_bytes() + data->stats().total();
     auto t0 = std::chrono::steady_clock::now();
     ss.step = it;
     StepResult r = train_step(model, store, world, *data, micro, ss);
-    be->synchronize();
+    be.synchronize();
     double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     comm_per_step = store.comm_bytes() + data->stats().total() - comm0;
+    return std::make_pair(dt, r.loss);
+  };
+  for (int it = 0; it < a.warmup + a.steps; it++) {
+    auto [dt, loss] = timed_step(it);
     if (it >= a.warmup) ms.push_back(dt);
     if (world.rank() == 0)
       std::fprintf(stderr, "step %d/%d%s: %.1f ms, loss %.4f\n", it + 1, a.warmup + a.steps,
-                   it < a.warmup ? " (warm-up)" : "", dt, r.loss);
+                   it < a.warmup ? " (warm-up)" : "", dt, loss);
   }
+  // one more step with every op timed on its own: where the step's time goes (the time outside the
+  // ops is communication and host work)
+  be.enable(true);
+  double profiled_ms = timed_step(a.warmup + a.steps).first;
+  be.enable(false);
+  nlohmann::json breakdown = nlohmann::json::object();
+  double in_ops = 0.0;
+  for (auto& [category, t] : be.ms()) {
+    breakdown[category] = t;
+    in_ops += t;
+  }
+  breakdown["communication and host"] = std::max(0.0, profiled_ms - in_ops);
+  auto in = [&](const char* category) { return be.ms().count(category) ? be.ms().at(category) : 0.0; };
+  const double matmul_ms = in("matmul"), adamw_ms = in("adamw");
+  // the "everything else": neither matmuls nor the optimizer's memory-bound passes over every
+  // parameter (AdamW, the gradient norm, zeroing the gradients) nor communication
+  const double rest_ms = in_ops - matmul_ms - adamw_ms - in("grad norm") - in("gradient zeroing");
+  // AdamW reads p, g, m, v and writes p, m, v: 28 bytes per parameter of this rank's shards, 2 more
+  // for the bf16 compute copy it writes
+  double shard_params = 0.0;
+  for (size_t u = 0; u < L.units.size(); u++) {
+    FsdpStore::ShardState st = store.shard_state((int)u);
+    shard_params += (double)std::max<int64_t>(st.hi - st.lo, 0);
+  }
+  const double adamw_bytes = shard_params * (28.0 + (a.bf16 ? 2.0 : 0.0));
+  const double stream = stream_gb_per_s(be.threads());
+
   // the slowest rank sets the pace: report the median over steps of rank 0's times (all ranks
   // finish a step together, since each step ends in collectives)
   double median = median_of(ms);
@@ -108,7 +156,7 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
   nlohmann::json j = {{"model", a.model},
                       {"device", a.device},
                       {"ranks", W},
-                      {"threads", be->threads()},
+                      {"threads", be.threads()},
                       {"fsdp", strategy_name(strategy)},
                       {"dropout", cfg.has_dropout()},
                       {"batch", a.batch},
@@ -121,7 +169,15 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
                       {"gflop_per_step", flops_per_token * global_tokens / 1e9},
                       {"achieved_gflops", flops_per_token * global_tokens / (median / 1000.0) / 1e9},
                       {"comm_bytes_per_step_per_rank", comm_per_step},
-                      {"compute_dtype", dtype_name(be->compute_dtype())},
+                      {"compute_dtype", dtype_name(be.compute_dtype())},
+                      {"profiled_step_ms", profiled_ms},
+                      {"breakdown_ms", breakdown},
+                      {"matmul_gflops", flops_per_token * N / 1e9 / (matmul_ms / 1000.0)},
+                      {"matmul_fraction", matmul_ms / profiled_ms},
+                      {"rest_fraction", rest_ms / profiled_ms},
+                      {"adamw_gb_per_s", adamw_bytes / (adamw_ms / 1000.0) / 1e9},
+                      {"memory_gb_per_s", stream},
+                      {"adamw_fraction_of_memory_bandwidth", adamw_bytes / (adamw_ms / 1000.0) / 1e9 / stream},
                       {"flops_convention", Transformer::kFlopsConvention}};
   if (world.rank() == 0) std::printf("%s\n", j.dump().c_str());
 }

@@ -32,6 +32,35 @@ inline float ld(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
 inline void st(float* p, int64_t i, float v) { p[i] = v; }
 inline void st(uint16_t* p, int64_t i, float v) { p[i] = f32_to_bf16(v); }
 
+// exp(x) in a form loops vectorize (std::exp is a scalar library call): x = n ln2 + r with
+// |r| <= ln2 / 2, e^r by Cephes' degree-6 polynomial, 2^n built in the exponent bits. Within 2 ulp
+// of expf for x in [-87, 88]; outside, x is clamped there (e^-87 = 1.6e-38 stands in for 0 and
+// underflows nothing that matters; e^88 = 1.7e38); NaN stays NaN.
+inline float exp_approx(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer held in the low bits
+  float t = x * 1.44269504088896341f + shifter;
+  float n = t - shifter;
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 split in two (Cody and Waite)
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  uint32_t ti, bits;
+  std::memcpy(&ti, &t, 4);
+  bits = (ti - 0x4B400000u + 127u) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+// tanh through exp: 1 - 2 / (e^2x + 1); absolute error ~1e-7 (relative error grows near 0, where
+// GELU adds 1 to it)
+inline float tanh_approx(float x) { return 1.0f - 2.0f / (exp_approx(2.0f * x) + 1.0f); }
+
 // Calls f with a value of the element type that stores `t` (float for f32, uint16_t for bf16).
 template <class F>
 void by_dtype(DType t, const char* op, F&& f) {
@@ -69,10 +98,18 @@ class CpuBackend : public Backend {
     return p;
   }
   void release(void* p) override { std::free(p); }
-  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void zero(void* p, size_t bytes) override {
+    chunked(bytes, [&](size_t at, size_t n) { std::memset((char*)p + at, 0, n); });
+  }
   void copy_from_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    const char *s = (const char*)src, *d = (const char*)dst;
+    if (d + bytes <= s || s + bytes <= d)  // no overlap: the threads' pieces are independent
+      chunked(bytes, [&](size_t at, size_t n) { std::memcpy((char*)dst + at, s + at, n); });
+    else
+      std::memmove(dst, src, bytes);
+  }
   void synchronize() override {}
 
   // ---- dense ----
@@ -188,10 +225,13 @@ class CpuBackend : public Backend {
 #pragma omp for
         for (int64_t i = 0; i < N; i++) {
           float m = 0.0f;
-          for (int c = 0; c < C; c++) m += (xf[c] = ld(X, i * C + c));
+          float* __restrict xx = xf.data();
+#pragma omp simd reduction(+ : m)
+          for (int c = 0; c < C; c++) m += (xx[c] = ld(X, i * C + c));
           m /= C;
           float var = 0.0f;
-          for (int c = 0; c < C; c++) var += (xf[c] - m) * (xf[c] - m);
+#pragma omp simd reduction(+ : var)
+          for (int c = 0; c < C; c++) var += (xx[c] - m) * (xx[c] - m);
           var /= C;
           float r = 1.0f / std::sqrt(var + eps);
           for (int c = 0; c < C; c++) st(o, i * C + c, (xf[c] - m) * r * ld(W, c) + ld(Bb, c));
@@ -225,6 +265,7 @@ class CpuBackend : public Backend {
         for (int64_t i = i0; i < i1; i++) {
           float m = mu[i], r = rs[i];
           float mean_dn = 0.0f, mean_dn_n = 0.0f;  // means of dnorm and dnorm * norm over the row
+#pragma omp simd reduction(+ : mean_dn, mean_dn_n)
           for (int c = 0; c < C; c++) {
             float n = nf[c] = (ld(X, i * C + c) - m) * r;
             float di = df[c] = ld(D, i * C + c);
@@ -260,6 +301,7 @@ class CpuBackend : public Backend {
 #pragma omp parallel for num_threads(nthreads_)
       for (int64_t i = 0; i < N; i++) {
         float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
         for (int c = 0; c < C; c++) {
           float v = ld(X, i * C + c);
           ss += v * v;
@@ -289,6 +331,7 @@ class CpuBackend : public Backend {
         for (int64_t i = i0; i < i1; i++) {
           float r = rs[i];
           float mean_dn_n = 0.0f;  // mean of dnorm * norm over the row
+#pragma omp simd reduction(+ : mean_dn_n)
           for (int c = 0; c < C; c++) {
             float n = ld(X, i * C + c) * r, di = ld(D, i * C + c);
             mean_dn_n += di * ld(W, c) * n;
@@ -315,7 +358,7 @@ class CpuBackend : public Backend {
 #pragma omp parallel for simd num_threads(nthreads_)
       for (int64_t i = 0; i < n; i++) {
         float v = ld(X, i);
-        st(o, i, 0.5f * v * (1.0f + std::tanh(kGeluScale * (v + 0.044715f * v * v * v))));
+        st(o, i, 0.5f * v * (1.0f + tanh_approx(kGeluScale * (v + 0.044715f * v * v * v))));
       }
     });
   }
@@ -329,7 +372,7 @@ class CpuBackend : public Backend {
 #pragma omp parallel for simd num_threads(nthreads_)
       for (int64_t i = 0; i < n; i++) {
         float v = ld(X, i);
-        float t = std::tanh(kGeluScale * (v + 0.044715f * v * v * v));
+        float t = tanh_approx(kGeluScale * (v + 0.044715f * v * v * v));
         float dt = (1.0f - t * t) * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
         st(DX, i, ld(D, i) * (0.5f * (1.0f + t) + 0.5f * v * dt));
       }
@@ -347,7 +390,7 @@ class CpuBackend : public Backend {
         const int64_t g = i * 2 * I, u = g + I;
         for (int j = 0; j < I; j++) {
           float gj = ld(gu, g + j);
-          st(o, i * I + j, gj / (1.0f + std::exp(-gj)) * ld(gu, u + j));
+          st(o, i * I + j, gj / (1.0f + exp_approx(-gj)) * ld(gu, u + j));
         }
       }
     });
@@ -364,7 +407,7 @@ class CpuBackend : public Backend {
         const int64_t g = i * 2 * I, u = g + I;
         for (int j = 0; j < I; j++) {
           float gj = ld(gu, g + j), uj = ld(gu, u + j), dj = ld(D, i * I + j);
-          float s = 1.0f / (1.0f + std::exp(-gj));
+          float s = 1.0f / (1.0f + exp_approx(-gj));
           st(dgu, u + j, dj * gj * s);
           st(dgu, g + j, dj * uj * s * (1.0f + gj * (1.0f - s)));
         }
@@ -440,7 +483,8 @@ class CpuBackend : public Backend {
   }
 
   // Forward, one query row at a time: scores against every earlier key, their log-sum-exp, the
-  // weighted sum of values. Only lse is kept; the probabilities live in a row of scratch.
+  // weighted sum of values. Only lse is kept; the probabilities live in a row of scratch. Keys are
+  // held transposed ([hs][T]) so that a row's scores accumulate over t2 in vector lanes.
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
                          const Dropout& drop) override {
     LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
@@ -455,34 +499,40 @@ class CpuBackend : public Backend {
       A* O = (A*)out.data;
 #pragma omp parallel num_threads(nthreads_)
       {
-        std::vector<float> k((size_t)T * hs), v((size_t)T * hs), q((size_t)hs), acc((size_t)hs), s((size_t)T);
+        std::vector<float> kt_((size_t)hs * T), v_((size_t)T * hs), q_((size_t)hs), acc_((size_t)hs), s_((size_t)T);
+        float *__restrict kt = kt_.data(), *__restrict v = v_.data(), *__restrict q = q_.data(),
+              *__restrict acc = acc_.data(), *__restrict s = s_.data();
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++) {
           for (int h = 0; h < NH; h++) {
             const int kvh = h / group;
             const int64_t base = (int64_t)b * T * row;
-            load_head(X, base, row, (int64_t)(NH + kvh) * hs, T, hs, k.data());
-            load_head(X, base, row, (int64_t)(NH + NKV + kvh) * hs, T, hs, v.data());
+            load_head_t(X, base, row, (int64_t)(NH + kvh) * hs, T, hs, kt);
+            load_head(X, base, row, (int64_t)(NH + NKV + kvh) * hs, T, hs, v);
             for (int t = 0; t < T; t++) {
-              for (int j = 0; j < hs; j++) q[j] = ld(X, base + t * row + (int64_t)h * hs + j);
-              float maxv = -INFINITY;
-              for (int t2 = 0; t2 <= t; t2++) {
-                const float* kk = k.data() + (size_t)t2 * hs;
-                float dot = 0.0f;
-                for (int j = 0; j < hs; j++) dot += q[j] * kk[j];
-                s[t2] = dot * scale;
-                maxv = std::max(maxv, s[t2]);
+              for (int j = 0; j < hs; j++) q[j] = ld(X, base + t * row + (int64_t)h * hs + j) * scale;
+              for (int t2 = 0; t2 <= t; t2++) s[t2] = 0.0f;
+              for (int j = 0; j < hs; j++) {
+                const float qj = q[j];
+                const float* __restrict kj = kt + (size_t)j * T;
+#pragma omp simd
+                for (int t2 = 0; t2 <= t; t2++) s[t2] += qj * kj[t2];
               }
+              float maxv = -INFINITY;
+#pragma omp simd reduction(max : maxv)
+              for (int t2 = 0; t2 <= t; t2++) maxv = std::max(maxv, s[t2]);
               float sum = 0.0f;
-              for (int t2 = 0; t2 <= t; t2++) sum += (s[t2] = std::exp(s[t2] - maxv));
+#pragma omp simd reduction(+ : sum)
+              for (int t2 = 0; t2 <= t; t2++) sum += (s[t2] = exp_approx(s[t2] - maxv));
               const float inv = 1.0f / sum;
-              std::fill(acc.begin(), acc.end(), 0.0f);
+              for (int j = 0; j < hs; j++) acc[j] = 0.0f;
               const int64_t drow = dropout_row(drop.row0 + b, t);
               for (int t2 = 0; t2 <= t; t2++) {
                 float p = s[t2] * inv;
                 if (drop.active())
                   p = dropout_keep(drop.key, drow, ((int64_t)h << kDropoutPosBits) + t2, drop.p) ? p * keep_scale : 0.0f;
-                const float* vv = v.data() + (size_t)t2 * hs;
+                const float* __restrict vv = v + (size_t)t2 * hs;
+#pragma omp simd
                 for (int j = 0; j < hs; j++) acc[j] += p * vv[j];
               }
               const int64_t o = ((int64_t)b * T + t) * NH * hs + (int64_t)h * hs;
@@ -497,7 +547,8 @@ class CpuBackend : public Backend {
 
   // Backward as FlashAttention-2: per (batch, kv head), every query row of the heads that share it
   // recomputes its probabilities from lse; D = rowsum(dout * out) stands in for the softmax's
-  // row sums. dk and dv accumulate in fp32 scratch and are stored once.
+  // row sums. dk and dv accumulate in fp32 scratch and are stored once. Rows of scores and their
+  // gradients run over t2 in vector lanes (keys and values held both ways).
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
                           int NKV, int hs, const Dropout& drop) override {
     LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
@@ -512,49 +563,69 @@ class CpuBackend : public Backend {
       A* DX = (A*)dqkv.data;
 #pragma omp parallel num_threads(nthreads_)
       {
-        std::vector<float> k((size_t)T * hs), v((size_t)T * hs), dk((size_t)T * hs), dv((size_t)T * hs);
-        std::vector<float> q((size_t)hs), dq((size_t)hs), dout_t((size_t)hs);
+        const size_t th = (size_t)T * hs;
+        std::vector<float> buf(6 * th + 4 * (size_t)hs + 3 * (size_t)T);
+        float* __restrict k = buf.data();       // [T][hs]
+        float* __restrict kt = k + th;          // [hs][T]
+        float* __restrict vt = kt + th;         // [hs][T]
+        float* __restrict dk = vt + th;         // [T][hs]
+        float* __restrict dv = dk + th;         // [T][hs]
+        float* __restrict q = dv + th + th;     // [hs], after a spare [T][hs]
+        float* __restrict dq = q + hs;
+        float* __restrict dd = dq + hs;         // this row's dout
+        float* __restrict p = dd + hs + hs;     // [T] probabilities
+        float* __restrict dp = p + T;           // [T] their gradients, then the scores'
+        float* __restrict pd = dp + T;          // [T] the probabilities after dropout
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++) {
           for (int kvh = 0; kvh < NKV; kvh++) {
             const int64_t base = (int64_t)b * T * row;
             const int64_t koff = (int64_t)(NH + kvh) * hs, voff = (int64_t)(NH + NKV + kvh) * hs;
-            load_head(X, base, row, koff, T, hs, k.data());
-            load_head(X, base, row, voff, T, hs, v.data());
-            std::fill(dk.begin(), dk.end(), 0.0f);
-            std::fill(dv.begin(), dv.end(), 0.0f);
+            load_head(X, base, row, koff, T, hs, k);
+            load_head_t(X, base, row, koff, T, hs, kt);
+            load_head_t(X, base, row, voff, T, hs, vt);
+            std::fill(dk, dk + th, 0.0f);
+            std::fill(dv, dv + th, 0.0f);
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
               for (int t = 0; t < T; t++) {
                 const int64_t o = ((int64_t)b * T + t) * NH * hs + (int64_t)h * hs;
                 float Dt = 0.0f;  // rowsum(dout * out): the softmax backward's sum over the row
                 for (int j = 0; j < hs; j++) {
                   q[j] = ld(X, base + t * row + (int64_t)h * hs + j);
-                  dout_t[j] = ld(D, o + j);
-                  Dt += dout_t[j] * ld(O, o + j);
+                  dd[j] = ld(D, o + j);
+                  Dt += dd[j] * ld(O, o + j);
                   dq[j] = 0.0f;
                 }
                 const float lse_t = L[((int64_t)b * NH + h) * T + t];
-                const int64_t drow = dropout_row(drop.row0 + b, t);
-                for (int t2 = 0; t2 <= t; t2++) {
-                  const float* kk = k.data() + (size_t)t2 * hs;
-                  const float* vv = v.data() + (size_t)t2 * hs;
-                  float dot = 0.0f, dp = 0.0f;
-                  for (int j = 0; j < hs; j++) {
-                    dot += q[j] * kk[j];
-                    dp += dout_t[j] * vv[j];
+                for (int t2 = 0; t2 <= t; t2++) p[t2] = dp[t2] = 0.0f;
+                for (int j = 0; j < hs; j++) {  // scores (q . k) and dout . v, over t2 in lanes
+                  const float qj = q[j] * scale, dj = dd[j];
+                  const float *__restrict kj = kt + (size_t)j * T, *__restrict vj = vt + (size_t)j * T;
+#pragma omp simd
+                  for (int t2 = 0; t2 <= t; t2++) {
+                    p[t2] += qj * kj[t2];
+                    dp[t2] += dj * vj[t2];
                   }
-                  const float p = std::exp(dot * scale - lse_t);
-                  float pd = p;  // the probability as the forward used it, after dropout
-                  if (drop.active()) {
+                }
+#pragma omp simd
+                for (int t2 = 0; t2 <= t; t2++) pd[t2] = p[t2] = exp_approx(p[t2] - lse_t);
+                if (drop.active()) {
+                  const int64_t drow = dropout_row(drop.row0 + b, t);
+                  for (int t2 = 0; t2 <= t; t2++) {
                     bool keep = dropout_keep(drop.key, drow, ((int64_t)h << kDropoutPosBits) + t2, drop.p);
-                    pd = keep ? p * keep_scale : 0.0f;
-                    dp = keep ? dp * keep_scale : 0.0f;
+                    pd[t2] = keep ? p[t2] * keep_scale : 0.0f;
+                    dp[t2] = keep ? dp[t2] * keep_scale : 0.0f;
                   }
-                  const float ds = p * (dp - Dt) * scale;
-                  float* dkk = dk.data() + (size_t)t2 * hs;
-                  float* dvv = dv.data() + (size_t)t2 * hs;
+                }
+#pragma omp simd
+                for (int t2 = 0; t2 <= t; t2++) dp[t2] = p[t2] * (dp[t2] - Dt) * scale;  // now d(score)
+                for (int t2 = 0; t2 <= t; t2++) {
+                  const float ds = dp[t2], pv = pd[t2];
+                  const float* __restrict kk = k + (size_t)t2 * hs;
+                  float *__restrict dkk = dk + (size_t)t2 * hs, *__restrict dvv = dv + (size_t)t2 * hs;
+#pragma omp simd
                   for (int j = 0; j < hs; j++) {
-                    dvv[j] += pd * dout_t[j];
+                    dvv[j] += pv * dd[j];
                     dq[j] += ds * kk[j];
                     dkk[j] += ds * q[j];
                   }
@@ -635,13 +706,24 @@ class CpuBackend : public Backend {
             continue;
           }
           float maxv = -INFINITY;
+#pragma omp simd reduction(max : maxv)
           for (int j = 0; j < V; j++) maxv = std::max(maxv, ld(Lg, r + j));
           const float target_logit = ld(Lg, r + target);
+          // the exponentials summed in fp32 vector lanes over blocks of 1024, the blocks in double
           double sum = 0.0;
-          for (int j = 0; j < V; j++) sum += (e[j] = std::exp(ld(Lg, r + j) - maxv));
+          float* __restrict ee = e.data();
+          for (int j0 = 0; j0 < V; j0 += 1024) {
+            const int j1 = std::min(V, j0 + 1024);
+            float block = 0.0f;
+#pragma omp simd reduction(+ : block)
+            for (int j = j0; j < j1; j++) block += (ee[j] = exp_approx(ld(Lg, r + j) - maxv));
+            sum += block;
+          }
           if (DL) {  // DL may alias Lg: every logit was read above
             const float f = (float)(grad_scale / sum);
-            for (int j = 0; j < V; j++) st(DL, r + j, e[j] * f - (j == target ? grad_scale : 0.0f));
+#pragma omp simd
+            for (int j = 0; j < V; j++) st(DL, r + j, ee[j] * f);
+            st(DL, r + target, ld(DL, r + target) - grad_scale);
           }
           total += std::log(sum) + maxv - target_logit;
         }
@@ -679,7 +761,7 @@ class CpuBackend : public Backend {
   void sum_squares(Tensor out, Tensor x, int64_t n) override {
     const float* X = x.f32();
     double total = 0.0;
-#pragma omp parallel for reduction(+ : total) num_threads(nthreads_)
+#pragma omp parallel for simd reduction(+ : total) num_threads(nthreads_)
     for (int64_t i = 0; i < n; i++) total += (double)X[i] * X[i];
     *out.f64() += total;
   }
@@ -699,16 +781,36 @@ class CpuBackend : public Backend {
   }
 
  private:
+  // Runs f(offset, length) over [0, bytes) in one piece per thread (one piece when small): a
+  // single-threaded memset of a step's gradients takes twice as long as two threads'.
+  template <class F>
+  void chunked(size_t bytes, F&& f) {
+    const size_t kMin = 1 << 20;
+    if (bytes < 2 * kMin || nthreads_ == 1) return f(0, bytes);
+    const size_t per = (bytes / nthreads_ + 63) / 64 * 64;
+#pragma omp parallel for num_threads(nthreads_)
+    for (int t = 0; t < nthreads_; t++) {
+      size_t at = std::min(bytes, (size_t)t * per), n = std::min(bytes - at, per);
+      if (n) f(at, n);
+    }
+  }
+
   void check_act(const Tensor& t, const char* op, const char* what) const {
     LLMT_CHECK(t.dtype == compute_, "cpu %s: %s is %s, the backend computes in %s", op, what, dtype_name(t.dtype),
                dtype_name(compute_));
   }
 
-  // One head's rows [T, hs] of q, k or v (at column `off` of rows `row` apart) widened to fp32.
+  // One head's rows [T, hs] of q, k or v (at column `off` of rows `row` apart) widened to fp32;
+  // load_head_t stores them transposed, [hs, T].
   template <class A>
   static void load_head(const A* X, int64_t base, int64_t row, int64_t off, int T, int hs, float* dst) {
     for (int t = 0; t < T; t++)
       for (int j = 0; j < hs; j++) dst[(size_t)t * hs + j] = ld(X, base + t * row + off + j);
+  }
+  template <class A>
+  static void load_head_t(const A* X, int64_t base, int64_t row, int64_t off, int T, int hs, float* dst) {
+    for (int t = 0; t < T; t++)
+      for (int j = 0; j < hs; j++) dst[(size_t)j * T + t] = ld(X, base + t * row + off + j);
   }
 
   // A oneDNN matmul primitive per shape and dtype combination, created on first use (the

@@ -3,12 +3,15 @@
 // (docs/performance.md). A benchmark, run by hand; never a test.
 //
 //   build/bin/llmt_matmul_bench [--threads 2] [--reps 7] [--tokens 256]
+//   (built by the tests' CMake; OpenBLAS's column is there when libopenblas-openmp-dev is installed)
 //
 // Candidates: OpenBLAS cblas_sgemm (f32); oneDNN's matmul primitive in f32, and in bf16 with bf16
 // out (forward, dX) or f32 accumulated out (dW), as a bf16 training step uses them. (OpenBLAS's
 // cblas_sbgemm is declared by Debian's headers but not built into its library: no bf16 there.) Each shape: 2 warm-up calls, the median of --reps timed calls,
 // checked at a few points against a double dot product first.
+#ifdef LLMT_BENCH_OPENBLAS
 #include <cblas.h>
+#endif
 #include <omp.h>
 
 #include <algorithm>
@@ -94,9 +97,14 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--tokens")) tokens = std::atoll(argv[i + 1]);
   }
   omp_set_num_threads(threads);
+#ifdef LLMT_BENCH_OPENBLAS
   openblas_set_num_threads(threads);
+  const char* openblas = openblas_get_config();
+#else
+  const char* openblas = "OpenBLAS not built in";
+#endif
   const dnnl_version_t* dv = dnnl_version();
-  std::printf("# %s; oneDNN %d.%d.%d (cpu isa hint %s); %d threads; %lld tokens; median of %d\n", openblas_get_config(),
+  std::printf("# %s; oneDNN %d.%d.%d (cpu isa hint %s); %d threads; %lld tokens; median of %d\n", openblas,
               dv->major, dv->minor, dv->patch, std::getenv("DNNL_MAX_CPU_ISA") ? std::getenv("DNNL_MAX_CPU_ISA") : "max",
               threads, (long long)tokens, reps);
   std::printf("%-10s %-4s %-18s %8s %8s %8s   (GFLOP/s)\n", "matrix", "pass", "M x N x K", "sgemm", "dnnl-f32",
@@ -116,15 +124,21 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < a.size(); i++) a16[i] = llmt::f32_to_bf16(a[i]), a[i] = llmt::bf16_to_f32(a16[i]);
     for (size_t i = 0; i < b.size(); i++) b16[i] = llmt::f32_to_bf16(b[i]), b[i] = llmt::bf16_to_f32(b16[i]);
     const float beta = s.accumulate ? 1.f : 0.f;
-    const int lda = s.ta ? (int)s.M : (int)s.K, ldb = s.tb ? (int)s.K : (int)s.N;
-    const auto ta = s.ta ? CblasTrans : CblasNoTrans, tb = s.tb ? CblasTrans : CblasNoTrans;
     double ms[3], err[3];
 
     // OpenBLAS f32; with beta = 1 the output keeps accumulating over the repetitions, which costs the same
+#ifdef LLMT_BENCH_OPENBLAS
+    const int lda = s.ta ? (int)s.M : (int)s.K, ldb = s.tb ? (int)s.K : (int)s.N;
+    const auto ta = s.ta ? CblasTrans : CblasNoTrans, tb = s.tb ? CblasTrans : CblasNoTrans;
     c = before;
-    cblas_sgemm(CblasRowMajor, ta, tb, (int)s.M, (int)s.N, (int)s.K, 1.f, a.data(), lda, b.data(), ldb, beta, c.data(), (int)s.N);
+    cblas_sgemm(CblasRowMajor, ta, tb, (int)s.M, (int)s.N, (int)s.K, 1.f, a.data(), lda, b.data(), ldb, beta, c.data(),
+                (int)s.N);
     err[0] = check(s, a, b, [&](int64_t i) { return c[(size_t)i]; }, before);
-    ms[0] = time_ms([&] { cblas_sgemm(CblasRowMajor, ta, tb, (int)s.M, (int)s.N, (int)s.K, 1.f, a.data(), lda, b.data(), ldb, beta, c.data(), (int)s.N); }, reps);
+    ms[0] = time_ms([&] { cblas_sgemm(CblasRowMajor, ta, tb, (int)s.M, (int)s.N, (int)s.K, 1.f, a.data(), lda, b.data(),
+                                      ldb, beta, c.data(), (int)s.N); }, reps);
+#else
+    err[0] = 0.0, ms[0] = NAN;
+#endif
 
     // oneDNN matmul primitive: transposes are strides; accumulation is a sum post-op
     using tag = dnnl::memory::format_tag;
