@@ -31,12 +31,13 @@ def main():
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq_len", type=int, default=64)
+    ap.add_argument("--bf16", action="store_true", help="torch.autocast(bfloat16), as llmt bench --bf16 is compared with")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     n_embd, n_layer, n_head = PRESETS[args.model]
-    # no dropout, as in llmt (which has none): the same arithmetic on both sides
+    # no dropout: compare with llmt bench --dropout 0, the same arithmetic on both sides
     config = GPT2Config(n_embd=n_embd, n_layer=n_layer, n_head=n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     config._attn_implementation = "eager"
     model = GPT2LMHeadModel(config).to(torch.float32).train()
@@ -46,7 +47,9 @@ def main():
     times = []
     for step in range(args.warmup + args.steps):
         start = time.perf_counter()
-        model(input_ids=ids, labels=ids).loss.backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
         opt.step()
         opt.zero_grad()
         if step >= args.warmup:
@@ -56,6 +59,7 @@ def main():
     print(json.dumps({
         "peer": "pytorch", "torch": torch.__version__, "model": args.model, "device": "cpu",
         "threads": torch.get_num_threads(), "batch": args.batch, "seq_len": args.seq_len,
+        "precision": "bf16 autocast" if args.bf16 else "fp32",
         "step_ms_median": round(median * 1e3, 2), "step_ms_min": round(min(times) * 1e3, 2),
         "tokens_per_s": round(args.batch * args.seq_len / median, 1),
     }))

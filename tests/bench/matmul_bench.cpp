@@ -5,7 +5,7 @@
 //   build/bin/llmt_matmul_bench [--threads 2] [--reps 7] [--tokens 256]
 //   (built by the tests' CMake; OpenBLAS's column is there when libopenblas-openmp-dev is installed)
 //
-// Candidates: OpenBLAS cblas_sgemm (f32); oneDNN's matmul primitive in f32, and in bf16 with bf16
+// Candidates: OpenBLAS cblas_sgemm (f32); oneDNN's BLAS-like dnnl_sgemm (f32); its matmul primitive in f32, and in bf16 with bf16
 // out (forward, dX) or f32 accumulated out (dW), as a bf16 training step uses them. (OpenBLAS's
 // cblas_sbgemm is declared by Debian's headers but not built into its library: no bf16 there.) Each shape: 2 warm-up calls, the median of --reps timed calls,
 // checked at a few points against a double dot product first.
@@ -107,13 +107,13 @@ int main(int argc, char** argv) {
   std::printf("# %s; oneDNN %d.%d.%d (cpu isa hint %s); %d threads; %lld tokens; median of %d\n", openblas,
               dv->major, dv->minor, dv->patch, std::getenv("DNNL_MAX_CPU_ISA") ? std::getenv("DNNL_MAX_CPU_ISA") : "max",
               threads, (long long)tokens, reps);
-  std::printf("%-10s %-4s %-18s %8s %8s %8s   (GFLOP/s)\n", "matrix", "pass", "M x N x K", "sgemm", "dnnl-f32",
-              "dnnl-bf16");
+  std::printf("%-10s %-4s %-18s %8s %8s %8s %8s   (GFLOP/s)\n", "matrix", "pass", "M x N x K", "openblas",
+              "dnnl-sgemm", "dnnl-f32", "dnnl-bf16");
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> d(-1.f, 1.f);
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
-  double total[3] = {0, 0, 0}, flops_total = 0.0;
+  double total[4] = {0, 0, 0, 0}, flops_total = 0.0;
   for (const Shape& s : step_shapes(tokens)) {
     std::vector<float> a((size_t)(s.M * s.K)), b((size_t)(s.K * s.N)), c((size_t)(s.M * s.N)), before;
     for (auto& x : a) x = d(rng);
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < a.size(); i++) a16[i] = llmt::f32_to_bf16(a[i]), a[i] = llmt::bf16_to_f32(a16[i]);
     for (size_t i = 0; i < b.size(); i++) b16[i] = llmt::f32_to_bf16(b[i]), b[i] = llmt::bf16_to_f32(b16[i]);
     const float beta = s.accumulate ? 1.f : 0.f;
-    double ms[3], err[3];
+    double ms[4], err[4];
 
     // OpenBLAS f32; with beta = 1 the output keeps accumulating over the repetitions, which costs the same
 #ifdef LLMT_BENCH_OPENBLAS
@@ -139,6 +139,15 @@ int main(int argc, char** argv) {
 #else
     err[0] = 0.0, ms[0] = NAN;
 #endif
+    // oneDNN's BLAS-like sgemm (row-major)
+    auto dnnl_gemm = [&] {
+      dnnl_sgemm(s.ta ? 'T' : 'N', s.tb ? 'T' : 'N', s.M, s.N, s.K, 1.f, a.data(), s.ta ? s.M : s.K, b.data(),
+                 s.tb ? s.K : s.N, beta, c.data(), s.N);
+    };
+    c = before;
+    dnnl_gemm();
+    err[3] = check(s, a, b, [&](int64_t i) { return c[(size_t)i]; }, before);
+    ms[3] = time_ms(dnnl_gemm, reps);
 
     // oneDNN matmul primitive: transposes are strides; accumulation is a sum post-op
     using tag = dnnl::memory::format_tag;
@@ -183,13 +192,13 @@ int main(int argc, char** argv) {
       impl = bf.second;
     }
     double flops = 2.0 * s.M * s.N * s.K;
-    std::printf("%-10s %-4s %5lldx%5lldx%5lld %8.0f %8.0f %8.0f   err %.1e %.1e %.1e  [%s]\n", s.name, pass_of(s),
-                (long long)s.M, (long long)s.N, (long long)s.K, flops / ms[0] / 1e6, flops / ms[1] / 1e6,
-                flops / ms[2] / 1e6, err[0], err[1], err[2], impl.c_str());
-    for (int k = 0; k < 3; k++) total[k] += s.per_step * ms[k];
+    std::printf("%-10s %-4s %5lldx%5lldx%5lld %8.0f %8.0f %8.0f %8.0f   err %.1e %.1e %.1e %.1e  [%s]\n", s.name,
+                pass_of(s), (long long)s.M, (long long)s.N, (long long)s.K, flops / ms[0] / 1e6, flops / ms[3] / 1e6,
+                flops / ms[1] / 1e6, flops / ms[2] / 1e6, err[0], err[3], err[1], err[2], impl.c_str());
+    for (int k = 0; k < 4; k++) total[k] += s.per_step * ms[k];
     flops_total += s.per_step * flops;
   }
-  std::printf("step (%.1f GFLOP): sgemm %.0f ms, dnnl-f32 %.0f ms, dnnl-bf16 %.0f ms\n", flops_total / 1e9, total[0],
-              total[1], total[2]);
+  std::printf("step (%.1f GFLOP): openblas %.0f ms, dnnl-sgemm %.0f ms, dnnl-f32 %.0f ms, dnnl-bf16 %.0f ms\n",
+              flops_total / 1e9, total[0], total[3], total[1], total[2]);
   return 0;
 }
