@@ -121,52 +121,15 @@ def param_groups(model):
     ]
 
 
-def make_fixture(name):
-    model = build(name)
-    out_dir = os.path.join(HERE, name)
-    model.save_pretrained(out_dir)  # transformers >= 5 always writes safetensors
-    input_ids, labels = make_batch()
-    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32)}
-    model64 = copy.deepcopy(model).double()  # float64 twin: a sanity bound on the float32 logits
-    opt = torch.optim.AdamW(param_groups(model), lr=LR, betas=BETAS, eps=EPS)
-    losses = []
-    for step in range(STEPS):
-        opt.zero_grad()
-        out = model(input_ids=input_ids, labels=labels)
-        out.loss.backward()
-        losses.append(out.loss.item())
-        if step == 0:
-            ref["logits"] = out.logits.detach().float()
-            ref["loss"] = out.loss.detach().float().reshape(1)
-            for n, p in model.named_parameters():
-                ref[f"grad.{n}"] = p.grad.detach().clone()
-        opt.step()
-    with torch.no_grad():
-        err = (model64(input_ids=input_ids).logits - ref["logits"].double()).abs().max().item()
-    assert err < 1e-5, f"{name}: float32 logits are {err:.3g} away from float64"
-    print(f"{name}: float32 logits within {err:.2g} of float64")
-    ref["losses"] = torch.tensor(losses, dtype=torch.float32)
-    for n, p in model.named_parameters():
-        ref[f"step3.{n}"] = p.detach().clone()
-    ref = {k: v.contiguous() for k, v in ref.items()}
-    path = os.path.join(out_dir, "reference.safetensors")
-    save_file(ref, path)
-    return ref, out_dir
-
-
-def make_bf16_fixture(name):
-    """The same model, batch and AdamW steps under torch.autocast(bfloat16): matmuls (and attention's
-    score and value products) in bf16, norms, softmax and the loss in fp32, fp32 parameters stepped
-    by AdamW. llmt's --bf16 is compared with this (tests/models/test_hf_reference.cpp)."""
-    model = build(name)
-    out_dir = os.path.join(HERE, name)
-    input_ids, labels = make_batch()
+def train_steps(model, input_ids, labels, bf16):
+    """STEPS AdamW steps on one batch, under torch.autocast(bfloat16) when bf16: the first step's
+    logits, loss and gradients, the loss before each step, and every parameter after the last."""
     ref = {}
     opt = torch.optim.AdamW(param_groups(model), lr=LR, betas=BETAS, eps=EPS)
     losses = []
     for step in range(STEPS):
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out = model(input_ids=input_ids, labels=labels)
         out.loss.backward()
         losses.append(out.loss.item())
@@ -179,9 +142,36 @@ def make_bf16_fixture(name):
     ref["losses"] = torch.tensor(losses, dtype=torch.float32)
     for n, p in model.named_parameters():
         ref[f"step3.{n}"] = p.detach().clone()
+    return ref
+
+
+def make_fixture(name):
+    model = build(name)
+    out_dir = os.path.join(HERE, name)
+    model.save_pretrained(out_dir)  # transformers >= 5 always writes safetensors
+    input_ids, labels = make_batch()
+    ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32)}
+    model64 = copy.deepcopy(model).double()  # float64 twin: a sanity bound on the float32 logits
+    ref.update(train_steps(model, input_ids, labels, bf16=False))
+    with torch.no_grad():
+        err = (model64(input_ids=input_ids).logits - ref["logits"].double()).abs().max().item()
+    assert err < 1e-5, f"{name}: float32 logits are {err:.3g} away from float64"
+    print(f"{name}: float32 logits within {err:.2g} of float64")
     ref = {k: v.contiguous() for k, v in ref.items()}
-    save_file(ref, os.path.join(out_dir, "reference_bf16.safetensors"))
-    print(f"{name}: bf16 autocast loss {ref['loss'].item():.6f}  losses {[round(x, 6) for x in losses]}")
+    save_file(ref, os.path.join(out_dir, "reference.safetensors"))
+    return ref, out_dir
+
+
+def make_bf16_fixture(name):
+    """The same model, batch and AdamW steps under torch.autocast(bfloat16): matmuls (and attention's
+    score and value products) in bf16, norms, softmax and the loss in fp32, fp32 parameters stepped
+    by AdamW. llmt's --bf16 is compared with this (tests/models/test_hf_reference.cpp)."""
+    input_ids, labels = make_batch()
+    ref = train_steps(build(name), input_ids, labels, bf16=True)
+    ref = {k: v.contiguous() for k, v in ref.items()}
+    save_file(ref, os.path.join(HERE, name, "reference_bf16.safetensors"))
+    losses = [round(x, 6) for x in ref["losses"].tolist()]
+    print(f"{name}: bf16 autocast loss {ref['loss'].item():.6f}  losses {losses}")
 
 
 def summary(name, ref, out_dir):
