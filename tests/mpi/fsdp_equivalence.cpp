@@ -46,7 +46,7 @@ struct Outcome {
 };
 
 Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_size, int B, int accum, bool ckpt,
-              Precision prec = {}, double* comm_bytes_first_step = nullptr) {
+              Precision prec = {}, double* comm_bytes_first_step = nullptr, double* peak_gathered = nullptr) {
   auto be = make_cpu_backend(1, prec.compute);
   Transformer model(cfg, *be, B, kT, ckpt);
   const ModelLayout& L = model.layout();
@@ -79,6 +79,7 @@ Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_s
     StepResult res = train_step(model, store, comm, *data, micro, ss);
     out.losses.push_back(res.loss);
     if (step == 0 && comm_bytes_first_step) *comm_bytes_first_step = store.comm_bytes() + data->stats().total();
+    if (peak_gathered) *peak_gathered = (double)store.peak_gathered_bytes();
     if (step == 0 && comm.size() == 1)
       for (size_t u = 0; u < L.units.size(); u++) {
         const float* g = store.shard_state((int)u).grad.f32();
@@ -159,7 +160,7 @@ TEST(FsdpEquivalence, Gpt2Bf16Dropout) { check_family(Arch::gpt2, {DType::bf16, 
 
 // Bytes each rank sends in the first step (the store's collectives and the step's loss and norm)
 // against llmt plan's prediction, for every strategy in both compute and reduce precisions: bf16
-// gathers move half the bytes.
+// gathers move half the bytes. The gathered buffers' measured peak stays within the plan's bound.
 TEST(FsdpEquivalence, CommBytesEqualThePlan) {
   ModelConfig cfg = tiny_model(Arch::gpt2);
   const int W = g_world->size();
@@ -170,8 +171,8 @@ TEST(FsdpEquivalence, CommBytesEqualThePlan) {
         if (kGlobal % (W * accum)) continue;
         int local = s == Strategy::hybrid_shard && W % 2 == 0 ? 2 : g_local_size;
         int B = kGlobal / (W * accum);
-        double measured = 0.0;
-        train(cfg, *g_world, s, local, B, accum, false, prec, &measured);
+        double measured = 0.0, peak = 0.0;
+        train(cfg, *g_world, s, local, B, accum, false, prec, &measured, &peak);
         PlanArgs pa;
         pa.world = W;
         pa.ranks_per_node = s == Strategy::hybrid_shard ? local : W;
@@ -181,9 +182,15 @@ TEST(FsdpEquivalence, CommBytesEqualThePlan) {
         pa.accum = accum;
         pa.bf16 = prec.compute == DType::bf16;
         pa.reduce_dtype = prec.reduce;
-        double planned = make_plan(cfg, pa)["comm_total_bytes"].get<double>();
+        nlohmann::json plan = make_plan(cfg, pa);
+        double planned = plan["comm_total_bytes"].get<double>();
         EXPECT_NEAR(measured, planned, 1e-9 * planned + 1e-6)
             << strategy_name(s) << " " << prec.name() << " W=" << W << " accum=" << accum;
+        double peak_bound = plan["gathered_peak_gib"].get<double>() * 1024.0 * 1024.0 * 1024.0;
+        EXPECT_LE(peak, peak_bound * (1 + 1e-9)) << "gathered peak, " << strategy_name(s) << " " << prec.name();
+        if (std::getenv("LLMT_TEST_MARGINS") && g_world->rank() == 0)
+          std::printf("peak %s %s accum %d: %.0f of %.0f\n", strategy_name(s), prec.name().c_str(), accum, peak,
+                      peak_bound);
       }
 }
 
