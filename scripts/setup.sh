@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(build-essential cmake ninja-build pkg-config libdnnl-dev openmpi-bin libopenmpi-dev
+packages=(build-essential cmake ninja-build pkg-config libdnnl-dev libboost-context-dev openmpi-bin libopenmpi-dev
           libhdf5-openmpi-dev nlohmann-json3-dev googletest libgtest-dev libibverbs-dev)
 missing=()
 for p in "${packages[@]}"; do

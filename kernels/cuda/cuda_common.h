@@ -1,15 +1,16 @@
 // Error checks for CUDA runtime and cuBLAS(Lt) calls, for use inside kernels/cuda only (it includes
-// the CUDA headers; code outside kernels/cuda includes cuda_kernels.h instead).
+// the CUDA headers, or the SIMT emulator's; code outside kernels/cuda includes cuda_kernels.h).
 //
 //   CUDA_CHECK(cudaMalloc(&p, bytes));
 //   CUBLAS_CHECK(cublasLtMatmul(...));
 //
 // A failure throws llmt::Error naming the call, file:line, and the CUDA error name and string.
 #pragma once
-#include <cublasLt.h>
-#include <cuda_runtime.h>
-
 #include "engine/core/error.h"
+#include "kernels/cuda/cuda_platform.h"
+#ifndef LLMT_SIMT
+#include <cublasLt.h>
+#endif
 
 namespace llmt {
 namespace cuda {
@@ -19,10 +20,12 @@ namespace cuda {
                         cudaGetErrorString(err)));
 }
 
+#ifndef LLMT_SIMT
 [[noreturn]] inline void throw_cublas_error(cublasStatus_t st, const char* call, const char* file, int line) {
   throw Error(strformat("cuBLAS error %s (%d) at %s:%d in %s: %s", cublasLtGetStatusName(st), (int)st, file, line,
                         call, cublasLtGetStatusString(st)));
 }
+#endif
 
 }  // namespace cuda
 }  // namespace llmt
@@ -36,12 +39,14 @@ namespace cuda {
     }                                                                                     \
   } while (0)
 
+#ifndef LLMT_SIMT
 #define CUBLAS_CHECK(call)                                                        \
   do {                                                                            \
     cublasStatus_t llmt_cublas_st_ = (call);                                      \
     if (llmt_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                 \
       ::llmt::cuda::throw_cublas_error(llmt_cublas_st_, #call, __FILE__, __LINE__); \
   } while (0)
+#endif
 
 // After a kernel launch: catches bad launch configurations (not asynchronous faults inside the kernel).
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

@@ -119,9 +119,9 @@ void launch_map1(const char* op, To* out, const Ta* a, int64_t n, F f, Stream st
   if (n == 0) return;
   constexpr int V = 16 / (sizeof(To) > sizeof(Ta) ? sizeof(To) : sizeof(Ta));
   if (aligned(out, sizeof(To) * V) && aligned(a, sizeof(Ta) * V)) {
-    map1_kernel<V><<<grid_for((n + V - 1) / V), kBlock, 0, stream>>>(out, a, n, f);
+    LLMT_LAUNCH(map1_kernel<V>, grid_for((n + V - 1) / V), kBlock, 0, stream, out, a, n, f);
   } else {
-    map1_kernel<1><<<grid_for(n), kBlock, 0, stream>>>(out, a, n, f);
+    LLMT_LAUNCH(map1_kernel<1>, grid_for(n), kBlock, 0, stream, out, a, n, f);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -132,9 +132,9 @@ void launch_map2(const char* op, T* out, const T* a, const T* b, int64_t n, F f,
   if (n == 0) return;
   constexpr int V = 16 / sizeof(T);
   if (aligned(out, 16) && aligned(a, 16) && aligned(b, 16)) {
-    map2_kernel<V><<<grid_for((n + V - 1) / V), kBlock, 0, stream>>>(out, a, b, n, f);
+    LLMT_LAUNCH(map2_kernel<V>, grid_for((n + V - 1) / V), kBlock, 0, stream, out, a, b, n, f);
   } else {
-    map2_kernel<1><<<grid_for(n), kBlock, 0, stream>>>(out, a, b, n, f);
+    LLMT_LAUNCH(map2_kernel<1>, grid_for(n), kBlock, 0, stream, out, a, b, n, f);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -229,9 +229,9 @@ void launch_swiglu_forward(T* out, const T* gate_up, int64_t N, int I, Stream st
   if (N == 0 || I == 0) return;
   constexpr int V = 16 / sizeof(T);
   if (I % V == 0 && aligned(out, 16) && aligned(gate_up, 16)) {
-    swiglu_forward_kernel<V><<<grid_for(N * I / V), kBlock, 0, stream>>>(out, gate_up, N, I);
+    LLMT_LAUNCH(swiglu_forward_kernel<V>, grid_for(N * I / V), kBlock, 0, stream, out, gate_up, N, I);
   } else {
-    swiglu_forward_kernel<1><<<grid_for(N * I), kBlock, 0, stream>>>(out, gate_up, N, I);
+    LLMT_LAUNCH(swiglu_forward_kernel<1>, grid_for(N * I), kBlock, 0, stream, out, gate_up, N, I);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -242,9 +242,9 @@ void launch_swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_
   if (N == 0 || I == 0) return;
   constexpr int V = 16 / sizeof(T);
   if (I % V == 0 && aligned(dgate_up, 16) && aligned(dout, 16) && aligned(gate_up, 16)) {
-    swiglu_backward_kernel<V><<<grid_for(N * I / V), kBlock, 0, stream>>>(dgate_up, dout, gate_up, N, I);
+    LLMT_LAUNCH(swiglu_backward_kernel<V>, grid_for(N * I / V), kBlock, 0, stream, dgate_up, dout, gate_up, N, I);
   } else {
-    swiglu_backward_kernel<1><<<grid_for(N * I), kBlock, 0, stream>>>(dgate_up, dout, gate_up, N, I);
+    LLMT_LAUNCH(swiglu_backward_kernel<1>, grid_for(N * I), kBlock, 0, stream, dgate_up, dout, gate_up, N, I);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -303,18 +303,19 @@ __global__ void adamw_kernel(float* p, uint16_t* p_bf16, const float* g, float* 
 // sum of squares: pass 1 writes one double per block, pass 2 sums them in one block. Both use the same
 // fixed-order tree (warp shuffles, then the warps' sums), so the result is deterministic.
 
-// Sum over the block; the result is valid in thread 0. blockDim.x must be a multiple of 32.
+// Sum over the block; the result is valid in thread 0. blockDim.x must be a multiple of WARP_SIZE.
 __device__ double block_sum(double x) {
-  __shared__ double warp_sums[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  __shared__ double warp_sums[WARP_SIZE];
+  const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+  const int nwarps = (int)blockDim.x / WARP_SIZE;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+  for (int o = WARP_SIZE / 2; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
   if (lane == 0) warp_sums[warp] = x;
   __syncthreads();
-  x = threadIdx.x < nwarps ? warp_sums[threadIdx.x] : 0.0;
+  x = tid < nwarps ? warp_sums[tid] : 0.0;
   if (warp == 0) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
   }
   return x;
 }
@@ -451,9 +452,9 @@ void adamw(float* p, uint16_t* p_bf16, const float* g, float* m, float* v, int64
   a.grad_scale = grad_scale;
   constexpr int V = 4;
   if (aligned(p, 16) && aligned(g, 16) && aligned(m, 16) && aligned(v, 16) && aligned(p_bf16, 8)) {
-    adamw_kernel<V><<<grid_for((n + V - 1) / V), kBlock, 0, stream>>>(p, p_bf16, g, m, v, n, a);
+    LLMT_LAUNCH(adamw_kernel<V>, grid_for((n + V - 1) / V), kBlock, 0, stream, p, p_bf16, g, m, v, n, a);
   } else {
-    adamw_kernel<1><<<grid_for(n), kBlock, 0, stream>>>(p, p_bf16, g, m, v, n, a);
+    LLMT_LAUNCH(adamw_kernel<1>, grid_for(n), kBlock, 0, stream, p, p_bf16, g, m, v, n, a);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -468,12 +469,12 @@ void sum_squares_f32(double* out, double* partials, const float* x, int64_t n, b
   if (blocks > kSumSquaresPartials) blocks = kSumSquaresPartials;
   if (blocks < 1) blocks = 1;
   if (vec) {
-    sum_squares_partial_kernel<V><<<(unsigned)blocks, kBlock, 0, stream>>>(partials, x, n);
+    LLMT_LAUNCH(sum_squares_partial_kernel<V>, (unsigned)blocks, kBlock, 0, stream, partials, x, n);
   } else {
-    sum_squares_partial_kernel<1><<<(unsigned)blocks, kBlock, 0, stream>>>(partials, x, n);
+    LLMT_LAUNCH(sum_squares_partial_kernel<1>, (unsigned)blocks, kBlock, 0, stream, partials, x, n);
   }
   CUDA_CHECK_LAUNCH();
-  sum_squares_final_kernel<<<1, 1024, 0, stream>>>(out, partials, (int)blocks, accumulate);
+  LLMT_LAUNCH(sum_squares_final_kernel, 1, 1024, 0, stream, out, partials, (int)blocks, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,421 @@
+// The SIMT emulator's scheduler and runtime (kernels/cuda/simt/simt.h says what it models and what it
+// cannot see). Compiled only into the emulated build (LLMT_SIMT).
+#include "kernels/cuda/simt/simt.h"
+
+#include <omp.h>
+
+#include <boost/context/fiber.hpp>
+#include <boost/context/pooled_fixedsize_stack.hpp>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/core/error.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define LLMT_SIMT_ASAN 1
+#endif
+
+namespace llmt {
+namespace simt {
+
+namespace {
+
+namespace ctx = boost::context;
+
+constexpr size_t kStackBytes = 64 * 1024;
+constexpr int kWarp = 32;
+constexpr unsigned kMaxBlockThreads = 1024;
+
+enum class Wait { none, block, warp, done };
+
+struct Thread {
+  dim3 idx;
+  int linear = 0;
+  const void* stack_bottom = nullptr;  // for AddressSanitizer's fiber switches
+  size_t stack_size = 0;
+  void* fake_stack = nullptr;
+  ctx::fiber fiber;  // resumes this thread
+  ctx::fiber sink;   // inside the thread: resumes the scheduler
+  Wait wait = Wait::none;
+  unsigned mask = 0;        // the warp operation's lanes
+  uint64_t snapshot[kWarp];  // what the lanes of the warp deposited, as of the meeting
+};
+
+struct Block {
+  const char* name = "";
+  dim3 idx, dim, grid;
+  std::vector<Thread> threads;
+  std::vector<uint64_t> slots;  // [warp][lane]: values deposited for a warp operation
+  void* smem = nullptr;
+  const std::function<void()>* body = nullptr;
+  std::exception_ptr error;
+  bool aborting = false;  // after an error: every waiting thread leaves its barrier by throwing Abort
+  const void* sched_bottom = nullptr;  // the scheduler's stack, for AddressSanitizer
+  size_t sched_size = 0;
+};
+
+// Thrown inside a fiber to end it when its block is given up (no forced unwinding: it would switch
+// stacks behind AddressSanitizer's back).
+struct Abort {};
+
+// Stacks from a per-OS-thread pool, their bounds kept for AddressSanitizer.
+struct RecordingStack {
+  boost::context::pooled_fixedsize_stack* pool;
+  Thread* thread;
+  boost::context::stack_context allocate() {
+    boost::context::stack_context sc = pool->allocate();
+    thread->stack_bottom = (char*)sc.sp - sc.size;
+    thread->stack_size = sc.size;
+    return sc;
+  }
+  void deallocate(boost::context::stack_context& sc) { pool->deallocate(sc); }
+};
+
+thread_local Block* g_block = nullptr;
+thread_local Thread* g_thread = nullptr;
+thread_local cudaError_t g_last_error = cudaSuccess;
+
+const dim3 kZero(0, 0, 0);
+
+Block& block() {
+  LLMT_CHECK(g_block, "simt: a device function was called outside a kernel launch");
+  return *g_block;
+}
+
+// AddressSanitizer must be told of every stack switch (a no-op without it).
+void switching_to(void** fake_save, const void* bottom, size_t size) {
+#ifdef LLMT_SIMT_ASAN
+  __sanitizer_start_switch_fiber(fake_save, bottom, size);
+#else
+  (void)fake_save, (void)bottom, (void)size;
+#endif
+}
+void switched(void* fake, const void** old_bottom, size_t* old_size) {
+#ifdef LLMT_SIMT_ASAN
+  __sanitizer_finish_switch_fiber(fake, old_bottom, old_size);
+#else
+  (void)fake, (void)old_bottom, (void)old_size;
+#endif
+}
+
+// Leaves the fiber for the scheduler until released from `w`.
+void yield(Wait w) {
+  Thread* t = g_thread;
+  Block* b = g_block;
+  t->wait = w;
+  switching_to(&t->fake_stack, b->sched_bottom, b->sched_size);
+  t->sink = std::move(t->sink).resume();
+  switched(t->fake_stack, nullptr, nullptr);
+  if (b->aborting) throw Abort{};
+}
+
+// The lanes of this thread's warp in `mask` meet; returns the values they deposited.
+const uint64_t* warp_meet(unsigned mask, uint64_t bits) {
+  Block& b = block();
+  Thread& t = *g_thread;
+  const int lane = t.linear % kWarp, warp = t.linear / kWarp;
+  if (!((mask >> lane) & 1u))
+    throw Error(strformat("simt: kernel %s, thread %d: a warp operation whose mask 0x%08x leaves out its own lane %d",
+                          b.name, t.linear, mask, lane));
+  b.slots[(size_t)warp * kWarp + lane] = bits;
+  t.mask = mask;
+  yield(Wait::warp);
+  return t.snapshot;
+}
+
+std::string describe_waits(const Block& b) {
+  std::string s;
+  for (const Thread& t : b.threads) {
+    if (t.wait == Wait::done) continue;
+    s += strformat("%s%d:%s", s.empty() ? "" : " ", t.linear,
+                   t.wait == Wait::block ? "__syncthreads" : t.wait == Wait::warp ? strformat("warp 0x%08x", t.mask).c_str()
+                                                                                   : "running");
+    if (s.size() > 400) return s + " ...";
+  }
+  return s;
+}
+
+// Releases the warp meetings that are complete; throws where one never can be. Returns whether any
+// lane was released.
+bool release_warps(Block& b) {
+  bool released = false;
+  const int n = (int)b.threads.size();
+  for (int w = 0; w * kWarp < n; w++) {
+    for (int l = 0; l < kWarp && w * kWarp + l < n; l++) {
+      Thread& t = b.threads[(size_t)w * kWarp + l];
+      if (t.wait != Wait::warp) continue;
+      const unsigned m = t.mask;
+      bool complete = true;
+      for (int k = 0; k < kWarp; k++) {
+        if (!((m >> k) & 1u)) continue;
+        const int id = w * kWarp + k;
+        if (id >= n)
+          throw Error(strformat("simt: kernel %s: warp %d's mask 0x%08x names lane %d, which the block of %d threads "
+                                "does not have", b.name, w, m, k, n));
+        const Thread& o = b.threads[(size_t)id];
+        if (o.wait == Wait::done)
+          throw Error(strformat("simt: kernel %s: thread %d waits in a warp operation with mask 0x%08x, but lane %d "
+                                "(thread %d) has already exited", b.name, t.linear, m, k, id));
+        if (o.wait != Wait::warp || o.mask != m) complete = false;
+      }
+      if (!complete) continue;
+      for (int k = 0; k < kWarp; k++) {
+        if (!((m >> k) & 1u)) continue;
+        Thread& o = b.threads[(size_t)w * kWarp + k];
+        std::memcpy(o.snapshot, &b.slots[(size_t)w * kWarp], sizeof(o.snapshot));
+        o.wait = Wait::none;
+      }
+      released = true;
+    }
+  }
+  return released;
+}
+
+void run_block(Block& b) {
+  static thread_local ctx::pooled_fixedsize_stack stacks(kStackBytes);
+  const unsigned n = b.dim.x * b.dim.y * b.dim.z;
+  b.threads.resize(n);
+  b.slots.assign(((size_t)n + kWarp - 1) / kWarp * kWarp, 0);
+  for (unsigned i = 0; i < n; i++) {
+    Thread& t = b.threads[i];
+    t.linear = (int)i;
+    t.idx = dim3(i % b.dim.x, i / b.dim.x % b.dim.y, i / (b.dim.x * b.dim.y));
+    t.fiber = ctx::fiber(std::allocator_arg, RecordingStack{&stacks, &t}, [&b, i](ctx::fiber&& sink) {
+      Thread& me = b.threads[i];
+      switched(nullptr, &b.sched_bottom, &b.sched_size);
+      me.sink = std::move(sink);
+      try {
+        if (!b.aborting) (*b.body)();
+      } catch (const Abort&) {
+      } catch (...) {
+        if (!b.error) b.error = std::current_exception();
+      }
+      me.wait = Wait::done;
+      switching_to(nullptr, b.sched_bottom, b.sched_size);  // this fiber's stack is finished with
+      return std::move(me.sink);
+    });
+  }
+  g_block = &b;
+  auto resume = [&](Thread& t) {
+    g_thread = &t;
+    void* fake = nullptr;
+    switching_to(&fake, t.stack_bottom, t.stack_size);
+    t.fiber = std::move(t.fiber).resume();
+    switched(fake, nullptr, nullptr);
+    g_thread = nullptr;
+  };
+  for (;;) {
+    bool ran = false;
+    for (Thread& t : b.threads) {
+      if (t.wait != Wait::none) continue;
+      resume(t);
+      ran = true;
+      if (b.error) break;
+    }
+    if (b.error) break;
+    size_t live = 0, at_block = 0;
+    for (const Thread& t : b.threads) {
+      live += t.wait != Wait::done;
+      at_block += t.wait == Wait::block;
+    }
+    if (live == 0) break;
+    bool released = false;
+    try {
+      released = release_warps(b);
+    } catch (...) {
+      b.error = std::current_exception();
+      break;
+    }
+    if (at_block == live) {  // every thread still running is at __syncthreads
+      for (Thread& t : b.threads)
+        if (t.wait == Wait::block) t.wait = Wait::none;
+      released = true;
+    }
+    if (!ran && !released) {
+      b.error = std::make_exception_ptr(Error(strformat(
+          "simt: kernel %s, block (%u,%u,%u): threads wait at barriers that can never complete: %s", b.name, b.idx.x,
+          b.idx.y, b.idx.z, describe_waits(b).c_str())));
+      break;
+    }
+  }
+  if (b.error) {  // give the block up: every thread still waiting leaves by throwing Abort
+    b.aborting = true;
+    for (Thread& t : b.threads)
+      if (t.wait != Wait::done) {
+        t.wait = Wait::none;
+        resume(t);
+      }
+  }
+  g_block = nullptr;
+  b.threads.clear();
+}
+
+}  // namespace
+
+const dim3& thread_idx() { return g_thread ? g_thread->idx : kZero; }
+const dim3& block_idx() { return block().idx; }
+const dim3& block_dim() { return block().dim; }
+const dim3& grid_dim() { return block().grid; }
+void syncthreads() {
+  block();
+  yield(Wait::block);
+}
+uint64_t exchange(unsigned mask, uint64_t bits, int src) {
+  const uint64_t* got = warp_meet(mask, bits);
+  return src >= 0 && src < kWarp && ((mask >> src) & 1u) ? got[src] : bits;
+}
+unsigned ballot(unsigned mask, bool pred) {
+  const uint64_t* got = warp_meet(mask, pred ? 1 : 0);
+  unsigned r = 0;
+  for (int l = 0; l < kWarp; l++)
+    if (((mask >> l) & 1u) && got[l]) r |= 1u << l;
+  return r;
+}
+void syncwarp(unsigned mask) { warp_meet(mask, 0); }
+void* dynamic_shared() { return block().smem; }
+
+void launch(const char* name, dim3 grid, dim3 blk, size_t dynamic_shared_bytes, const std::function<void()>& body) {
+  const uint64_t threads = (uint64_t)blk.x * blk.y * blk.z, blocks = (uint64_t)grid.x * grid.y * grid.z;
+  if (threads == 0 || threads > kMaxBlockThreads || blocks == 0) {
+    g_last_error = cudaErrorInvalidConfiguration;
+    return;
+  }
+  std::exception_ptr first;
+  std::mutex m;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < (int64_t)blocks; i++) {
+    Block b;
+    b.name = name;
+    b.grid = grid;
+    b.dim = blk;
+    b.idx = dim3((unsigned)(i % grid.x), (unsigned)(i / grid.x % grid.y), (unsigned)(i / ((int64_t)grid.x * grid.y)));
+    b.body = &body;
+    std::unique_ptr<void, void (*)(void*)> smem(
+        dynamic_shared_bytes ? std::aligned_alloc(64, (dynamic_shared_bytes + 63) / 64 * 64) : nullptr, std::free);
+    b.smem = smem.get();
+    try {
+      run_block(b);
+    } catch (...) {
+      b.error = std::current_exception();
+    }
+    if (b.error) {
+      std::lock_guard<std::mutex> lock(m);
+      if (!first) first = b.error;
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace simt
+}  // namespace llmt
+
+using llmt::simt::g_last_error;
+
+// ---- the runtime ----
+
+// Exactly the bytes asked for (256-byte aligned, as cudaMalloc's): under AddressSanitizer a kernel
+// that reads or writes one element past its buffer is reported.
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (posix_memalign(p, 256, std::max<size_t>(bytes, 1)) != 0) *p = nullptr;
+  return *p ? cudaSuccess : (g_last_error = cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  if (bytes) std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  *free_bytes = *total_bytes = (size_t)16 << 30;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaGetLastError() {
+  cudaError_t e = g_last_error;
+  g_last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return g_last_error; }
+const char* cudaGetErrorName(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+  }
+  return "cudaErrorUnknown";
+}
+const char* cudaGetErrorString(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+  }
+  return "unknown error";
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : (g_last_error = cudaErrorInvalidDevice); }
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+// A small "device": few SMs keep grids (and so fibers) few.
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+  *value = attr == cudaDevAttrMultiProcessorCount ? 2 : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return g_last_error = cudaErrorInvalidDevice;
+  std::memset(prop, 0, sizeof(*prop));
+  std::strncpy(prop->name, "llmt SIMT emulator (CPU)", sizeof(prop->name) - 1);
+  prop->multiProcessorCount = 2;
+  prop->totalGlobalMem = (size_t)16 << 30;
+  prop->major = 9;
+  prop->minor = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* v) {
+  *v = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) {
+  *v = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  *s = nullptr;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = nullptr;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }

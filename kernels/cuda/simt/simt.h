@@ -1,0 +1,261 @@
+// The SIMT emulator: the CUDA execution model on the CPU, so the project's own .cu kernels compile
+// with g++ and run in ctest against the CPU backend. Included (through cuda_platform.h) instead of
+// the CUDA headers when LLMT_SIMT is defined.
+//
+// What it gives a kernel:
+//  - every thread of a block is a fiber (Boost.Context, 64 KiB stacks); blocks are spread over
+//    OpenMP threads and run one at a time on each;
+//  - __syncthreads as a block-wide turn switch; __shfl_sync / _xor / _down / _up, __ballot_sync and
+//    __syncwarp meet at a barrier of just the lanes in their mask, so divergent warp code and early
+//    returns behave as on a GPU (a lane that exited while named in a mask is an error, as is a
+//    barrier that can never complete);
+//  - static __shared__ arrays (one per block: thread_local storage of the OS thread running the
+//    block) and dynamic shared memory through LLMT_DYNAMIC_SHARED; float, double and integer atomics;
+//    the fast-math intrinsics; threadIdx, blockIdx, blockDim, gridDim;
+//  - the CUDA runtime calls the project uses, on host memory: device pointers are host pointers,
+//    streams run in order (a launch runs to completion before it returns), events are trivial.
+//
+// Races it cannot see: fibers of a block run one at a time and switch only at barriers and warp
+// operations, so a missing __syncthreads between a write to shared memory and another thread's
+// read passes whenever the writer happens to run first (always, for lower thread ids), and warps
+// never interleave inside a step the way a GPU's do. A missing __syncwarp between warp-synchronous
+// shared-memory steps passes the same way. Those are checked on a GPU (scripts/gpu_selftest.sh).
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+// ---- the language ----
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+#define __shared__ static thread_local
+
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+using uint3 = dim3;
+
+namespace llmt {
+namespace simt {
+
+const dim3& thread_idx();
+const dim3& block_idx();
+const dim3& block_dim();
+const dim3& grid_dim();
+void syncthreads();
+// Deposits `bits` for this lane, waits for every lane in `mask`, returns what lane `src` deposited
+// (this lane's own when src is outside the mask).
+uint64_t exchange(unsigned mask, uint64_t bits, int src);
+unsigned ballot(unsigned mask, bool pred);
+void syncwarp(unsigned mask);
+void* dynamic_shared();
+// Runs `body` as a grid of blocks of threads; returns when every thread has finished.
+void launch(const char* name, dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body);
+
+template <class T>
+uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8, "shuffle of a value over 8 bytes");
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+template <class T>
+T from_bits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof(T));
+  return v;
+}
+inline int lane() { return (int)(thread_idx().x + block_dim().x * (thread_idx().y + block_dim().y * thread_idx().z)) % 32; }
+
+}  // namespace simt
+}  // namespace llmt
+
+#define threadIdx (::llmt::simt::thread_idx())
+#define blockIdx (::llmt::simt::block_idx())
+#define blockDim (::llmt::simt::block_dim())
+#define gridDim (::llmt::simt::grid_dim())
+
+inline void __syncthreads() { ::llmt::simt::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ::llmt::simt::syncwarp(mask); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline unsigned __ballot_sync(unsigned mask, int pred) { return ::llmt::simt::ballot(mask, pred != 0); }
+
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+  const int l = ::llmt::simt::lane(), base = l / width * width;
+  return ::llmt::simt::from_bits<T>(::llmt::simt::exchange(mask, ::llmt::simt::to_bits(v), base + src_lane % width));
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  const int l = ::llmt::simt::lane(), base = l / width * width, src = l ^ lane_mask;
+  return ::llmt::simt::from_bits<T>(
+      ::llmt::simt::exchange(mask, ::llmt::simt::to_bits(v), src >= base + width ? l : src));
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const int l = ::llmt::simt::lane(), base = l / width * width, src = l + (int)delta;
+  return ::llmt::simt::from_bits<T>(
+      ::llmt::simt::exchange(mask, ::llmt::simt::to_bits(v), src >= base + width ? l : src));
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const int l = ::llmt::simt::lane(), base = l / width * width, src = l - (int)delta;
+  return ::llmt::simt::from_bits<T>(::llmt::simt::exchange(mask, ::llmt::simt::to_bits(v), src < base ? l : src));
+}
+
+// Dynamic shared memory: LLMT_DYNAMIC_SHARED(float) is a float* to the launch's dynamic bytes.
+#define LLMT_DYNAMIC_SHARED(type) ((type*)::llmt::simt::dynamic_shared())
+
+// ---- atomics (blocks run concurrently on OS threads) ----
+inline float atomicAdd(float* addr, float v) {
+  uint32_t old = __atomic_load_n((uint32_t*)addr, __ATOMIC_RELAXED), next;
+  do {
+    float f;
+    std::memcpy(&f, &old, 4);
+    f += v;
+    std::memcpy(&next, &f, 4);
+  } while (!__atomic_compare_exchange_n((uint32_t*)addr, &old, next, true, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+  float r;
+  std::memcpy(&r, &old, 4);
+  return r;
+}
+inline double atomicAdd(double* addr, double v) {
+  uint64_t old = __atomic_load_n((uint64_t*)addr, __ATOMIC_RELAXED), next;
+  do {
+    double f;
+    std::memcpy(&f, &old, 8);
+    f += v;
+    std::memcpy(&next, &f, 8);
+  } while (!__atomic_compare_exchange_n((uint64_t*)addr, &old, next, true, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+  double r;
+  std::memcpy(&r, &old, 8);
+  return r;
+}
+inline int atomicAdd(int* addr, int v) { return __atomic_fetch_add(addr, v, __ATOMIC_SEQ_CST); }
+inline unsigned atomicAdd(unsigned* addr, unsigned v) { return __atomic_fetch_add(addr, v, __ATOMIC_SEQ_CST); }
+inline unsigned long long atomicAdd(unsigned long long* addr, unsigned long long v) {
+  return __atomic_fetch_add(addr, v, __ATOMIC_SEQ_CST);
+}
+inline int atomicCAS(int* addr, int expected, int desired) {
+  __atomic_compare_exchange_n(addr, &expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return expected;
+}
+inline int atomicMax(int* addr, int v) {
+  int old = __atomic_load_n(addr, __ATOMIC_RELAXED);
+  while (old < v && !__atomic_compare_exchange_n(addr, &old, v, true, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+  }
+  return old;
+}
+
+// ---- intrinsics ----
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
+inline uint32_t __float_as_uint(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float __uint_as_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline int __float_as_int(float f) { return (int)__float_as_uint(f); }
+inline float __int_as_float(int i) { return __uint_as_float((uint32_t)i); }
+inline long long __double_as_longlong(double d) {
+  long long u;
+  std::memcpy(&u, &d, 8);
+  return u;
+}
+inline double __longlong_as_double(long long u) {
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+}
+template <class T>
+T __ldg(const T* p) {
+  return *p;
+}
+
+// ---- the CUDA runtime, on host memory ----
+typedef int cudaError_t;
+enum : int {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevice = 101,
+};
+struct CUstream_st;
+struct CUevent_st;
+typedef CUstream_st* cudaStream_t;
+typedef CUevent_st* cudaEvent_t;
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4
+};
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+struct cudaDeviceProp {
+  char name[256];
+  int multiProcessorCount;
+  size_t totalGlobalMem;
+  int major, minor;
+};
+
+cudaError_t cudaMalloc(void** p, size_t bytes);
+cudaError_t cudaFree(void* p);
+cudaError_t cudaMallocHost(void** p, size_t bytes);
+cudaError_t cudaFreeHost(void* p);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = nullptr);
+cudaError_t cudaMemset(void* p, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream = nullptr);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorName(cudaError_t err);
+const char* cudaGetErrorString(cudaError_t err);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDriverGetVersion(int* v);
+cudaError_t cudaRuntimeGetVersion(int* v);
+cudaError_t cudaStreamCreate(cudaStream_t* s);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
+cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+
+// The kernel launch: <<<grid, block, shared bytes, stream>>> under nvcc, the emulator here. The
+// arguments are evaluated once, at the launch, and every thread gets its copy, as on a GPU.
+namespace llmt {
+namespace simt {
+template <class F, class... A>
+void launch_with(const char* name, dim3 grid, dim3 block, size_t shared_bytes, F kernel, A... args) {
+  launch(name, grid, block, shared_bytes, [&] { kernel(args...); });
+}
+}  // namespace simt
+}  // namespace llmt
+#define LLMT_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)                                        \
+  ((void)(stream), ::llmt::simt::launch_with(#kernel, dim3(grid), dim3(block), (shared_bytes),              \
+                                             [](auto... kernel_args) { kernel(kernel_args...); }, __VA_ARGS__))

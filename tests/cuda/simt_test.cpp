@@ -1,0 +1,175 @@
+// The SIMT emulator itself (kernels/cuda/simt): barriers, warp operations with full and partial
+// masks, early returns, shared memory, atomics across blocks, and the errors a GPU would hang or
+// misbehave on (a warp operation naming a lane that has exited, barriers that can never complete).
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "engine/core/error.h"
+#include "kernels/cuda/cuda_platform.h"
+
+namespace {
+
+// Block-wide sum through shared memory, a tree of __syncthreads steps.
+__global__ void block_tree_sum(const int* in, int* out, int n) {
+  __shared__ int buf[256];
+  const int t = (int)threadIdx.x, i = (int)(blockIdx.x * blockDim.x) + t;
+  buf[t] = i < n ? in[i] : 0;
+  __syncthreads();
+  for (int s = (int)blockDim.x / 2; s > 0; s >>= 1) {
+    if (t < s) buf[t] += buf[t + s];
+    __syncthreads();
+  }
+  if (t == 0) out[blockIdx.x] = buf[0];
+}
+
+TEST(Simt, SharedMemoryTreeWithSyncthreadsPerBlock) {
+  const int n = 1000, blocks = 4;
+  std::vector<int> in(n), out(blocks, -1);
+  std::iota(in.begin(), in.end(), 1);
+  LLMT_LAUNCH(block_tree_sum, blocks, 256, 0, nullptr, in.data(), out.data(), n);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (int b = 0; b < blocks; b++) {
+    int want = 0;
+    for (int i = b * 256; i < std::min(n, (b + 1) * 256); i++) want += in[i];
+    EXPECT_EQ(out[b], want) << "block " << b << ": each block has its own __shared__ array";
+  }
+}
+
+// Warp sums: full mask, then a divergent half warp with its own mask.
+__global__ void warp_sums(const float* in, float* full, float* half) {
+  const int lane = (int)threadIdx.x % WARP_SIZE, warp = (int)threadIdx.x / WARP_SIZE;
+  float x = in[threadIdx.x];
+  float s = x;
+  for (int o = WARP_SIZE / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  full[threadIdx.x] = s;
+  if (lane < 16) {  // only the low half of the warp: a mask of those 16 lanes
+    float h = x;
+    for (int o = 8; o > 0; o >>= 1) h += __shfl_down_sync(0x0000ffffu, h, o);
+    if (lane == 0) half[warp] = h;
+  }
+}
+
+TEST(Simt, WarpShufflesWithFullAndDivergentMasks) {
+  const int threads = 64;
+  std::vector<float> in(threads), full(threads), half(2);
+  for (int i = 0; i < threads; i++) in[i] = (float)(i + 1);
+  LLMT_LAUNCH(warp_sums, 1, threads, 0, nullptr, in.data(), full.data(), half.data());
+  for (int w = 0; w < 2; w++) {
+    float want_full = 0, want_half = 0;
+    for (int l = 0; l < 32; l++) want_full += in[w * 32 + l];
+    for (int l = 0; l < 16; l++) want_half += in[w * 32 + l];
+    for (int l = 0; l < 32; l++) EXPECT_EQ(full[w * 32 + l], want_full) << "xor butterfly: every lane holds the sum";
+    EXPECT_EQ(half[w], want_half);
+  }
+}
+
+__global__ void ballot_and_broadcast(const int* pred, unsigned* ballots, int* from_lane5) {
+  const int lane = (int)threadIdx.x % WARP_SIZE;
+  unsigned b = __ballot_sync(0xffffffffu, pred[threadIdx.x]);
+  int v = __shfl_sync(0xffffffffu, (int)threadIdx.x * 10, 5);
+  if (lane == 0) ballots[threadIdx.x / WARP_SIZE] = b;
+  from_lane5[threadIdx.x] = v;
+}
+
+TEST(Simt, BallotAndBroadcast) {
+  std::vector<int> pred(64), from5(64);
+  std::vector<unsigned> ballots(2);
+  for (int i = 0; i < 64; i++) pred[i] = i % 3 == 0;
+  LLMT_LAUNCH(ballot_and_broadcast, 1, 64, 0, nullptr, pred.data(), ballots.data(), from5.data());
+  for (int w = 0; w < 2; w++) {
+    unsigned want = 0;
+    for (int l = 0; l < 32; l++)
+      if (pred[w * 32 + l]) want |= 1u << l;
+    EXPECT_EQ(ballots[w], want);
+    for (int l = 0; l < 32; l++) EXPECT_EQ(from5[w * 32 + l], (w * 32 + 5) * 10);
+  }
+}
+
+// Threads past n return before the block's barrier; the others still meet there.
+__global__ void early_return(int* out, int n) {
+  __shared__ int count;
+  if ((int)threadIdx.x >= n) return;
+  if (threadIdx.x == 0) count = 0;
+  __syncthreads();
+  atomicAdd(&count, 1);
+  __syncthreads();
+  out[threadIdx.x] = count;
+}
+
+TEST(Simt, EarlyReturnBeforeSyncthreads) {
+  std::vector<int> out(128, -1);
+  LLMT_LAUNCH(early_return, 1, 128, 0, nullptr, out.data(), 70);
+  for (int i = 0; i < 70; i++) EXPECT_EQ(out[i], 70);
+  for (int i = 70; i < 128; i++) EXPECT_EQ(out[i], -1);
+}
+
+// 2-D blocks, dynamic shared memory, atomics from every block.
+__global__ void transpose_tile(const float* in, float* out, int n, float* total) {
+  float* tile = LLMT_DYNAMIC_SHARED(float);
+  const int x = (int)(blockIdx.x * blockDim.x + threadIdx.x), y = (int)(blockIdx.y * blockDim.y + threadIdx.y);
+  const int w = (int)blockDim.x;
+  tile[threadIdx.y * w + threadIdx.x] = in[y * n + x];
+  __syncthreads();
+  const int tx = (int)(blockIdx.y * blockDim.y + threadIdx.x), ty = (int)(blockIdx.x * blockDim.x + threadIdx.y);
+  out[ty * n + tx] = tile[threadIdx.x * w + threadIdx.y];
+  atomicAdd(total, in[y * n + x]);
+}
+
+TEST(Simt, TwoDimensionalBlocksDynamicSharedAtomics) {
+  const int n = 32;
+  std::vector<float> in(n * n), out(n * n, -1.f);
+  float total = 0.f;
+  for (int i = 0; i < n * n; i++) in[i] = (float)(i % 17);
+  LLMT_LAUNCH(transpose_tile, dim3(4, 4), dim3(8, 8), 8 * 8 * sizeof(float), nullptr, in.data(), out.data(), n, &total);
+  for (int r = 0; r < n; r++)
+    for (int c = 0; c < n; c++) ASSERT_EQ(out[c * n + r], in[r * n + c]) << r << "," << c;
+  EXPECT_EQ(total, std::accumulate(in.begin(), in.end(), 0.f));
+}
+
+TEST(Simt, BadLaunchConfigurationIsALaunchError) {
+  std::vector<int> out(4);
+  LLMT_LAUNCH(early_return, 1, 2048, 0, nullptr, out.data(), 4);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the error is cleared once read";
+}
+
+// Lane 0 leaves; the others then shuffle with a full mask that still names it: undefined on a GPU,
+// an error here.
+__global__ void shuffle_with_exited_lane(float* out) {
+  if (threadIdx.x == 0) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+TEST(Simt, WarpOperationNamingAnExitedLaneIsAnError) {
+  std::vector<float> out(32);
+  try {
+    LLMT_LAUNCH(shuffle_with_exited_lane, 1, 32, 0, nullptr, out.data());
+    FAIL() << "no error";
+  } catch (const llmt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already exited"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shuffle_with_exited_lane"), std::string::npos) << e.what();
+  }
+}
+
+// Warp 0's lanes wait for each other in a shuffle while lane 0 waits at __syncthreads: a hang on a GPU.
+__global__ void barrier_deadlock(float* out) {
+  if (threadIdx.x == 0) {
+    __syncthreads();
+  } else if (threadIdx.x < 32) {
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+  }
+}
+
+TEST(Simt, BarriersThatCanNeverCompleteAreAnError) {
+  std::vector<float> out(64);
+  try {
+    LLMT_LAUNCH(barrier_deadlock, 1, 64, 0, nullptr, out.data());
+    FAIL() << "no error";
+  } catch (const llmt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("can never complete"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
