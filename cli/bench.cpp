@@ -10,12 +10,14 @@ int cli_bench(const std::vector<std::string>& args) {
     std::printf(
         "llmt bench: time whole training steps (forward, backward, AdamW) on synthetic tokens\n\n"
         "  --model NAME|FILE  preset or config.json (gpt2)\n"
-        "  --device cpu       --threads N (0 = all cores)\n"
+        "  --device cpu|cuda  --threads N (0 = all cores; cpu)\n"
+        "  --bf16 True|False  --tf32 True|False (fp32 matmuls on TF32 tensor cores; cuda)\n"
         "  --per_device_train_batch_size N (4)  --seq_len N (64)\n"
         "  --steps N (10)     --warmup N (2)\n"
         "  --fsdp SPEC        full_shard auto_wrap | shard_grad_op | hybrid_shard | no_shard (under mpirun)\n"
         "  --gradient_checkpointing True|False\n"
-        "prints one JSON line: step_ms_median, tokens_per_s, model, device, threads, ...\n");
+        "prints one JSON line: step_ms_median, tokens_per_s, model, device, threads, ...; with --device cuda\n"
+        "also the GPU, its peak TFLOP/s and the MFU\n");
     return 0;
   }
   Flags flags("bench", args);

@@ -13,10 +13,8 @@
 #include "engine/dist/launch.h"
 #include "engine/dist/mpi_communicator.h"
 #include "engine/dist/nccl_log.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "train/flags.h"
-#ifdef LLMT_HAVE_CUDA
-#include "kernels/cuda/cuda_kernels.h"
-#endif
 
 namespace llmt {
 
@@ -127,12 +125,12 @@ int cli_netcheck(const std::vector<std::string>& args) {
   mine.local_rank = launch.local_rank;
   mine.local_size = launch.local_size;
   mine.launcher = launch.launcher;
-#ifdef LLMT_HAVE_CUDA
-  mine.cuda_built = true;
-  int ndev = cuda_device_count();
-  if (ndev == 0) mine.cuda.push_back(cuda_device_description(0));
-  for (int d = 0; d < ndev; d++) mine.cuda.push_back(cuda_device_description(d));
-#endif
+  mine.cuda_built = std::string(cuda_build_kind()) != "none";
+  if (mine.cuda_built) {
+    int ndev = cuda_device_count();
+    if (ndev == 0) mine.cuda.push_back(cuda_device_description(0));
+    for (int d = 0; d < ndev; d++) mine.cuda.push_back(cuda_device_description(d));
+  }
   std::vector<std::string> texts = gather_strings(*world, report_to_json(mine));
   int rc = 0;
   if (launch.rank == 0) {

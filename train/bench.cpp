@@ -12,7 +12,9 @@
 #include "engine/core/log.h"
 #include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
+#include "engine/fsdp/staged_comm.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "models/transformer.h"
 #include "train/step.h"
 #include "train/train_args.h"
@@ -36,7 +38,9 @@ BenchArgs parse_bench_args(Flags& f) {
   parse_reduce_dtype(a.mixed_precision_reduce);
   LLMT_CHECK(a.batch > 0 && a.seq_len > 1 && a.steps > 0 && a.warmup >= 0,
              "llmt bench: batch, seq_len and steps must be positive and warmup not negative");
-  LLMT_CHECK(a.device == "cpu", "llmt bench: --device %s is not available yet (cpu)", a.device.c_str());
+  a.tf32 = f.get_bool("tf32", false);
+  LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "llmt bench: --device must be cpu or cuda, got \"%s\"",
+             a.device.c_str());
   parse_fsdp(a.fsdp);
   return a;
 }
@@ -72,11 +76,15 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
     validate_config(cfg, "--dropout");
   }
   int threads = a.threads > 0 ? a.threads : default_threads_per_rank(launch);
-  ProfilingBackend be(make_cpu_backend(threads, a.bf16 ? DType::bf16 : DType::f32));
+  const DType compute = a.bf16 ? DType::bf16 : DType::f32;
+  const bool cuda = a.device == "cuda";
+  const int gpu = cuda ? launch.local_rank % std::max(1, cuda_device_count()) : -1;
+  ProfilingBackend be(cuda ? make_cuda_backend(gpu, compute, a.tf32) : make_cpu_backend(threads, compute));
   Transformer model(cfg, be, a.batch, a.seq_len, a.gradient_checkpointing);
   const ModelLayout& L = model.layout();
   Strategy strategy = parse_fsdp(a.fsdp);
   std::unique_ptr<DataComm> data = make_mpi_data_comm(world);
+  if (cuda) data = make_staged_data_comm(std::move(data), be);
   FsdpStore store(be, L, strategy, *data, launch.local_size, parse_reduce_dtype(a.mixed_precision_reduce));
   std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
@@ -145,7 +153,8 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
     shard_params += (double)std::max<int64_t>(st.hi - st.lo, 0);
   }
   const double adamw_bytes = shard_params * (28.0 + (a.bf16 ? 2.0 : 0.0));
-  const double stream = stream_gb_per_s(be.threads());
+  // the host's memory bandwidth only matters to a CPU backend's AdamW
+  const double stream = cuda ? 0.0 : stream_gb_per_s(be.threads());
 
   // the slowest rank sets the pace: report the median over steps of rank 0's times (all ranks
   // finish a step together, since each step ends in collectives)
@@ -176,9 +185,19 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
                       {"matmul_fraction", matmul_ms / profiled_ms},
                       {"rest_fraction", rest_ms / profiled_ms},
                       {"adamw_gb_per_s", adamw_bytes / (adamw_ms / 1000.0) / 1e9},
-                      {"memory_gb_per_s", stream},
-                      {"adamw_fraction_of_memory_bandwidth", adamw_bytes / (adamw_ms / 1000.0) / 1e9 / stream},
                       {"flops_convention", Transformer::kFlopsConvention}};
+  if (!cuda) {
+    j["memory_gb_per_s"] = stream;
+    j["adamw_fraction_of_memory_bandwidth"] = adamw_bytes / (adamw_ms / 1000.0) / 1e9 / stream;
+  } else {
+    // MFU: the achieved model FLOP/s over the ranks' peak (docs/design.md, "Throughput")
+    const double peak = cuda_peak_tflops(gpu, compute, a.tf32);
+    j["gpu"] = cuda_device_description(gpu);
+    j["tf32"] = a.tf32;
+    j["peak_tflops_per_gpu"] = peak;
+    if (peak > 0) j["mfu"] = flops_per_token * global_tokens / (median / 1000.0) / (peak * 1e12 * W);
+    else j["mfu"] = nullptr;  // the emulator, or a GPU without a known peak
+  }
   if (world.rank() == 0) std::printf("%s\n", j.dump().c_str());
 }
 

@@ -20,6 +20,7 @@ struct BenchArgs {
   std::string fsdp;             // as llmt train's --fsdp ("" = no_shard)
   bool gradient_checkpointing = false;
   bool bf16 = false;
+  bool tf32 = false;  // fp32 matmuls on TF32 tensor cores (cuda)
   std::string mixed_precision_reduce = "float32";
   double dropout = -1.0;        // >= 0: every dropout probability of the model set to this
 };

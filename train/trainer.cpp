@@ -27,7 +27,9 @@
 #include "engine/fsdp/fsdp.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/schedule.h"
+#include "engine/fsdp/staged_comm.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
 #include "train/export.h"
@@ -100,6 +102,8 @@ class Trainer {
   // setup
   void prepare_output_dir();
   void build_model();
+  int cuda_device_for_rank(const LaunchInfo& launch);
+  void describe_gpus();
   void load_data();
   void load_parameters();
   void describe();
@@ -158,9 +162,8 @@ class Trainer {
 
 Trainer::Trainer(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch)
     : a_(a), world_(world), launch_(launch) {
-  LLMT_CHECK(a.device == "cpu", "--device cuda: the CUDA backend is not built into llmt yet (only its first kernels); "
-                                "use --device cpu");
-  if (a.tf32) log_info("note   --tf32 selects TF32 for fp32 matmuls on a GPU; the CPU has no TF32 and ignores it");
+  if (a.tf32 && a.device == "cpu")
+    log_info("note   --tf32 selects TF32 for fp32 matmuls on a GPU; the CPU has no TF32 and ignores it");
   // Handlers first: Slurm's --signal can arrive while the data is still loading.
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
@@ -201,7 +204,39 @@ void Trainer::build_model() {
   tok_ = pick_tokenizer(a_, cfg_);
   tokenizer_dir_ = tokenizer_dir(tokenizer_source(a_));
   threads_ = a_.threads > 0 ? a_.threads : default_threads_per_rank(launch_);
-  be_ = make_cpu_backend(threads_, a_.bf16 ? DType::bf16 : DType::f32);
+  const DType compute = a_.bf16 ? DType::bf16 : DType::f32;
+  if (a_.device == "cpu") {
+    be_ = make_cpu_backend(threads_, compute);
+    return;
+  }
+  be_ = make_cuda_backend(cuda_device_for_rank(launch_), compute, a_.tf32);
+  describe_gpus();
+  // Collectives over MPI run on host memory: stage them through it.
+  data_ = make_staged_data_comm(std::move(data_), *be_);
+}
+
+// One GPU per rank: the rank's index among its node's ranks, over the devices it can see
+// (CUDA_VISIBLE_DEVICES applies). More ranks than GPUs on a node share them, with a warning.
+int Trainer::cuda_device_for_rank(const LaunchInfo& launch) {
+  const int n = cuda_device_count();
+  LLMT_CHECK(n > 0, "--device cuda: rank %d sees no usable CUDA device (%s)", world_.rank(),
+             cuda_device_description(0).c_str());
+  if (launch.local_size > n && world_.rank() == 0)
+    log_info("warning %d ranks per node share %d GPU%s: fine for tests, slow for training", launch.local_size, n,
+             n == 1 ? "" : "s");
+  return launch.local_rank % n;
+}
+
+// Which GPU each rank drives, as every rank sees it, on rank 0's log.
+void Trainer::describe_gpus() {
+  char line[256] = {0};
+  std::snprintf(line, sizeof(line), "%s", cuda_device_description(cuda_device_for_rank(launch_)).c_str());
+  std::vector<char> all((size_t)W_ * sizeof(line));
+  world_.all_gather(line, all.data(), sizeof(line) / 4, DType::i32);
+  if (world_.rank() != 0) return;
+  for (int r = 0; r < W_; r++)
+    log_info("gpu    rank %d: %s%s", r, all.data() + (size_t)r * sizeof(line),
+             std::string(cuda_build_kind()) == "simt" ? " [the SIMT emulator: CUDA kernels on the CPU]" : "");
 }
 
 void Trainer::load_data() {

@@ -1,6 +1,6 @@
 // The Backend interface: memory, the compute stream and its events, and the one op set every model
 // is built from. The CPU backend (kernels/cpu) implements it with OpenMP and oneDNN; the CUDA
-// backend (kernels/cuda) will implement it with kernels, cuBLASLt and cuDNN behind the same calls.
+// backend (kernels/cuda) with its kernels behind the same calls.
 // Models and the trainer never see which.
 //
 // Dtypes. A backend computes in one compute dtype, compute_dtype(): f32, or bf16 for mixed
@@ -12,7 +12,9 @@
 // accumulate in fp32.
 //
 // Streams. Ops, copies and memory work run in order on the backend's compute stream. copy_to_host
-// returns when the data is on the host. An Event marks the stream's work so far: a collective that
+// returns when the data is on the host. Bad input only a device sees (a token id or target outside
+// the vocabulary) is thrown as llmt::Error by the op or, on a device, by the next synchronize or
+// copy_to_host. An Event marks the stream's work so far: a collective that
 // must not start before some compute (or a buffer that must not be reused before its last reader)
 // waits on one. On the CPU everything runs in program order and events are trivial.
 //
@@ -171,13 +173,20 @@ class BackendBuffer {
   Tensor tensor_;
 };
 
+// Functions device code calls too (the CUDA kernels draw the same dropout masks).
+#if defined(__CUDACC__)
+#define LLMT_HOST_DEVICE __host__ __device__
+#else
+#define LLMT_HOST_DEVICE
+#endif
+
 // A dropout mask element: 24 bits of a counter-based hash of (key, row, element), compared with p.
 // A row is one token of one sequence (dropout_row); the element is the channel, or for attention
 // probabilities head * 2^20 + key position. The same function on every backend, so masks are
 // identical everywhere.
 constexpr int kDropoutPosBits = 20;  // positions below 2^20 per sequence
-inline int64_t dropout_row(int64_t sequence, int t) { return (sequence << kDropoutPosBits) + t; }
-inline uint32_t dropout_bits(uint64_t key, int64_t row, int64_t e) {
+LLMT_HOST_DEVICE inline int64_t dropout_row(int64_t sequence, int t) { return (sequence << kDropoutPosBits) + t; }
+LLMT_HOST_DEVICE inline uint32_t dropout_bits(uint64_t key, int64_t row, int64_t e) {
   uint64_t z = key ^ ((uint64_t)row * 0x9e3779b97f4a7c15ull);
   z += (uint64_t)e * 0xd1b54a32d192ed03ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -185,7 +194,7 @@ inline uint32_t dropout_bits(uint64_t key, int64_t row, int64_t e) {
   z ^= z >> 31;
   return (uint32_t)(z >> 40);
 }
-inline bool dropout_keep(uint64_t key, int64_t row, int64_t e, float p) {
+LLMT_HOST_DEVICE inline bool dropout_keep(uint64_t key, int64_t row, int64_t e, float p) {
   return (double)dropout_bits(key, row, e) >= (double)p * 16777216.0;
 }
 

@@ -10,74 +10,11 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/device_common.cuh"
 
 namespace llmt {
 namespace cuda {
 namespace {
-
-// ---------------------------------------------------------------------------------------------------
-// element access
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Vec {
-  T v[V];
-};
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-
-// Round to nearest even, NaN kept quiet: the device twin of llmt::f32_to_bf16.
-__device__ __forceinline__ uint16_t bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float x);
-template <>
-__device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ uint16_t from_f32<uint16_t>(float x) { return bf16_bits(x); }
-
-template <typename T, int V>
-__device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
-  return *reinterpret_cast<const Vec<T, V>*>(p);
-}
-template <typename T, int V>
-__device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& x) {
-  *reinterpret_cast<Vec<T, V>*>(p) = x;
-}
-
-// ---------------------------------------------------------------------------------------------------
-// launch configuration
-
-constexpr int kBlock = 256;
-
-bool aligned(const void* p, size_t bytes) { return p == nullptr || ((uintptr_t)p % bytes) == 0; }
-
-int sm_count() {
-  static std::atomic<int> cached[64];
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  int n = dev < 64 ? cached[dev].load(std::memory_order_relaxed) : 0;
-  if (n == 0) {
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    if (dev < 64) cached[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
-// Blocks for `work` grid-stride items: enough to cover them, at most a few full waves.
-unsigned grid_for(int64_t work) {
-  int64_t blocks = (work + kBlock - 1) / kBlock;
-  int64_t cap = (int64_t)sm_count() * (2048 / kBlock) * 4;
-  if (blocks > cap) blocks = cap;
-  return (unsigned)(blocks < 1 ? 1 : blocks);
-}
-
-void check_n(int64_t n, const char* op) { LLMT_CHECK(n >= 0, "cuda %s: negative element count %lld", op, (long long)n); }
 
 // ---------------------------------------------------------------------------------------------------
 // elementwise maps: out[i] = f(a[i]) and out[i] = f(a[i], b[i]), fp32 math, out may alias an input
@@ -479,38 +416,5 @@ void sum_squares_f32(double* out, double* partials, const float* x, int64_t n, b
 }
 
 }  // namespace cuda
-
-int cuda_device_count() {
-  int n = 0;
-  cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-std::string cuda_device_description(int device) {
-  int n = 0;
-  cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return strformat("cuda:%d not available (%s)", device, cudaGetErrorString(err));
-  }
-  if (device < 0 || device >= n) return strformat("cuda:%d not available (%d devices)", device, n);
-  cudaDeviceProp prop;
-  err = cudaGetDeviceProperties(&prop, device);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return strformat("cuda:%d not available (cudaGetDeviceProperties: %s)", device, cudaGetErrorString(err));
-  }
-  int drv = 0, rt = 0;
-  (void)cudaDriverGetVersion(&drv);
-  (void)cudaRuntimeGetVersion(&rt);
-  (void)cudaGetLastError();
-  return strformat("cuda:%d %s, %d SMs, %.1f GiB, compute capability %d.%d, driver %d.%d, runtime %d.%d", device,
-                   prop.name, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
-                   prop.major, prop.minor, drv / 1000, (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
-}
 
 }  // namespace llmt

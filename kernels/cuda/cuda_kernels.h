@@ -20,13 +20,6 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*
 
 namespace llmt {
 
-// The number of CUDA devices; 0 when there is no device or no usable driver. Never throws.
-int cuda_device_count();
-// One line about a device, for logs and netcheck, e.g.
-//   "cuda:0 NVIDIA H200, 132 SMs, 139.8 GiB, compute capability 9.0, driver 13.0, runtime 13.0"
-// or "cuda:0 not available (no CUDA-capable device is detected)". Never throws.
-std::string cuda_device_description(int device = 0);
-
 namespace cuda {
 
 using Stream = CUstream_st*;

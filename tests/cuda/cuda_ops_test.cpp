@@ -24,6 +24,7 @@
 
 #include "engine/backend/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace llmt {

@@ -173,3 +173,23 @@ TEST(Simt, BarriersThatCanNeverCompleteAreAnError) {
 }
 
 }  // namespace
+
+#if !defined(__SANITIZE_ADDRESS__)
+// The device-memory guard: the host may reach device memory only through cudaMemcpy / cudaMemset or
+// inside a kernel, as on a GPU; a direct host read stops the program with a message.
+__global__ void fill_kernel(float* p, int n) {
+  int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) p[i] = (float)i;
+}
+TEST(SimtDeathTest, HostReadOfDeviceMemoryStopsTheProgram) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc((void**)&d, 64 * sizeof(float)), cudaSuccess);
+  LLMT_LAUNCH(fill_kernel, 1, 64, 0, nullptr, d, 64);
+  float h[64];
+  ASSERT_EQ(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(h[63], 63.0f);  // through the runtime: fine
+  EXPECT_DEATH({ volatile float x = d[5]; (void)x; }, "the host touched device memory");
+  ASSERT_EQ(cudaFree(d), cudaSuccess);
+}
+#endif

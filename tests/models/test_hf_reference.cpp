@@ -11,6 +11,7 @@
 #include "engine/dist/communicator.h"
 #include "engine/fsdp/fsdp.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
 #include "tests/test_util.h"
@@ -95,14 +96,15 @@ void expect_no_worse_than_autocast(const SafetensorsFile& ref32, const Safetenso
                 e_ours / bound, e_ours, e_theirs);
 }
 
-void check_model(const std::string& name, DType compute) {
+// device: "cpu", or "cuda" (the SIMT emulator in ctest, the GPU in scripts/gpu_selftest.sh)
+void check_model(const std::string& name, DType compute, const std::string& device = "cpu") {
   std::string dir = llmt_test::reference_dir() + "/" + name;
   ModelConfig cfg = config_from_json_file(dir + "/config.json");
   SafetensorsFile ref32(dir + "/reference.safetensors");
   SafetensorsFile ref(dir + (compute == DType::f32 ? "/reference.safetensors" : "/reference_bf16.safetensors"));
   const Limits lim = limits_for(compute);
   const bool margins = std::getenv("LLMT_TEST_MARGINS") != nullptr;
-  const std::string tag = name + (compute == DType::f32 ? " f32" : " bf16");
+  const std::string tag = device + " " + name + (compute == DType::f32 ? " f32" : " bf16");
   std::vector<int32_t> ids = read_ids(ref32, "input_ids"), labels = read_ids(ref32, "labels");
   const StTensor* ids_t = ref32.find("input_ids");
   const int B = (int)ids_t->shape[0], T = (int)ids_t->shape[1];
@@ -117,7 +119,7 @@ void check_model(const std::string& name, DType compute) {
     }
 
   // one process, unsharded: the trainer's store with a shard group of one
-  auto be = make_cpu_backend(2, compute);
+  std::unique_ptr<Backend> be = device == "cpu" ? make_cpu_backend(2, compute) : make_cuda_backend(0, compute, false);
   Transformer model(cfg, *be, B, T);
   const ModelLayout& L = model.layout();
   std::unique_ptr<DataComm> solo = make_solo_data_comm();
@@ -158,9 +160,10 @@ void check_model(const std::string& name, DType compute) {
   loss_mean();
   int checked = 0;
   for (size_t u = 0; u < L.units.size(); u++) {
-    const float* grad = store.shard_state((int)u).grad.f32();  // the whole unit: one shard
+    // the whole unit: one shard
+    const std::vector<float> grad = to_host(*be, store.shard_state((int)u).grad);
     for (const ParamSpec& p : L.units[u].params) {
-      std::vector<float> g = hf_view(grad, p), want = read_all(ref, "grad." + p.hf_name);
+      std::vector<float> g = hf_view(grad.data(), p), want = read_all(ref, "grad." + p.hf_name);
       ASSERT_EQ(g.size(), want.size()) << p.hf_name;
       double e = rel_error(g.data(), want.data(), p.numel());
       EXPECT_LT(e, lim.grad) << tag << " grad of " << p.hf_name;
@@ -210,3 +213,10 @@ TEST(HfReference, LlamaTiedTiny) { check_model("llama_tied_tiny", DType::f32); }
 TEST(HfReference, Gpt2TinyBf16) { check_model("gpt2_tiny", DType::bf16); }
 TEST(HfReference, LlamaTinyGqaBf16) { check_model("llama_tiny", DType::bf16); }
 TEST(HfReference, LlamaTiedTinyBf16) { check_model("llama_tied_tiny", DType::bf16); }
+// the same fixtures with the CUDA backend
+TEST(HfReferenceCuda, Gpt2Tiny) { check_model("gpt2_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, LlamaTinyGqa) { check_model("llama_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, LlamaTiedTiny) { check_model("llama_tied_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, Gpt2TinyBf16) { check_model("gpt2_tiny", DType::bf16, "cuda"); }
+TEST(HfReferenceCuda, LlamaTinyGqaBf16) { check_model("llama_tiny", DType::bf16, "cuda"); }
+TEST(HfReferenceCuda, LlamaTiedTinyBf16) { check_model("llama_tied_tiny", DType::bf16, "cuda"); }

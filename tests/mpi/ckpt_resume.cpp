@@ -5,6 +5,8 @@
 // group differently).
 // Also: every error a damaged or foreign state.h5 can cause is one clear llmt::Error on every rank
 // at once (none hangs), and checkpoint directories commit with checksums computed over all ranks.
+// With LLMT_TEST_DEVICE=cuda the runs use the CUDA backend (the SIMT emulator in ctest): the state
+// is staged between device and file.
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
@@ -24,7 +26,9 @@
 #include "engine/dist/launch.h"
 #include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
+#include "engine/fsdp/staged_comm.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "models/transformer.h"
 #include "tests/mpi/tiny_models.h"
 #include "tests/tolerances.h"
@@ -37,6 +41,7 @@ namespace {
 
 ControlComm* g_world = nullptr;
 int g_local_size = 1;
+std::string g_device = "cpu";
 std::string g_dir;  // a fresh directory, the same on every rank
 const int kGlobal = 12, kT = 11, kSaveAt = 3, kSteps = 6;
 
@@ -53,8 +58,9 @@ struct TrainRun {
   std::unique_ptr<DataComm> data;
   TrainRun(const ModelConfig& c, ControlComm& cm, Strategy s, int local_size, DType compute = DType::f32)
       : cfg(c), comm(cm) {
-    be = make_cpu_backend(1, compute);
+    be = g_device == "cpu" ? make_cpu_backend(1, compute) : make_cuda_backend(0, compute, false);
     data = make_mpi_data_comm(comm);
+    if (!be->is_host_memory()) data = make_staged_data_comm(std::move(data), *be);
     B = kGlobal / comm.size();
     model = std::make_unique<Transformer>(cfg, *be, B, kT, false);
     store = std::make_unique<FsdpStore>(*be, model->layout(), s, *data, local_size);
@@ -95,9 +101,10 @@ struct TrainRun {
     for (size_t u = 0; u < layout().units.size(); u++) {
       FsdpStore::ShardState s = store->shard_state((int)u);
       int64_t n = store->shard_numel((int)u);
-      const float* src = (kind == 0 ? s.master : kind == 1 ? s.m : s.v).f32();  // CPU: host memory
+      std::vector<float> mine((size_t)n);
+      be->copy_to_host(mine.data(), (kind == 0 ? s.master : kind == 1 ? s.m : s.v).data, (size_t)n * 4);
       std::vector<float> all((size_t)(n * W));
-      comm.all_gather(src, all.data(), n, DType::f32);
+      comm.all_gather(mine.data(), all.data(), n, DType::f32);
       int32_t lohi[2] = {(int32_t)s.lo, (int32_t)s.hi};
       std::vector<int32_t> ranges(2 * (size_t)W);
       comm.all_gather(lohi, ranges.data(), 2, DType::i32);
@@ -352,6 +359,7 @@ int main(int argc, char** argv) {
   LaunchInfo info = init_launch(&argc, &argv, &world);
   g_world = world.get();
   g_local_size = info.local_size;
+  if (const char* d = std::getenv("LLMT_TEST_DEVICE")) g_device = d;
   if (world->rank() == 0) {
     char tmpl[] = "/tmp/llmt_ckpt_mpi_XXXXXX";
     g_dir = mkdtemp(tmpl) ? tmpl : "";

@@ -4,6 +4,8 @@
 // in fp32, in bf16 (--bf16, gradients reduced in f32 or bf16), and with dropout (the masks depend on
 // the sequence, not the split). Bounds: tests/tolerances.h (sums grouped differently round
 // differently, nothing more). And the bytes each rank sends per step equal llmt plan's.
+// With LLMT_TEST_DEVICE=cuda the sharded runs use the CUDA backend (the SIMT emulator in ctest),
+// their collectives staged through host memory, against the same single-process CPU reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +15,9 @@
 #include "engine/dist/launch.h"
 #include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
+#include "engine/fsdp/staged_comm.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "models/transformer.h"
 #include "tests/mpi/tiny_models.h"
 #include "tests/test_util.h"
@@ -26,6 +30,7 @@ using namespace llmt;
 namespace {
 
 ControlComm* g_world = nullptr;
+std::string g_device = "cpu";  // the backend of the runs compared with the reference
 int g_local_size = 1;
 const int kSteps = 4, kGlobal = 12, kT = 11;
 const float kLr = 3e-3f;
@@ -46,11 +51,14 @@ struct Outcome {
 };
 
 Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_size, int B, int accum, bool ckpt,
-              Precision prec = {}, double* comm_bytes_first_step = nullptr, double* peak_gathered = nullptr) {
-  auto be = make_cpu_backend(1, prec.compute);
+              Precision prec = {}, double* comm_bytes_first_step = nullptr, double* peak_gathered = nullptr,
+              const std::string& device = g_device) {
+  std::unique_ptr<Backend> be =
+      device == "cpu" ? make_cpu_backend(1, prec.compute) : make_cuda_backend(0, prec.compute, false);
   Transformer model(cfg, *be, B, kT, ckpt);
   const ModelLayout& L = model.layout();
   std::unique_ptr<DataComm> data = make_mpi_data_comm(comm);
+  if (!be->is_host_memory()) data = make_staged_data_comm(std::move(data), *be);
   FsdpStore store(*be, L, s, *data, local_size, prec.reduce);
   std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
@@ -82,8 +90,8 @@ Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_s
     if (peak_gathered) *peak_gathered = (double)store.peak_gathered_bytes();
     if (step == 0 && comm.size() == 1)
       for (size_t u = 0; u < L.units.size(); u++) {
-        const float* g = store.shard_state((int)u).grad.f32();
-        out.grads.emplace_back(g, g + L.units[u].numel);
+        out.grads.emplace_back((size_t)L.units[u].numel);
+        be->copy_to_host(out.grads.back().data(), store.shard_state((int)u).grad.data, L.units[u].numel * 4);
       }
   }
   for (size_t u = 0; u < L.units.size(); u++) {
@@ -124,9 +132,10 @@ void check_family(Arch arch, Precision prec = {}, float dropout = 0.0f) {
   // reference: this rank alone, the whole global batch in one micro-batch, unsharded, in the same
   // compute precision (a single process reduces nothing)
   std::unique_ptr<ControlComm> self = g_world->split(r, 0);
-  Outcome ref = train(cfg, *self, Strategy::no_shard, 1, kGlobal, 1, false, {prec.compute, DType::f32});
+  Outcome ref = train(cfg, *self, Strategy::no_shard, 1, kGlobal, 1, false, {prec.compute, DType::f32}, nullptr,
+                      nullptr, "cpu");
   ASSERT_LT(ref.losses.back(), ref.losses.front()) << "the reference run learns";
-  const std::string family = std::string(arch == Arch::gpt2 ? "gpt2 " : "llama ") + prec.name() +
+  const std::string family = g_device + " " + std::string(arch == Arch::gpt2 ? "gpt2 " : "llama ") + prec.name() +
                              (dropout > 0.0f ? " dropout " : " ");
 
   for (Strategy s : {Strategy::full_shard, Strategy::shard_grad_op, Strategy::no_shard, Strategy::hybrid_shard}) {
@@ -223,6 +232,7 @@ int main(int argc, char** argv) {
   LaunchInfo info = init_launch(&argc, &argv, &world);
   g_world = world.get();
   g_local_size = info.local_size;
+  if (const char* d = std::getenv("LLMT_TEST_DEVICE")) g_device = d;
   int rc = RUN_ALL_TESTS();
   // a failure on any rank fails the run on every rank
   double failed = world->all_reduce_sum(rc != 0 ? 1.0 : 0.0);

@@ -1,3 +1,5 @@
-// The project's CUDA kernels, compiled by g++ for the SIMT emulator (LLMT_SIMT): the same source
-// nvcc compiles for the GPU.
+// The project's CUDA kernels and backend, compiled by g++ for the SIMT emulator (LLMT_SIMT): the
+// same sources nvcc compiles for the GPU.
 #include "kernels/cuda/cuda_kernels.cu"
+#include "kernels/cuda/cuda_ops.cu"
+#include "kernels/cuda/cuda_backend.cu"

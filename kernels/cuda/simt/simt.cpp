@@ -3,11 +3,16 @@
 #include "kernels/cuda/simt/simt.h"
 
 #include <omp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <boost/context/fiber.hpp>
 #include <boost/context/pooled_fixedsize_stack.hpp>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -279,12 +284,108 @@ unsigned ballot(unsigned mask, bool pred) {
 void syncwarp(unsigned mask) { warp_meet(mask, 0); }
 void* dynamic_shared() { return block().smem; }
 
+// ---- device memory ----
+// Device memory is host memory here, so host code that reads a device buffer directly (which on a
+// GPU crashes or reads garbage) would pass unseen. The guard closes that hole: cudaMalloc carves
+// device buffers out of one reserved arena that is inaccessible (PROT_NONE) except while a kernel
+// runs or a cudaMemcpy / cudaMemset works on it, so such a host access stops the program with a
+// message. Under AddressSanitizer buffers are exact-sized heap blocks instead (so a kernel's
+// one-past-the-end access is reported), without the guard.
+#ifndef LLMT_SIMT_ASAN
+constexpr size_t kArenaBytes = (size_t)1 << 37;  // 128 GiB of address space, reserved, not committed
+char* g_arena = nullptr;
+size_t g_arena_used = 0;                       // the bump pointer: [g_arena, g_arena + used) was handed out
+std::multimap<size_t, char*> g_free_chunks;     // freed chunks by size, for reuse
+std::map<char*, size_t> g_chunk_bytes;          // every live chunk's size
+int g_open = 0;                                 // device work in progress (launches, copies)
+std::mutex g_mem_mutex;
+struct sigaction g_previous_segv;
+
+void on_segv(int sig, siginfo_t* info, void* uctx) {
+  const char* a = (const char*)info->si_addr;
+  if (g_arena && a >= g_arena && a < g_arena + kArenaBytes) {
+    const char msg[] =
+        "simt: the host touched device memory outside a kernel or a cudaMemcpy/cudaMemset. On a GPU this "
+        "reads garbage or crashes: copy the data with the backend (copy_to_host / copy_from_host).\n";
+    ssize_t ignored = write(2, msg, sizeof(msg) - 1);
+    (void)ignored;
+    std::abort();
+  }
+  if (g_previous_segv.sa_flags & SA_SIGINFO) {
+    g_previous_segv.sa_sigaction(sig, info, uctx);
+  } else if (g_previous_segv.sa_handler != SIG_DFL && g_previous_segv.sa_handler != SIG_IGN) {
+    g_previous_segv.sa_handler(sig);
+  } else {
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
+}
+
+void set_device_access(bool open) {
+  if (g_arena_used) mprotect(g_arena, g_arena_used, open ? PROT_READ | PROT_WRITE : PROT_NONE);
+}
+
+void* device_malloc(size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  if (!g_arena) {
+    void* p = mmap(nullptr, kArenaBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    g_arena = (char*)p;
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_previous_segv);
+  }
+  const size_t page = 4096, want = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+  char* p = nullptr;
+  auto it = g_free_chunks.lower_bound(want);
+  if (it != g_free_chunks.end() && it->first <= 2 * want) {  // reuse a freed chunk of about this size
+    p = it->second;
+    g_chunk_bytes[p] = it->first;
+    g_free_chunks.erase(it);
+  } else {
+    if (g_arena_used + want > kArenaBytes) return nullptr;
+    p = g_arena + g_arena_used;
+    g_arena_used += want;
+    g_chunk_bytes[p] = want;
+  }
+  mprotect(p, g_chunk_bytes[p], g_open ? PROT_READ | PROT_WRITE : PROT_NONE);
+  return p;
+}
+
+bool device_free(void* p) {
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  auto it = g_chunk_bytes.find((char*)p);
+  if (it == g_chunk_bytes.end()) return false;
+  g_free_chunks.emplace(it->second, it->first);
+  g_chunk_bytes.erase(it);
+  return true;
+}
+
+// Opens device memory to the host for the lifetime of the object (a launch, a copy).
+struct DeviceAccess {
+  DeviceAccess() {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    if (g_open++ == 0) set_device_access(true);
+  }
+  ~DeviceAccess() {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    if (--g_open == 0) set_device_access(false);
+  }
+};
+#else
+struct DeviceAccess {};
+#endif
+
 void launch(const char* name, dim3 grid, dim3 blk, size_t dynamic_shared_bytes, const std::function<void()>& body) {
   const uint64_t threads = (uint64_t)blk.x * blk.y * blk.z, blocks = (uint64_t)grid.x * grid.y * grid.z;
   if (threads == 0 || threads > kMaxBlockThreads || blocks == 0) {
     g_last_error = cudaErrorInvalidConfiguration;
     return;
   }
+  [[maybe_unused]] DeviceAccess open;
   std::exception_ptr first;
   std::mutex m;
 #pragma omp parallel for schedule(dynamic, 1)
@@ -318,19 +419,35 @@ using llmt::simt::g_last_error;
 
 // ---- the runtime ----
 
-// Exactly the bytes asked for (256-byte aligned, as cudaMalloc's): under AddressSanitizer a kernel
-// that reads or writes one element past its buffer is reported.
+// Under AddressSanitizer exactly the bytes asked for (256-byte aligned, as cudaMalloc's), so a kernel
+// that reads or writes one element past its buffer is reported; otherwise a guarded arena chunk.
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+#ifdef LLMT_SIMT_ASAN
   if (posix_memalign(p, 256, std::max<size_t>(bytes, 1)) != 0) *p = nullptr;
+#else
+  *p = llmt::simt::device_malloc(bytes);
+#endif
   return *p ? cudaSuccess : (g_last_error = cudaErrorMemoryAllocation);
 }
 cudaError_t cudaFree(void* p) {
+#ifdef LLMT_SIMT_ASAN
+  std::free(p);
+#else
+  if (p && !llmt::simt::device_free(p)) return g_last_error = cudaErrorInvalidValue;
+#endif
+  return cudaSuccess;
+}
+// pinned host memory: plain host memory
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  if (posix_memalign(p, 256, std::max<size_t>(bytes, 1)) != 0) *p = nullptr;
+  return *p ? cudaSuccess : (g_last_error = cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFreeHost(void* p) {
   std::free(p);
   return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
-cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  [[maybe_unused]] llmt::simt::DeviceAccess open;
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -338,6 +455,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   return cudaMemcpy(dst, src, bytes, kind);
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  [[maybe_unused]] llmt::simt::DeviceAccess open;
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
 }

@@ -1,0 +1,433 @@
+// The CUDA backend (cuda_backend.h): every Backend op on the device, in order on one compute stream.
+// The ops are the plain kernels of cuda_kernels.cu and cuda_ops.cu; on a GPU, matmuls go through
+// cuBLASLt (LLMT_MATMUL=native keeps the plain kernel, which the emulator always runs).
+//
+// Bad input that only a kernel sees (a token id or target outside the vocabulary) is written to an
+// error word on the device; the backend reads it whenever it waits for the stream (synchronize,
+// copy_to_host) and throws there, naming the op, the value and its position.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "engine/core/error.h"
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace llmt {
+namespace {
+
+using cuda::Stream;
+
+// Calls f with a value of the element type that stores `t` (float for f32, uint16_t for bf16).
+template <class F>
+void by_dtype(DType t, const char* op, F&& f) {
+  if (t == DType::f32) f(float{});
+  else if (t == DType::bf16) f(uint16_t{});
+  else fail("cuda %s: %s tensors are not supported", op, dtype_name(t));
+}
+
+class CudaEvent : public Event {
+ public:
+  CudaEvent() { CUDA_CHECK(cudaEventCreate(&e_)); }
+  ~CudaEvent() override { (void)cudaEventDestroy(e_); }
+  void synchronize() override { CUDA_CHECK(cudaEventSynchronize(e_)); }
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// A device scratch buffer that grows on demand (after the stream has finished with the old one).
+struct Scratch {
+  void* p = nullptr;
+  size_t bytes = 0;
+};
+
+class CudaBackend : public Backend {
+ public:
+  CudaBackend(int device, DType compute, bool tf32) : device_(device), compute_(compute), tf32_(tf32) {
+    LLMT_CHECK(compute == DType::f32 || compute == DType::bf16, "cuda backend: compute dtype must be f32 or bf16, got %s",
+               dtype_name(compute));
+    const int n = cuda_device_count();
+    LLMT_CHECK(n > 0, "--device cuda: no usable CUDA device (%s)", cuda_device_description(device).c_str());
+    LLMT_CHECK(device >= 0 && device < n, "--device cuda: device %d does not exist (%d visible: check CUDA_VISIBLE_DEVICES)",
+               device, n);
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaStreamCreate(&stream_));
+    err_ = (int*)cuda::device_alloc(cuda::kErrWords * sizeof(int));
+  }
+  ~CudaBackend() override {
+    (void)cudaStreamSynchronize(stream_);
+    for (Scratch* s : {&row_losses_, &attn_d_, &partials_}) (void)cudaFree(s->p);
+    (void)cudaFree(err_);
+    (void)cudaStreamDestroy(stream_);
+    (void)cudaGetLastError();
+  }
+
+  std::string name() const override { return "cuda"; }
+  int threads() const override { return 1; }
+  DType compute_dtype() const override { return compute_; }
+  bool is_host_memory() const override { return false; }
+  void* native_stream() override { return stream_; }
+  std::unique_ptr<Event> make_event() override { return std::make_unique<CudaEvent>(); }
+  void record(Event& e) override { CUDA_CHECK(cudaEventRecord(static_cast<CudaEvent&>(e).get(), stream_)); }
+  void wait(Event& e) override { CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(e).get(), 0)); }
+
+  // ---- memory ----
+  void* alloc(size_t bytes) override {
+    void* p = cuda::device_alloc(std::max<size_t>(bytes, 1));  // zero-filled, 256-byte aligned
+    CUDA_CHECK(cudaDeviceSynchronize());                        // the fill is done before the stream uses p
+    return p;
+  }
+  void release(void* p) override { cuda::device_free(p); }  // cudaFree waits for work that may use p
+  void zero(void* p, size_t bytes) override {
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+  }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    // From pageable memory the call returns once src has been read: the caller may reuse it.
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void synchronize() override {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    check_error_word();
+  }
+
+  // ---- dense ----
+  void matmul(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
+              bool trans_b, bool accumulate) override {
+    check_act(a, "matmul", "a");
+    check_act(b, "matmul", "b");
+    LLMT_CHECK(out.dtype == compute_ || out.dtype == DType::f32, "cuda matmul: out is %s, expected %s or f32",
+               dtype_name(out.dtype), dtype_name(compute_));
+    LLMT_CHECK(!bias.data || bias.dtype == b.dtype, "cuda matmul: bias is %s, b is %s", dtype_name(bias.dtype),
+               dtype_name(b.dtype));
+    if (M == 0 || N == 0) return;
+    LLMT_CHECK(M > 0 && N > 0 && K > 0, "cuda matmul: bad shape %lld x %lld x %lld", (long long)M, (long long)N,
+               (long long)K);
+    if (compute_ == DType::f32) {
+      cuda::matmul<float, float>(out.f32(), a.f32(), b.f32(), bias.data ? bias.f32() : nullptr, M, N, K, trans_a,
+                                 trans_b, accumulate, stream_);
+    } else if (out.dtype == DType::f32) {
+      cuda::matmul<uint16_t, float>(out.f32(), a.bf16(), b.bf16(), bias.data ? bias.bf16() : nullptr, M, N, K,
+                                    trans_a, trans_b, accumulate, stream_);
+    } else {
+      cuda::matmul<uint16_t, uint16_t>(out.bf16(), a.bf16(), b.bf16(), bias.data ? bias.bf16() : nullptr, M, N, K,
+                                       trans_a, trans_b, accumulate, stream_);
+    }
+  }
+  void bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N) override {
+    check_act(dout, "bias_backward", "dout");
+    by_dtype(dout.dtype, "bias_backward",
+             [&](auto tag) { cuda::bias_backward(dbias.f32(), (const decltype(tag)*)dout.data, M, N, stream_); });
+  }
+
+  // ---- embeddings ----
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C, int V) override {
+    check_act(out, "embedding_forward", "out");
+    check_act(wte, "embedding_forward", "wte");
+    if (wpe.data) check_act(wpe, "embedding_forward", "wpe");
+    by_dtype(out.dtype, "embedding_forward", [&](auto tag) {
+      using A = decltype(tag);
+      cuda::embedding_forward((A*)out.data, tokens.i32(), (const A*)wte.data, (const A*)wpe.data, B, T, C, V, err_,
+                              stream_);
+    });
+  }
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) override {
+    check_act(dout, "embedding_backward", "dout");
+    by_dtype(dout.dtype, "embedding_backward", [&](auto tag) {
+      cuda::embedding_backward(dwte.f32(), dwpe.data ? dwpe.f32() : nullptr, (const decltype(tag)*)dout.data,
+                               tokens.i32(), B, T, C, stream_);
+    });
+  }
+
+  // ---- norms ----
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b, int64_t N, int C,
+                         float eps) override {
+    for (Tensor t : {out, x, w, b}) check_act(t, "layernorm_forward", "out, x, w, b");
+    by_dtype(x.dtype, "layernorm_forward", [&](auto tag) {
+      using A = decltype(tag);
+      cuda::layernorm_forward((A*)out.data, mean.f32(), rstd.f32(), (const A*)x.data, (const A*)w.data,
+                              (const A*)b.data, N, C, eps, stream_);
+    });
+  }
+  void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean, Tensor rstd,
+                          int64_t N, int C) override {
+    for (Tensor t : {dx, dout, x, w}) check_act(t, "layernorm_backward", "dx, dout, x, w");
+    by_dtype(x.dtype, "layernorm_backward", [&](auto tag) {
+      using A = decltype(tag);
+      cuda::layernorm_backward((A*)dx.data, dw.f32(), db.f32(), (const A*)dout.data, (const A*)x.data,
+                               (const A*)w.data, mean.f32(), rstd.f32(), N, C, stream_);
+    });
+  }
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) override {
+    for (Tensor t : {out, x, w}) check_act(t, "rmsnorm_forward", "out, x, w");
+    by_dtype(x.dtype, "rmsnorm_forward", [&](auto tag) {
+      using A = decltype(tag);
+      cuda::rmsnorm_forward((A*)out.data, rstd.f32(), (const A*)x.data, (const A*)w.data, N, C, eps, stream_);
+    });
+  }
+  void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N,
+                        int C) override {
+    for (Tensor t : {dx, dout, x, w}) check_act(t, "rmsnorm_backward", "dx, dout, x, w");
+    by_dtype(x.dtype, "rmsnorm_backward", [&](auto tag) {
+      using A = decltype(tag);
+      cuda::rmsnorm_backward((A*)dx.data, dw.f32(), (const A*)dout.data, (const A*)x.data, (const A*)w.data,
+                             rstd.f32(), N, C, stream_);
+    });
+  }
+
+  // ---- activations ----
+  void gelu_forward(Tensor out, Tensor x, int64_t n) override {
+    check_act(out, "gelu_forward", "out");
+    check_act(x, "gelu_forward", "x");
+    if (compute_ == DType::f32) cuda::gelu_forward_f32(out.f32(), x.f32(), n, stream_);
+    else cuda::gelu_forward_bf16(out.bf16(), x.bf16(), n, stream_);
+  }
+  void gelu_backward(Tensor dx, Tensor x, Tensor dout, int64_t n) override {
+    for (Tensor t : {dx, x, dout}) check_act(t, "gelu_backward", "dx, x, dout");
+    if (compute_ == DType::f32) cuda::gelu_backward_f32(dx.f32(), x.f32(), dout.f32(), n, stream_);
+    else cuda::gelu_backward_bf16(dx.bf16(), x.bf16(), dout.bf16(), n, stream_);
+  }
+  void swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I) override {
+    check_act(out, "swiglu_forward", "out");
+    check_act(gate_up, "swiglu_forward", "gate_up");
+    if (compute_ == DType::f32) cuda::swiglu_forward_f32(out.f32(), gate_up.f32(), N, I, stream_);
+    else cuda::swiglu_forward_bf16(out.bf16(), gate_up.bf16(), N, I, stream_);
+  }
+  void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) override {
+    for (Tensor t : {dgate_up, dout, gate_up}) check_act(t, "swiglu_backward", "dgate_up, dout, gate_up");
+    if (compute_ == DType::f32) cuda::swiglu_backward_f32(dgate_up.f32(), dout.f32(), gate_up.f32(), N, I, stream_);
+    else cuda::swiglu_backward_bf16(dgate_up.bf16(), dout.bf16(), gate_up.bf16(), N, I, stream_);
+  }
+  void dropout(Tensor x, int B, int T, int C, const Dropout& d) override {
+    check_act(x, "dropout", "x");
+    by_dtype(x.dtype, "dropout", [&](auto tag) { cuda::dropout((decltype(tag)*)x.data, B, T, C, d, stream_); });
+  }
+
+  // ---- attention ----
+  void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, float theta) override {
+    check_act(qkv, "rope_forward", "qkv");
+    by_dtype(qkv.dtype, "rope_forward",
+             [&](auto tag) { cuda::rope((decltype(tag)*)qkv.data, B, T, NH, NKV, hs, theta, 1.0f, stream_); });
+  }
+  void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, float theta) override {
+    check_act(dqkv, "rope_backward", "dqkv");
+    by_dtype(dqkv.dtype, "rope_backward",
+             [&](auto tag) { cuda::rope((decltype(tag)*)dqkv.data, B, T, NH, NKV, hs, theta, -1.0f, stream_); });
+  }
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
+                         const Dropout& drop) override {
+    check_act(out, "attention_forward", "out");
+    check_act(qkv, "attention_forward", "qkv");
+    by_dtype(qkv.dtype, "attention_forward", [&](auto tag) {
+      using A = decltype(tag);
+      cuda::attention_forward((A*)out.data, lse.f32(), (const A*)qkv.data, B, T, NH, NKV, hs, drop, stream_);
+    });
+  }
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH, int NKV,
+                          int hs, const Dropout& drop) override {
+    for (Tensor t : {dqkv, dout, qkv, out}) check_act(t, "attention_backward", "dqkv, dout, qkv, out");
+    float* d = (float*)scratch(attn_d_, (size_t)B * T * NH * sizeof(float));
+    by_dtype(qkv.dtype, "attention_backward", [&](auto tag) {
+      using A = decltype(tag);
+      cuda::attention_backward((A*)dqkv.data, (const A*)dout.data, (const A*)qkv.data, (const A*)out.data, lse.f32(),
+                               d, B, T, NH, NKV, hs, drop, stream_);
+    });
+  }
+
+  // ---- elementwise ----
+  void add(Tensor out, Tensor a, Tensor b, int64_t n) override {
+    LLMT_CHECK(out.dtype == a.dtype && a.dtype == b.dtype, "cuda add: dtypes %s = %s + %s differ",
+               dtype_name(out.dtype), dtype_name(a.dtype), dtype_name(b.dtype));
+    by_dtype(out.dtype, "add", [&](auto tag) {
+      if constexpr (std::is_same_v<decltype(tag), float>) cuda::add_f32(out.f32(), a.f32(), b.f32(), n, stream_);
+      else cuda::add_bf16(out.bf16(), a.bf16(), b.bf16(), n, stream_);
+    });
+  }
+  void accumulate(Tensor dst, Tensor src, int64_t n) override {
+    by_dtype(dst.dtype, "accumulate", [&](auto dtag) {
+      by_dtype(src.dtype, "accumulate", [&](auto stag) {
+        using D = decltype(dtag);
+        using S = decltype(stag);
+        if constexpr (std::is_same_v<D, S>) {
+          if constexpr (std::is_same_v<D, float>) cuda::accumulate_f32(dst.f32(), src.f32(), n, stream_);
+          else cuda::accumulate_bf16(dst.bf16(), src.bf16(), n, stream_);
+        } else {
+          cuda::accumulate_mixed((D*)dst.data, (const S*)src.data, n, stream_);
+        }
+      });
+    });
+  }
+  void scale(Tensor x, float s, int64_t n) override {
+    by_dtype(x.dtype, "scale", [&](auto tag) {
+      if constexpr (std::is_same_v<decltype(tag), float>) cuda::scale_f32(x.f32(), s, n, stream_);
+      else cuda::scale_bf16(x.bf16(), s, n, stream_);
+    });
+  }
+
+  // ---- loss ----
+  void cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
+                     float grad_scale) override {
+    check_act(logits, "cross_entropy", "logits");
+    if (dlogits.data) check_act(dlogits, "cross_entropy", "dlogits");
+    double* rows = (double*)scratch(row_losses_, (size_t)std::max<int64_t>(N, 1) * sizeof(double));
+    by_dtype(logits.dtype, "cross_entropy", [&](auto tag) {
+      using A = decltype(tag);
+      cuda::cross_entropy(loss_sum.f64(), rows, (A*)dlogits.data, (const A*)logits.data, targets.i32(), N, V,
+                          grad_scale, err_, stream_);
+    });
+  }
+
+  // ---- optimizer and reductions ----
+  void adamw(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1, float beta2,
+             float eps, float weight_decay, int t, float grad_scale) override {
+    cuda::adamw(p.f32(), p_compute.data ? p_compute.bf16() : nullptr, g.f32(), m.f32(), v.f32(), n, lr, beta1, beta2,
+                eps, weight_decay, t, grad_scale, stream_);
+  }
+  void sum_squares(Tensor out, Tensor x, int64_t n) override {
+    double* partials = (double*)scratch(partials_, cuda::kSumSquaresPartials * sizeof(double));
+    cuda::sum_squares_f32(out.f64(), partials, x.f32(), n, /*accumulate=*/true, stream_);
+  }
+
+  // ---- dtype conversion ----
+  void convert(Tensor out, Tensor in, int64_t n) override {
+    by_dtype(out.dtype, "convert", [&](auto otag) {
+      by_dtype(in.dtype, "convert", [&](auto itag) {
+        using O = decltype(otag);
+        using I = decltype(itag);
+        if constexpr (std::is_same_v<O, I>) copy(out.data, in.data, (size_t)n * sizeof(O));
+        else if constexpr (std::is_same_v<O, float>) cuda::convert_bf16_to_f32(out.f32(), in.bf16(), n, stream_);
+        else cuda::convert_f32_to_bf16(out.bf16(), in.f32(), n, stream_);
+      });
+    });
+  }
+
+ private:
+  void check_act(const Tensor& t, const char* op, const char* what) const {
+    LLMT_CHECK(t.dtype == compute_, "cuda %s: %s is %s, the backend computes in %s", op, what, dtype_name(t.dtype),
+               dtype_name(compute_));
+  }
+
+  // A scratch buffer of at least `bytes`; growing it waits for the stream to finish with the old one.
+  void* scratch(Scratch& s, size_t bytes) {
+    if (bytes > s.bytes) {
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      cuda::device_free(s.p);
+      s.p = nullptr;
+      s.bytes = 0;
+      s.p = cuda::device_alloc(bytes);
+      s.bytes = bytes;
+    }
+    return s.p;
+  }
+
+  // Throws what a kernel reported, and clears the word so the backend stays usable.
+  void check_error_word() {
+    int e[cuda::kErrWords];
+    CUDA_CHECK(cudaMemcpy(e, err_, sizeof(e), cudaMemcpyDeviceToHost));
+    if (e[0] == cuda::kErrNone) return;
+    CUDA_CHECK(cudaMemset(err_, 0, sizeof(e)));
+    const long long pos = (long long)(((uint64_t)(uint32_t)e[3] << 32) | (uint32_t)e[2]);
+    if (e[0] == cuda::kErrToken)
+      fail("embedding: token id %d at position %lld is outside the vocabulary [0, %d)", e[1], pos, e[4]);
+    if (e[0] == cuda::kErrTarget)
+      fail("cross_entropy: target %d at row %lld is outside the vocabulary [0, %d) and is not %d", e[1], pos, e[4],
+           kIgnoreIndex);
+    fail("cuda backend: a kernel reported error code %d", e[0]);
+  }
+
+  int device_;
+  DType compute_;
+  bool tf32_;
+  cudaStream_t stream_ = nullptr;
+  int* err_ = nullptr;
+  Scratch row_losses_, attn_d_, partials_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device, DType compute, bool tf32) {
+  return std::make_unique<CudaBackend>(device, compute, tf32);
+}
+
+#ifdef LLMT_SIMT
+const char* cuda_build_kind() { return "simt"; }
+#else
+const char* cuda_build_kind() { return "gpu"; }
+#endif
+
+int cuda_device_count() {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::string cuda_device_description(int device) {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return strformat("cuda:%d not available (%s)", device, cudaGetErrorString(err));
+  }
+  if (device < 0 || device >= n) return strformat("cuda:%d not available (%d devices)", device, n);
+  cudaDeviceProp prop;
+  err = cudaGetDeviceProperties(&prop, device);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return strformat("cuda:%d not available (cudaGetDeviceProperties: %s)", device, cudaGetErrorString(err));
+  }
+  int drv = 0, rt = 0;
+  (void)cudaDriverGetVersion(&drv);
+  (void)cudaRuntimeGetVersion(&rt);
+  (void)cudaGetLastError();
+  return strformat("cuda:%d %s, %d SMs, %.1f GiB, compute capability %d.%d, driver %d.%d, runtime %d.%d", device,
+                   prop.name, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
+                   prop.major, prop.minor, drv / 1000, (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
+}
+
+double cuda_peak_tflops(int device, DType compute, bool tf32) {
+  if (std::string(cuda_build_kind()) != "gpu" || device < 0 || device >= cuda_device_count()) return 0.0;
+  cudaDeviceProp prop;
+  int clock_khz = 0;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0.0;
+  }
+  const bool bf16 = compute == DType::bf16;
+  const std::string name = prop.name;
+  // Published dense peaks (NVIDIA's H100/H200 and A100 datasheets; without sparsity).
+  struct Known {
+    const char* name;
+    double bf16, tf32, f32;
+  };
+  const Known known[] = {{"H200", 989.4, 494.7, 66.9},
+                         {"H100 80GB HBM3", 989.4, 494.7, 66.9},  // SXM
+                         {"H100 PCIe", 756.5, 378.0, 51.2},
+                         {"A100", 312.0, 156.0, 19.5}};
+  for (const Known& k : known)
+    if (name.find(k.name) != std::string::npos) return bf16 ? k.bf16 : tf32 ? k.tf32 : k.f32;
+  // Otherwise from the clock: dense flops per SM per clock by architecture (Ampere GA100, Hopper).
+  double per_clock = 0.0;
+  if (prop.major == 8 && prop.minor == 0) per_clock = bf16 ? 2048 : tf32 ? 1024 : 128;
+  if (prop.major == 9 && prop.minor == 0) per_clock = bf16 ? 4096 : tf32 ? 2048 : 256;
+  return per_clock * prop.multiProcessorCount * clock_khz * 1e3 / 1e12;
+}
+
+}  // namespace llmt

@@ -1,0 +1,603 @@
+// The plain CUDA kernels of the Backend ops cuda_kernels.cu does not cover (semantics in cuda_ops.h
+// and engine/backend/backend.h). Plain means: no tensor cores, no inline PTX, no cp.async — they run
+// under the SIMT emulator and on any GPU, and the fast paths are checked against them. Every sum
+// has a fixed order (block reductions whose every thread adds the warps' partials in warp order, or
+// one thread per output looping over its inputs), so a run repeats bit for bit.
+#include "kernels/cuda/cuda_ops.h"
+
+#include <cmath>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/device_common.cuh"
+
+namespace llmt {
+namespace cuda {
+namespace {
+
+constexpr int kMaxHeadSize = 256;  // attention keeps a head's vectors in registers (local memory)
+
+__device__ void report(int* err, int code, int value, int64_t pos, int bound) {
+  if (atomicCAS(err, kErrNone, code) == kErrNone) {
+    err[1] = value;
+    err[2] = (int)(pos & 0xffffffff);
+    err[3] = (int)(pos >> 32);
+    err[4] = bound;
+  }
+}
+
+// The block's sum (or max), the same value in every thread. blockDim.x: a multiple of WARP_SIZE.
+template <typename A>
+__device__ A block_sum_all(A x) {
+  __shared__ A partial[WARP_SIZE];
+  const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, nw = (int)blockDim.x / WARP_SIZE;
+  for (int o = WARP_SIZE / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  __syncthreads();  // the array's previous use is over
+  if (lane == 0) partial[warp] = x;
+  __syncthreads();
+  A r = 0;
+  for (int i = 0; i < nw; i++) r += partial[i];
+  return r;
+}
+__device__ float block_max_all(float x) {
+  __shared__ float partial[WARP_SIZE];
+  const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, nw = (int)blockDim.x / WARP_SIZE;
+  for (int o = WARP_SIZE / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  __syncthreads();
+  if (lane == 0) partial[warp] = x;
+  __syncthreads();
+  float r = -INFINITY;
+  for (int i = 0; i < nw; i++) r = fmaxf(r, partial[i]);
+  return r;
+}
+
+// Threads for a kernel with a block per row of C: a warp per 32 channels, up to kBlock.
+inline int row_threads(int C) { return std::min(kBlock, std::max(WARP_SIZE, (C + WARP_SIZE - 1) / WARP_SIZE * WARP_SIZE)); }
+inline unsigned blocks_for(int64_t n, int per) { return (unsigned)std::max<int64_t>(1, (n + per - 1) / per); }
+inline int64_t grid_stride_blocks(int64_t n) { return grid_for(n); }
+
+// ---- matmul: 64 x 64 output tiles, 4 x 4 outputs per thread, operands staged through shared
+// memory 16 k at a time; each output sums its products in k order (fp32) ----
+constexpr int kMmTile = 64, kMmK = 16, kMmThreads = 256;
+
+template <typename Ta, typename Tout>
+__global__ void __launch_bounds__(kMmThreads) matmul_kernel(Tout* out, const Ta* a, const Ta* b, const Ta* bias,
+                                                            int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+                                                            bool acc) {
+  __shared__ float as[kMmK][kMmTile + 4], bs[kMmK][kMmTile + 4];
+  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t row0 = (int64_t)blockIdx.y * kMmTile, col0 = (int64_t)blockIdx.x * kMmTile;
+  float sum[4][4] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += kMmK) {
+    // stage op(a)[row0.., k0..] and op(b)[k0.., col0..]; the index that runs fastest over the
+    // threads is the one contiguous in memory, so the loads coalesce
+    for (int e = tid; e < kMmK * kMmTile; e += kMmThreads) {
+      const int kk = ta ? e / kMmTile : e % kMmK, r = ta ? e % kMmTile : e / kMmK;
+      const int64_t row = row0 + r, k = k0 + kk;
+      as[kk][r] = row < M && k < K ? to_f32(ta ? a[k * M + row] : a[row * K + k]) : 0.0f;
+    }
+    for (int e = tid; e < kMmK * kMmTile; e += kMmThreads) {
+      const int kk = tb ? e % kMmK : e / kMmTile, c = tb ? e / kMmK : e % kMmTile;
+      const int64_t col = col0 + c, k = k0 + kk;
+      bs[kk][c] = col < N && k < K ? to_f32(tb ? b[col * K + k] : b[k * N + col]) : 0.0f;
+    }
+    __syncthreads();
+    for (int kk = 0; kk < kMmK; kk++) {
+      float av[4], bv[4];
+      for (int i = 0; i < 4; i++) av[i] = as[kk][ty * 4 + i], bv[i] = bs[kk][tx * 4 + i];
+      for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) sum[i][j] += av[i] * bv[j];
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < 4; i++) {
+    const int64_t row = row0 + ty * 4 + i;
+    if (row >= M) break;
+    for (int j = 0; j < 4; j++) {
+      const int64_t col = col0 + tx * 4 + j;
+      if (col >= N) break;
+      float v = sum[i][j];
+      if (bias) v += to_f32(bias[col]);
+      if (acc) v += to_f32(out[row * N + col]);
+      out[row * N + col] = from_f32<Tout>(v);
+    }
+  }
+}
+
+template <typename T>
+__global__ void bias_backward_kernel(float* dbias, const T* dout, int64_t M, int64_t N) {
+  const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= N) return;
+  float s = 0.0f;
+  for (int64_t i = 0; i < M; i++) s += to_f32(dout[i * N + j]);
+  dbias[j] += s;
+}
+
+// ---- embeddings ----
+template <typename T>
+__global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T* wte, const T* wpe, int T_, int C, int V,
+                                         int64_t n, int* err) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t row = i / C, c = i % C;
+    const int tok = tokens[row];
+    if (tok < 0 || tok >= V) {
+      report(err, kErrToken, tok, row, V);
+      out[i] = from_f32<T>(0.0f);
+      continue;
+    }
+    float v = to_f32(wte[(int64_t)tok * C + c]);
+    if (wpe) v += to_f32(wpe[(row % T_) * C + c]);
+    out[i] = from_f32<T>(v);
+  }
+}
+
+// One thread per channel walks every row: two tokens with one id add in row order, never race.
+template <typename T>
+__global__ void embedding_backward_kernel(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int64_t N,
+                                          int T_, int C) {
+  const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= C) return;
+  for (int64_t row = 0; row < N; row++) {
+    const float d = to_f32(dout[row * C + c]);
+    dwte[(int64_t)tokens[row] * C + c] += d;
+    if (dwpe) dwpe[(row % T_) * C + c] += d;
+  }
+}
+
+// ---- norms: a block per row for the row's statistics, a thread per channel for dw and db ----
+template <typename T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* x, const T* w, const T* b, int C,
+                                         float eps) {
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * C;
+  float s = 0.0f;
+  for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x) s += to_f32(xr[c]);
+  const float m = block_sum_all(s) / C;
+  float v = 0.0f;
+  for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x) {
+    const float d = to_f32(xr[c]) - m;
+    v += d * d;
+  }
+  const float r = 1.0f / sqrtf(block_sum_all(v) / C + eps);
+  for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x)
+    out[row * C + c] = from_f32<T>((to_f32(xr[c]) - m) * r * to_f32(w[c]) + to_f32(b[c]));
+  if (threadIdx.x == 0) mean[row] = m, rstd[row] = r;
+}
+
+template <typename T>
+__global__ void layernorm_backward_dx_kernel(T* dx, const T* dout, const T* x, const T* w, const float* mean,
+                                             const float* rstd, int C) {
+  const int64_t row = blockIdx.x;
+  const float m = mean[row], r = rstd[row];
+  float s_dn = 0.0f, s_dnn = 0.0f;
+  for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x) {
+    const float n = (to_f32(x[row * C + c]) - m) * r, dn = to_f32(dout[row * C + c]) * to_f32(w[c]);
+    s_dn += dn;
+    s_dnn += dn * n;
+  }
+  const float mean_dn = block_sum_all(s_dn) / C, mean_dnn = block_sum_all(s_dnn) / C;
+  for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x) {
+    const int64_t i = row * C + c;
+    const float n = (to_f32(x[i]) - m) * r;
+    dx[i] = from_f32<T>(to_f32(dx[i]) + (to_f32(dout[i]) * to_f32(w[c]) - mean_dn - n * mean_dnn) * r);
+  }
+}
+
+template <typename T>
+__global__ void layernorm_backward_dw_kernel(float* dw, float* db, const T* dout, const T* x, const float* mean,
+                                             const float* rstd, int64_t N, int C) {
+  const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= C) return;
+  float sw = 0.0f, sb = 0.0f;
+  for (int64_t row = 0; row < N; row++) {
+    const float d = to_f32(dout[row * C + c]);
+    sw += d * (to_f32(x[row * C + c]) - mean[row]) * rstd[row];
+    sb += d;
+  }
+  dw[c] += sw;
+  if (db) db[c] += sb;
+}
+
+template <typename T>
+__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* w, int C, float eps) {
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * C;
+  float s = 0.0f;
+  for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x) {
+    const float v = to_f32(xr[c]);
+    s += v * v;
+  }
+  const float r = 1.0f / sqrtf(block_sum_all(s) / C + eps);
+  for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x) out[row * C + c] = from_f32<T>(to_f32(xr[c]) * r * to_f32(w[c]));
+  if (threadIdx.x == 0) rstd[row] = r;
+}
+
+template <typename T>
+__global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dout, const T* x, const T* w, const float* rstd, int C) {
+  const int64_t row = blockIdx.x;
+  const float r = rstd[row];
+  float s = 0.0f;
+  for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x)
+    s += to_f32(dout[row * C + c]) * to_f32(w[c]) * to_f32(x[row * C + c]) * r;
+  const float mean_dnn = block_sum_all(s) / C;
+  for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x) {
+    const int64_t i = row * C + c;
+    dx[i] = from_f32<T>(to_f32(dx[i]) + (to_f32(dout[i]) * to_f32(w[c]) - to_f32(x[i]) * r * mean_dnn) * r);
+  }
+}
+
+template <typename T>
+__global__ void rmsnorm_backward_dw_kernel(float* dw, const T* dout, const T* x, const float* rstd, int64_t N, int C) {
+  const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= C) return;
+  float s = 0.0f;
+  for (int64_t row = 0; row < N; row++) s += to_f32(dout[row * C + c]) * to_f32(x[row * C + c]) * rstd[row];
+  dw[c] += s;
+}
+
+// ---- RoPE, rotate_half layout, angle t * theta^(-2j/hs) as transformers computes it ----
+template <typename T>
+__global__ void rope_kernel(T* qkv, int T_, int NH, int NKV, int hs, float theta, float sign, int64_t n) {
+  const int half = hs / 2, heads = NH + NKV;
+  const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t row = i / ((int64_t)heads * half);
+    const int h = (int)(i / half % heads), j = (int)(i % half), t = (int)(row % T_);
+    const float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)hs);
+    const float angle = (float)t * inv_freq;
+    const float c = (float)cos((double)angle), s = sign * (float)sin((double)angle);
+    T* x = qkv + row * row_len + (int64_t)h * hs;
+    const float x1 = to_f32(x[j]), x2 = to_f32(x[j + half]);
+    x[j] = from_f32<T>(x1 * c - x2 * s);
+    x[j + half] = from_f32<T>(x2 * c + x1 * s);
+  }
+}
+
+template <typename T>
+__global__ void dropout_kernel(T* x, int T_, int C, Dropout d, int64_t n) {
+  const float keep_scale = 1.0f / (1.0f - d.p);
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t row = i / C;
+    const bool keep = dropout_keep(d.key, dropout_row(d.row0 + row / T_, (int)(row % T_)), i % C, d.p);
+    x[i] = from_f32<T>(keep ? to_f32(x[i]) * keep_scale : 0.0f);
+  }
+}
+
+// ---- attention: a thread per query row (forward, dq) or key row (dk, dv), the head's vectors in
+// registers; probabilities recomputed from lse in the backward, never stored ----
+__device__ __forceinline__ bool attn_keep(const Dropout& d, int b, int h, int t, int t2) {
+  return dropout_keep(d.key, dropout_row(d.row0 + b, t), ((int64_t)h << kDropoutPosBits) + t2, d.p);
+}
+
+template <typename T>
+__device__ __forceinline__ float dot_row(const float* q, const T* k, int hs) {
+  float s = 0.0f;
+  for (int j = 0; j < hs; j++) s += q[j] * to_f32(k[j]);
+  return s;
+}
+
+template <typename T>
+__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int T_, int NH, int NKV, int hs, Dropout drop) {
+  const int h = (int)blockIdx.x, b = (int)blockIdx.y, kvh = h / (NH / NKV);
+  const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
+  const T* base = qkv + (int64_t)b * T_ * row_len;
+  const float scale = 1.0f / sqrtf((float)hs), keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
+  float q[kMaxHeadSize], acc[kMaxHeadSize];
+  for (int t = (int)threadIdx.x; t < T_; t += (int)blockDim.x) {
+    for (int j = 0; j < hs; j++) q[j] = to_f32(base[t * row_len + (int64_t)h * hs + j]) * scale, acc[j] = 0.0f;
+    float m = -INFINITY;
+    for (int t2 = 0; t2 <= t; t2++) m = fmaxf(m, dot_row(q, base + t2 * row_len + (int64_t)(NH + kvh) * hs, hs));
+    float sum = 0.0f;
+    for (int t2 = 0; t2 <= t; t2++) {
+      const float e = expf(dot_row(q, base + t2 * row_len + (int64_t)(NH + kvh) * hs, hs) - m);
+      sum += e;
+      const float wgt = drop.p > 0.0f ? (attn_keep(drop, b, h, t, t2) ? e * keep_scale : 0.0f) : e;
+      const T* v = base + t2 * row_len + (int64_t)(NH + NKV + kvh) * hs;
+      for (int j = 0; j < hs; j++) acc[j] += wgt * to_f32(v[j]);
+    }
+    T* o = out + ((int64_t)b * T_ + t) * NH * hs + (int64_t)h * hs;
+    for (int j = 0; j < hs; j++) o[j] = from_f32<T>(acc[j] / sum);
+    lse[((int64_t)b * NH + h) * T_ + t] = m + logf(sum);
+  }
+}
+
+// D[o] = rowsum(dout * out) for each row o = (b, t, h) of out, in out's row order
+template <typename T>
+__global__ void attention_d_kernel(float* D, const T* dout, const T* out, int hs, int64_t rows) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += stride) {
+    float s = 0.0f;
+    for (int j = 0; j < hs; j++) s += to_f32(dout[i * hs + j]) * to_f32(out[i * hs + j]);
+    D[i] = s;
+  }
+}
+
+template <typename T>
+__global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D, int T_,
+                                    int NH, int NKV, int hs, Dropout drop) {
+  const int h = (int)blockIdx.x, b = (int)blockIdx.y, kvh = h / (NH / NKV);
+  const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
+  const T* base = qkv + (int64_t)b * T_ * row_len;
+  const float scale = 1.0f / sqrtf((float)hs), keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
+  float q[kMaxHeadSize], dd[kMaxHeadSize], dq[kMaxHeadSize];
+  for (int t = (int)threadIdx.x; t < T_; t += (int)blockDim.x) {
+    const int64_t o = ((int64_t)b * T_ + t) * NH + h;  // out's row (b, t, h)
+    for (int j = 0; j < hs; j++) {
+      q[j] = to_f32(base[t * row_len + (int64_t)h * hs + j]) * scale;
+      dd[j] = to_f32(dout[o * hs + j]);
+      dq[j] = 0.0f;
+    }
+    const float lse_t = lse[((int64_t)b * NH + h) * T_ + t], Dt = D[o];
+    for (int t2 = 0; t2 <= t; t2++) {
+      const T* k = base + t2 * row_len + (int64_t)(NH + kvh) * hs;
+      const T* v = base + t2 * row_len + (int64_t)(NH + NKV + kvh) * hs;
+      const float p = expf(dot_row(q, k, hs) - lse_t);
+      float dp = dot_row(dd, v, hs);
+      if (drop.p > 0.0f) dp = attn_keep(drop, b, h, t, t2) ? dp * keep_scale : 0.0f;
+      const float ds = p * (dp - Dt) * scale;
+      for (int j = 0; j < hs; j++) dq[j] += ds * to_f32(k[j]);
+    }
+    T* out = dqkv + ((int64_t)b * T_ + t) * row_len + (int64_t)h * hs;
+    for (int j = 0; j < hs; j++) out[j] = from_f32<T>(dq[j]);
+  }
+}
+
+template <typename T>
+__global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D, int T_,
+                                     int NH, int NKV, int hs, Dropout drop) {
+  const int kvh = (int)blockIdx.x, b = (int)blockIdx.y, group = NH / NKV;
+  const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
+  const T* base = qkv + (int64_t)b * T_ * row_len;
+  const float scale = 1.0f / sqrtf((float)hs), keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
+  float k[kMaxHeadSize], v[kMaxHeadSize], dk[kMaxHeadSize], dv[kMaxHeadSize];
+  for (int t2 = (int)threadIdx.x; t2 < T_; t2 += (int)blockDim.x) {
+    for (int j = 0; j < hs; j++) {
+      k[j] = to_f32(base[t2 * row_len + (int64_t)(NH + kvh) * hs + j]);
+      v[j] = to_f32(base[t2 * row_len + (int64_t)(NH + NKV + kvh) * hs + j]);
+      dk[j] = dv[j] = 0.0f;
+    }
+    for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+      for (int t = t2; t < T_; t++) {
+        const T* q = base + t * row_len + (int64_t)h * hs;
+        const int64_t o = ((int64_t)b * T_ + t) * NH + h;
+        const T* dd = dout + o * hs;
+        float s = 0.0f, dp = 0.0f;
+        for (int j = 0; j < hs; j++) s += to_f32(q[j]) * k[j], dp += to_f32(dd[j]) * v[j];
+        const float p = expf(s * scale - lse[((int64_t)b * NH + h) * T_ + t]);
+        float pd = p;
+        if (drop.p > 0.0f) {
+          const bool keep = attn_keep(drop, b, h, t, t2);
+          pd = keep ? p * keep_scale : 0.0f;
+          dp = keep ? dp * keep_scale : 0.0f;
+        }
+        const float ds = p * (dp - D[o]) * scale;
+        for (int j = 0; j < hs; j++) dk[j] += ds * to_f32(q[j]), dv[j] += pd * to_f32(dd[j]);
+      }
+    }
+    T* row = dqkv + ((int64_t)b * T_ + t2) * row_len;
+    for (int j = 0; j < hs; j++) {
+      row[(int64_t)(NH + kvh) * hs + j] = from_f32<T>(dk[j]);
+      row[(int64_t)(NH + NKV + kvh) * hs + j] = from_f32<T>(dv[j]);
+    }
+  }
+}
+
+// ---- loss: a block per row, then one block sums the rows in order ----
+template <typename T>
+__global__ void cross_entropy_kernel(double* row_losses, T* dlogits, const T* logits, const int32_t* targets, int V,
+                                     float grad_scale, int* err) {
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * V;
+  const int tg = targets[row];
+  const bool bad = tg != kIgnoreIndex && (tg < 0 || tg >= V);
+  if (bad && threadIdx.x == 0) report(err, kErrTarget, tg, row, V);
+  if (tg == kIgnoreIndex || bad) {
+    if (dlogits)
+      for (int j = (int)threadIdx.x; j < V; j += (int)blockDim.x) dlogits[row * V + j] = from_f32<T>(0.0f);
+    if (threadIdx.x == 0) row_losses[row] = 0.0;
+    return;
+  }
+  const float target_logit = to_f32(x[tg]);
+  float m = -INFINITY;
+  for (int j = (int)threadIdx.x; j < V; j += (int)blockDim.x) m = fmaxf(m, to_f32(x[j]));
+  m = block_max_all(m);
+  float s = 0.0f;
+  for (int j = (int)threadIdx.x; j < V; j += (int)blockDim.x) s += expf(to_f32(x[j]) - m);
+  const double sum = block_sum_all((double)s);  // every logit has been read: dlogits may now overwrite them
+  if (dlogits) {
+    const float f = (float)(grad_scale / sum);
+    for (int j = (int)threadIdx.x; j < V; j += (int)blockDim.x)
+      dlogits[row * V + j] = from_f32<T>(expf(to_f32(x[j]) - m) * f - (j == tg ? grad_scale : 0.0f));
+  }
+  if (threadIdx.x == 0) row_losses[row] = log(sum) + m - target_logit;
+}
+
+__global__ void sum_rows_kernel(double* out, const double* rows, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += rows[i];
+  s = block_sum_all(s);
+  if (threadIdx.x == 0) out[0] += s;
+}
+
+template <typename Td, typename Ts>
+__global__ void accumulate_mixed_kernel(Td* dst, const Ts* src, int64_t n) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = from_f32<Td>(to_f32(dst[i]) + to_f32(src[i]));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// host launchers
+
+template <typename Ta, typename Tout>
+void matmul(Tout* out, const Ta* a, const Ta* b, const Ta* bias, int64_t M, int64_t N, int64_t K, bool trans_a,
+            bool trans_b, bool accumulate, Stream stream) {
+  LLMT_CHECK(M >= 0 && N >= 0 && K >= 0, "cuda matmul: bad shape %lld x %lld x %lld", (long long)M, (long long)N,
+             (long long)K);
+  if (M == 0 || N == 0) return;
+  LLMT_CHECK((M + kMmTile - 1) / kMmTile <= 65535, "cuda matmul: %lld rows exceed the grid", (long long)M);
+  LLMT_LAUNCH(matmul_kernel, dim3(blocks_for(N, kMmTile), blocks_for(M, kMmTile)), kMmThreads, 0, stream, out, a, b,
+              bias, M, N, K, trans_a, trans_b, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void bias_backward(float* dbias, const T* dout, int64_t M, int64_t N, Stream stream) {
+  if (N == 0) return;
+  LLMT_LAUNCH(bias_backward_kernel, blocks_for(N, kBlock), kBlock, 0, stream, dbias, dout, M, N);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_, int C, int V, int* err,
+                       Stream stream) {
+  const int64_t n = (int64_t)B * T_ * C;
+  if (n == 0) return;
+  LLMT_LAUNCH(embedding_forward_kernel, grid_stride_blocks(n), kBlock, 0, stream, out, tokens, wte, wpe, T_, C, V, n, err);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_, int C,
+                        Stream stream) {
+  if (C == 0) return;
+  LLMT_LAUNCH(embedding_backward_kernel, blocks_for(C, kBlock), kBlock, 0, stream, dwte, dwpe, dout, tokens,
+              (int64_t)B * T_, T_, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* x, const T* w, const T* b, int64_t N, int C, float eps,
+                       Stream stream) {
+  if (N == 0) return;
+  LLMT_LAUNCH(layernorm_forward_kernel, (unsigned)N, row_threads(C), 0, stream, out, mean, rstd, x, w, b, C, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void layernorm_backward(T* dx, float* dw, float* db, const T* dout, const T* x, const T* w, const float* mean,
+                        const float* rstd, int64_t N, int C, Stream stream) {
+  if (N == 0) return;
+  LLMT_LAUNCH(layernorm_backward_dx_kernel, (unsigned)N, row_threads(C), 0, stream, dx, dout, x, w, mean, rstd, C);
+  CUDA_CHECK_LAUNCH();
+  LLMT_LAUNCH(layernorm_backward_dw_kernel, blocks_for(C, kBlock), kBlock, 0, stream, dw, db, dout, x, mean, rstd, N, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int C, float eps, Stream stream) {
+  if (N == 0) return;
+  LLMT_LAUNCH(rmsnorm_forward_kernel, (unsigned)N, row_threads(C), 0, stream, out, rstd, x, w, C, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t N, int C,
+                      Stream stream) {
+  if (N == 0) return;
+  LLMT_LAUNCH(rmsnorm_backward_dx_kernel, (unsigned)N, row_threads(C), 0, stream, dx, dout, x, w, rstd, C);
+  CUDA_CHECK_LAUNCH();
+  LLMT_LAUNCH(rmsnorm_backward_dw_kernel, blocks_for(C, kBlock), kBlock, 0, stream, dw, dout, x, rstd, N, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void rope(T* qkv, int B, int T_, int NH, int NKV, int hs, float theta, float sign, Stream stream) {
+  LLMT_CHECK(hs % 2 == 0, "cuda rope: head size %d is odd", hs);
+  const int64_t n = (int64_t)B * T_ * (NH + NKV) * (hs / 2);
+  if (n == 0) return;
+  LLMT_LAUNCH(rope_kernel, grid_stride_blocks(n), kBlock, 0, stream, qkv, T_, NH, NKV, hs, theta, sign, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void dropout(T* x, int B, int T_, int C, const Dropout& d, Stream stream) {
+  if (!d.active()) return;
+  LLMT_CHECK(d.p < 1.0f, "dropout: p = %g must be below 1", d.p);
+  const int64_t n = (int64_t)B * T_ * C;
+  if (n == 0) return;
+  LLMT_LAUNCH(dropout_kernel, grid_stride_blocks(n), kBlock, 0, stream, x, T_, C, d, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Threads per attention block: enough for short sequences, a block per (head, batch) either way.
+inline int attention_threads(int T_) { return T_ >= 128 ? 128 : (T_ + WARP_SIZE - 1) / WARP_SIZE * WARP_SIZE; }
+
+template <typename T>
+void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, int NKV, int hs, const Dropout& drop,
+                       Stream stream) {
+  LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
+  LLMT_CHECK(hs <= kMaxHeadSize, "cuda attention: head size %d over %d", hs, kMaxHeadSize);
+  if (B == 0 || T_ == 0) return;
+  LLMT_LAUNCH(attention_forward_kernel, dim3(NH, B), attention_threads(T_), 0, stream, out, lse, qkv, T_, NH, NKV, hs,
+              drop);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d, int B,
+                        int T_, int NH, int NKV, int hs, const Dropout& drop, Stream stream) {
+  LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
+  LLMT_CHECK(hs <= kMaxHeadSize, "cuda attention: head size %d over %d", hs, kMaxHeadSize);
+  if (B == 0 || T_ == 0) return;
+  const int64_t rows = (int64_t)B * T_ * NH;
+  LLMT_LAUNCH(attention_d_kernel, grid_stride_blocks(rows), kBlock, 0, stream, scratch_d, dout, out, hs, rows);
+  CUDA_CHECK_LAUNCH();
+  LLMT_LAUNCH(attention_dq_kernel, dim3(NH, B), attention_threads(T_), 0, stream, dqkv, dout, qkv, lse, scratch_d, T_,
+              NH, NKV, hs, drop);
+  CUDA_CHECK_LAUNCH();
+  LLMT_LAUNCH(attention_dkv_kernel, dim3(NKV, B), attention_threads(T_), 0, stream, dqkv, dout, qkv, lse, scratch_d, T_,
+              NH, NKV, hs, drop);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void cross_entropy(double* loss_sum, double* row_losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
+                   int V, float grad_scale, int* err, Stream stream) {
+  if (N == 0) return;
+  LLMT_LAUNCH(cross_entropy_kernel, (unsigned)N, row_threads(V), 0, stream, row_losses, dlogits, logits, targets, V, grad_scale,
+              err);
+  CUDA_CHECK_LAUNCH();
+  LLMT_LAUNCH(sum_rows_kernel, 1, 1024, 0, stream, loss_sum, row_losses, N);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename Td, typename Ts>
+void accumulate_mixed(Td* dst, const Ts* src, int64_t n, Stream stream) {
+  if (n == 0) return;
+  LLMT_LAUNCH(accumulate_mixed_kernel, grid_stride_blocks(n), kBlock, 0, stream, dst, src, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+// the instantiations the backend uses
+#define LLMT_ACT_TYPES(X) X(float) X(uint16_t)
+#define LLMT_INSTANTIATE(T)                                                                                          \
+  template void matmul<T, T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool, bool, bool, Stream); \
+  template void bias_backward<T>(float*, const T*, int64_t, int64_t, Stream);                                        \
+  template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int, int, int*, Stream);      \
+  template void embedding_backward<T>(float*, float*, const T*, const int32_t*, int, int, int, Stream);              \
+  template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int, float, Stream); \
+  template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, const float*,   \
+                                      int64_t, int, Stream);                                                         \
+  template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int, float, Stream);                     \
+  template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int64_t, int, Stream);   \
+  template void rope<T>(T*, int, int, int, int, int, float, float, Stream);                                          \
+  template void dropout<T>(T*, int, int, int, const Dropout&, Stream);                                               \
+  template void attention_forward<T>(T*, float*, const T*, int, int, int, int, int, const Dropout&, Stream);         \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, float*, int, int, int, int, int,  \
+                                      const Dropout&, Stream);                                                       \
+  template void cross_entropy<T>(double*, double*, T*, const T*, const int32_t*, int64_t, int, float, int*, Stream);
+LLMT_ACT_TYPES(LLMT_INSTANTIATE)
+#undef LLMT_INSTANTIATE
+#undef LLMT_ACT_TYPES
+template void matmul<uint16_t, float>(float*, const uint16_t*, const uint16_t*, const uint16_t*, int64_t, int64_t,
+                                      int64_t, bool, bool, bool, Stream);
+template void accumulate_mixed<float, uint16_t>(float*, const uint16_t*, int64_t, Stream);
+template void accumulate_mixed<uint16_t, float>(uint16_t*, const float*, int64_t, Stream);
+
+}  // namespace cuda
+}  // namespace llmt

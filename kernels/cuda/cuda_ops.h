@@ -1,0 +1,72 @@
+// Host launchers for the CUDA kernels of the Backend ops that cuda_kernels.h does not cover:
+// matmul, norms, embeddings, RoPE, dropout, attention, the loss. Semantics as engine/backend/backend.h
+// says for each op. Act tensors are float (f32) or uint16_t (bf16 bits); every launch is
+// asynchronous on `stream` and deterministic (no floating-point atomics: every sum has a fixed order).
+// These are the plain kernels: they run under the SIMT emulator and on any GPU; fast paths (cuBLASLt,
+// cuDNN) sit beside them in the backend.
+#pragma once
+#include <cstdint>
+
+#include "engine/backend/backend.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace llmt {
+namespace cuda {
+
+// Where a kernel reports bad input it cannot throw on, kErrWords ints on the device: err[0] = code
+// (kErr*), err[1] = the bad value, err[2..3] = its position (int64, low and high halves), err[4] = the
+// bound it broke (the vocabulary size). The first report wins; the backend reads the word when it
+// next synchronizes and throws there.
+constexpr int kErrWords = 8;
+constexpr int kErrNone = 0, kErrToken = 1, kErrTarget = 2;
+
+// out[M,N] (= or +=) op(a) op(b) + bias, fp32 accumulation. Ta: float or uint16_t; Tout: float or Ta.
+template <typename Ta, typename Tout>
+void matmul(Tout* out, const Ta* a, const Ta* b, const Ta* bias, int64_t M, int64_t N, int64_t K, bool trans_a,
+            bool trans_b, bool accumulate, Stream stream);
+template <typename T>
+void bias_backward(float* dbias, const T* dout, int64_t M, int64_t N, Stream stream);
+
+template <typename T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_, int C, int V, int* err,
+                       Stream stream);
+template <typename T>
+void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_, int C,
+                        Stream stream);
+
+template <typename T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* x, const T* w, const T* b, int64_t N, int C, float eps,
+                       Stream stream);
+template <typename T>
+void layernorm_backward(T* dx, float* dw, float* db, const T* dout, const T* x, const T* w, const float* mean,
+                        const float* rstd, int64_t N, int C, Stream stream);
+template <typename T>
+void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int C, float eps, Stream stream);
+template <typename T>
+void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t N, int C,
+                      Stream stream);
+
+template <typename T>
+void rope(T* qkv, int B, int T_, int NH, int NKV, int hs, float theta, float sign, Stream stream);
+template <typename T>
+void dropout(T* x, int B, int T_, int C, const Dropout& d, Stream stream);
+
+// scratch_d: B*NH*T floats (rowsum(dout * out)) for the backward.
+template <typename T>
+void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, int NKV, int hs, const Dropout& drop,
+                       Stream stream);
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d, int B,
+                        int T_, int NH, int NKV, int hs, const Dropout& drop, Stream stream);
+
+// loss_sum[0] += the rows' losses (row_losses: N doubles of scratch); dlogits may be nullptr or alias logits.
+template <typename T>
+void cross_entropy(double* loss_sum, double* row_losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
+                   int V, float grad_scale, int* err, Stream stream);
+
+// dst[i] += src[i] across dtypes (f32 += bf16 and the like).
+template <typename Td, typename Ts>
+void accumulate_mixed(Td* dst, const Ts* src, int64_t n, Stream stream);
+
+}  // namespace cuda
+}  // namespace llmt
