@@ -17,6 +17,9 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_ops.h"
+#ifndef LLMT_SIMT
+#include "kernels/cuda/cublaslt_matmul.h"
+#endif
 
 namespace llmt {
 namespace {
@@ -50,7 +53,7 @@ struct Scratch {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend(int device, DType compute, bool tf32) : device_(device), compute_(compute), tf32_(tf32) {
+  CudaBackend(int device, DType compute, bool tf32) : compute_(compute) {
     LLMT_CHECK(compute == DType::f32 || compute == DType::bf16, "cuda backend: compute dtype must be f32 or bf16, got %s",
                dtype_name(compute));
     const int n = cuda_device_count();
@@ -60,9 +63,22 @@ class CudaBackend : public Backend {
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaStreamCreate(&stream_));
     err_ = (int*)cuda::device_alloc(cuda::kErrWords * sizeof(int));
+    // LLMT_MATMUL: cublaslt (the default on a GPU) or native (the plain kernel, the emulator's only one)
+    const std::string mm = std::getenv("LLMT_MATMUL") ? std::getenv("LLMT_MATMUL") : "";
+    LLMT_CHECK(mm.empty() || mm == "cublaslt" || mm == "native", "LLMT_MATMUL=%s: expected cublaslt or native",
+               mm.c_str());
+#ifndef LLMT_SIMT
+    if (mm != "native") lt_ = std::make_unique<cuda::LtMatmul>(tf32);
+#else
+    (void)tf32;  // the native kernel accumulates in fp32 either way
+    LLMT_CHECK(mm != "cublaslt", "LLMT_MATMUL=cublaslt: the SIMT emulator has no cuBLASLt; it runs the native kernel");
+#endif
   }
   ~CudaBackend() override {
     (void)cudaStreamSynchronize(stream_);
+#ifndef LLMT_SIMT
+    lt_.reset();
+#endif
     for (Scratch* s : {&row_losses_, &attn_d_, &partials_}) (void)cudaFree(s->p);
     (void)cudaFree(err_);
     (void)cudaStreamDestroy(stream_);
@@ -116,6 +132,12 @@ class CudaBackend : public Backend {
     if (M == 0 || N == 0) return;
     LLMT_CHECK(M > 0 && N > 0 && K > 0, "cuda matmul: bad shape %lld x %lld x %lld", (long long)M, (long long)N,
                (long long)K);
+#ifndef LLMT_SIMT
+    if (lt_) {
+      lt_->run(out.data, a.data, b.data, bias.data, M, N, K, trans_a, trans_b, accumulate, a.dtype, out.dtype, stream_);
+      return;
+    }
+#endif
     if (compute_ == DType::f32) {
       cuda::matmul<float, float>(out.f32(), a.f32(), b.f32(), bias.data ? bias.f32() : nullptr, M, N, K, trans_a,
                                  trans_b, accumulate, stream_);
@@ -348,12 +370,13 @@ class CudaBackend : public Backend {
     fail("cuda backend: a kernel reported error code %d", e[0]);
   }
 
-  int device_;
   DType compute_;
-  bool tf32_;
   cudaStream_t stream_ = nullptr;
   int* err_ = nullptr;
   Scratch row_losses_, attn_d_, partials_;
+#ifndef LLMT_SIMT
+  std::unique_ptr<cuda::LtMatmul> lt_;  // nullptr: the plain kernel
+#endif
 };
 
 }  // namespace

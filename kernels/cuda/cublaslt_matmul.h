@@ -1,0 +1,45 @@
+// The CUDA backend's matmul on a GPU: cuBLASLt, with the bias and accumulation in its epilogue and
+// one heuristic query per shape (cached). Same contract as Backend::matmul (engine/backend/backend.h)
+// on device pointers; the plain kernel (cuda_ops.h) is its reference and the emulator's path. Not
+// compiled into the emulated build.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "engine/core/tensor.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+struct cublasLtContext;
+
+namespace llmt {
+namespace cuda {
+
+class LtMatmul {
+ public:
+  // tf32: fp32 operands multiply on TF32 tensor cores (fp32 accumulation).
+  explicit LtMatmul(bool tf32);
+  ~LtMatmul();
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
+
+  // out[M,N] (= or +=) op(a) op(b) + bias[N]; ab_type is a's and b's (and bias's) dtype, out_type
+  // out's (f32 or bf16), both as in Backend::matmul.
+  void run(void* out, const void* a, const void* b, const void* bias, int64_t M, int64_t N, int64_t K, bool trans_a,
+           bool trans_b, bool accumulate, DType ab_type, DType out_type, Stream stream);
+
+ private:
+  struct Plan;  // the descriptors and chosen algorithm of one shape
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool, int, int, int>;
+  Plan& plan_for(const Key& key);
+
+  cublasLtContext* handle_ = nullptr;
+  bool tf32_;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<Key, Plan*> plans_;
+};
+
+}  // namespace cuda
+}  // namespace llmt
