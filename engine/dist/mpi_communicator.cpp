@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "engine/core/error.h"
+#include "engine/dist/watchdog.h"
 
 namespace llmt {
 
@@ -51,22 +52,33 @@ MPI_Op bf16_sum_op() {
 }
 MPI_Op sum_op(DType t) { return t == DType::bf16 ? bf16_sum_op() : MPI_SUM; }
 
+// What the watchdog names: "all_gather of 4096 bf16 over 2 ranks (mpi)".
+std::string describe(const char* op, int64_t count, DType t, int size) {
+  return strformat("%s of %lld %s over %d ranks (mpi)", op, (long long)count, dtype_name(t), size);
+}
+
+// A nonblocking collective, watched from its start to the end of its wait.
 class MpiRequest : public CommRequest {
  public:
-  MpiRequest(MPI_Request r, std::function<void()> after) : req_(r), after_(std::move(after)) {}
+  MpiRequest(MPI_Request r, std::function<void()> after, const std::string& what)
+      : req_(r), after_(std::move(after)), watch_(watchdog_running() ? watchdog_begin(what) : 0) {}
   ~MpiRequest() override {
     if (!done_) MPI_Wait(&req_, MPI_STATUS_IGNORE);  // never leave MPI writing into freed memory
+    watchdog_end(watch_);
   }
   void wait() override {
     if (done_) return;
     check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "wait");
     done_ = true;
+    watchdog_end(watch_);
+    watch_ = 0;
     if (after_) after_();
   }
 
  private:
   MPI_Request req_;
   std::function<void()> after_;
+  uint64_t watch_;
   bool done_ = false;
 };
 
@@ -108,7 +120,7 @@ class MpiDataComm : public DataComm {
     check(MPI_Iallgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_, &r), "all_gather");
     stats_.all_gather_bytes += (double)(size_ - 1) * count * dtype_size(t);
     stats_.calls++;
-    return std::make_unique<MpiRequest>(r, nullptr);
+    return std::make_unique<MpiRequest>(r, nullptr, describe("all_gather", count * size_, t, size_));
   }
 
   std::unique_ptr<CommRequest> reduce_scatter_async(const void* send, void* recv, int64_t count, DType t,
@@ -119,7 +131,8 @@ class MpiDataComm : public DataComm {
     check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), sum_op(t), comm_, &r), "reduce_scatter");
     stats_.reduce_scatter_bytes += (double)(size_ - 1) * count * dtype_size(t);
     stats_.calls++;
-    return std::make_unique<MpiRequest>(r, average_after(op, recv, count, t, size_));
+    return std::make_unique<MpiRequest>(r, average_after(op, recv, count, t, size_),
+                                        describe("reduce_scatter", count * size_, t, size_));
   }
 
   std::unique_ptr<CommRequest> all_reduce_async(void* buf, int64_t count, DType t, ReduceOp op) override {
@@ -129,7 +142,8 @@ class MpiDataComm : public DataComm {
     check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(t), sum_op(t), comm_, &r), "all_reduce");
     stats_.all_reduce_bytes += 2.0 * (size_ - 1) / size_ * count * dtype_size(t);
     stats_.calls++;
-    return std::make_unique<MpiRequest>(r, average_after(op, buf, count, t, size_));
+    return std::make_unique<MpiRequest>(r, average_after(op, buf, count, t, size_),
+                                        describe("all_reduce", count, t, size_));
   }
 
   std::unique_ptr<DataComm> split(int color, int key) override {
@@ -154,16 +168,24 @@ class MpiControlComm : public ControlComm {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void barrier() override { check(MPI_Barrier(comm_), "barrier"); }
+  void barrier() override {
+    WatchScope watch(strformat("barrier over %d ranks (mpi control)", size_));
+    check(MPI_Barrier(comm_), "barrier");
+  }
   double all_reduce_sum(double x) override {
+    WatchScope watch(strformat("all_reduce of 1 f64 over %d ranks (mpi control)", size_));
     check(MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, comm_), "all_reduce");
     return x;
   }
   void all_gather(const void* send, void* recv, int64_t count, DType t) override {
     int n = checked_count(count * size_, "all_gather") / size_;
+    WatchScope watch(strformat("all_gather of %lld %s over %d ranks (mpi control)", (long long)count * size_,
+                               dtype_name(t), size_));
     check(MPI_Allgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_), "all_gather");
   }
   void broadcast(void* buf, int64_t count, DType t, int root) override {
+    WatchScope watch(strformat("broadcast of %lld %s from rank %d over %d ranks (mpi control)", (long long)count,
+                               dtype_name(t), root, size_));
     check(MPI_Bcast(buf, checked_count(count, "broadcast"), mpi_type(t), root, comm_), "broadcast");
   }
   std::unique_ptr<ControlComm> split(int color, int key) override {

@@ -1,0 +1,101 @@
+// The collective watchdog: a run never hangs on a dead or stopped peer.
+//
+// Every collective a communicator issues is registered here while it is in flight. A thread checks
+// them every poll interval; one that has not finished within the timeout (--ddp_timeout seconds,
+// the Hugging Face Trainer's name, default 1800), or an error a communicator reports
+// asynchronously (NCCL's ncclCommGetAsyncError), ends the process: the message names the collective,
+// its sequence number, the step and this rank; the abort hooks run (ncclCommAbort, so no kernel
+// keeps spinning on the device); then the process exits with kWatchdogExitCode. mpirun (or srun)
+// sees a rank exit without MPI_Finalize and ends the others, and their own watchdogs do the same if
+// they are stuck too, so every rank exits non-zero in about one timeout.
+//
+// The process-wide watchdog is started by the trainer (watchdog_start); without one, watchdog_begin
+// and the rest do nothing, so tools and tests that never start it pay nothing.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace llmt {
+
+constexpr int kWatchdogExitCode = 3;  // not 1 (an ordinary error) nor 124 (timeout(1)), so scripts can tell
+
+class Watchdog {
+ public:
+  // on_fail receives the whole message; the default (used by watchdog_start) prints it, runs the
+  // abort hooks and exits. Tests pass their own.
+  using FailFn = std::function<void(const std::string& message)>;
+  Watchdog(double timeout_s, int rank, FailFn on_fail, double poll_s = 0);
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // A collective in flight. done, when given, is polled from the watchdog's thread and ends the
+  // entry when it returns true (a CUDA event after an NCCL kernel); otherwise end() does.
+  uint64_t begin(const std::string& what, std::function<bool()> done = nullptr);
+  void end(uint64_t id);
+  // error returns "" while all is well, else what went wrong (polled from the watchdog's thread).
+  uint64_t add_error_probe(std::function<std::string()> error);
+  void remove_error_probe(uint64_t id);
+  void set_step(int64_t step);
+  double timeout_s() const { return timeout_s_; }
+  size_t in_flight();
+
+ private:
+  struct Entry {
+    std::string what;
+    uint64_t seq;
+    int64_t step;
+    std::chrono::steady_clock::time_point start;
+    std::function<bool()> done;
+  };
+  void run();
+  std::string fail_message(const std::string& reason);
+
+  const double timeout_s_, poll_s_;
+  const int rank_;
+  FailFn on_fail_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false, failed_ = false;
+  int64_t step_ = -1;
+  uint64_t next_id_ = 1, seq_ = 0;
+  std::map<uint64_t, Entry> entries_;
+  std::map<uint64_t, std::function<std::string()>> probes_;
+  std::thread thread_;
+};
+
+// ---- the process-wide watchdog ----
+void watchdog_start(double timeout_s, int rank);  // once, after MPI is up
+void watchdog_stop();
+bool watchdog_running();
+uint64_t watchdog_begin(const std::string& what, std::function<bool()> done = nullptr);  // 0 when none runs
+void watchdog_end(uint64_t id);
+uint64_t watchdog_add_error_probe(std::function<std::string()> error);
+void watchdog_remove_error_probe(uint64_t id);
+void watchdog_set_step(int64_t step);
+// Run before the process exits on a failure (each communicator adds its abort); the id removes it.
+uint64_t watchdog_add_abort_hook(std::function<void()> hook);
+void watchdog_remove_abort_hook(uint64_t id);
+
+// Registers a blocking collective for the scope it lives in.
+class WatchScope {
+ public:
+  explicit WatchScope(const std::string& what) : id_(watchdog_running() ? watchdog_begin(what) : 0) {}
+  ~WatchScope() {
+    if (id_) watchdog_end(id_);
+  }
+  WatchScope(const WatchScope&) = delete;
+  WatchScope& operator=(const WatchScope&) = delete;
+
+ private:
+  uint64_t id_;
+};
+
+}  // namespace llmt
