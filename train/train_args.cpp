@@ -126,6 +126,12 @@ const std::vector<TrainFlag>& train_flags() {
       {"device", "parallelism and precision", "cpu|cuda", "where each rank computes", ARG(device)},
       {"threads", "parallelism and precision", "N", "CPU threads per rank (0: the node's cores / ranks per node)",
        ARG_UNSET(threads)},
+      {"ddp_backend", "parallelism and precision", "nccl|mpi",
+       "what moves the data between ranks (default: nccl with --device cuda when each rank has its own GPU, "
+       "else mpi)", ARG_UNSET(ddp_backend)},
+      {"ddp_timeout", "parallelism and precision", "SECONDS",
+       "a collective that takes longer ends the job on every rank, naming it (a dead or stopped peer)",
+       ARG(ddp_timeout)},
       // evaluation
       {"do_eval", "evaluation", "True|False", "evaluate once at the end", ARG(do_eval)},
       {"evaluation_strategy", "evaluation", "no|steps|epoch", "when to evaluate (also --eval_strategy)",
@@ -181,6 +187,11 @@ TrainArgs parse_train_args(Flags& f) {
   for (const TrainFlag& flag : train_flags()) flag.read(f, flag.name, a);
 
   LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got \"%s\"", a.device.c_str());
+  LLMT_CHECK(a.ddp_backend.empty() || a.ddp_backend == "nccl" || a.ddp_backend == "mpi",
+             "--ddp_backend must be nccl or mpi, got \"%s\"", a.ddp_backend.c_str());
+  LLMT_CHECK(a.ddp_backend != "nccl" || a.device == "cuda", "--ddp_backend nccl needs --device cuda (NCCL moves GPU "
+             "memory); the CPU backend uses mpi");
+  LLMT_CHECK(a.ddp_timeout > 0, "--ddp_timeout must be positive (seconds), got %g", a.ddp_timeout);
   LLMT_CHECK(a.model_name_or_path.empty() != a.model_config.empty(),
              "give exactly one of --model_name_or_path (a Hugging Face directory) or --model_config (a preset or "
              "config.json, randomly initialised)");

@@ -15,6 +15,8 @@ namespace llmt {
 struct TrainArgs {
   std::string device = "cpu";
   int threads = 0;                   // CPU threads per rank; 0 = this rank's share of the node's cores
+  std::string ddp_backend;           // nccl, mpi, or "" (nccl on GPUs when each rank has its own, else mpi)
+  double ddp_timeout = 1800;         // seconds a collective may take before the watchdog ends the job (HF's default)
   std::string model_name_or_path;    // a Hugging Face directory: config.json + safetensors (+ tokenizer)
   std::string model_config;          // or a preset name / config.json, randomly initialised
   std::string tokenizer_name_or_path;  // default: model_name_or_path; "bytes" = byte-level

@@ -24,6 +24,7 @@
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/dist/mpi_communicator.h"
+#include "engine/dist/watchdog.h"
 #include "engine/fsdp/fsdp.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/schedule.h"
@@ -103,6 +104,7 @@ class Trainer {
   void prepare_output_dir();
   void build_model();
   int cuda_device_for_rank(const LaunchInfo& launch);
+  std::unique_ptr<DataComm> make_device_data_comm();
   void describe_gpus();
   void load_data();
   void load_parameters();
@@ -211,8 +213,27 @@ void Trainer::build_model() {
   }
   be_ = make_cuda_backend(cuda_device_for_rank(launch_), compute, a_.tf32);
   describe_gpus();
-  // Collectives over MPI run on host memory: stage them through it.
-  data_ = make_staged_data_comm(std::move(data_), *be_);
+  data_ = make_device_data_comm();
+}
+
+// --ddp_backend for --device cuda: NCCL unless the ranks of a node share a GPU (NCCL refuses two ranks
+// on one device) or the build has no NCCL; else MPI, staged through host memory.
+std::unique_ptr<DataComm> Trainer::make_device_data_comm() {
+  const bool emulated = std::string(cuda_build_kind()) == "simt";  // the stand-in takes any layout
+  const bool shared_gpu = !emulated && launch_.local_size > cuda_device_count();
+  std::string backend = a_.ddp_backend;
+  if (backend.empty()) backend = shared_gpu || !nccl_available() || emulated ? "mpi" : "nccl";
+  LLMT_CHECK(!(backend == "nccl" && shared_gpu), "--ddp_backend nccl: %d ranks per node share %d GPU%s, and NCCL "
+             "refuses two ranks on one device; start one rank per GPU or use --ddp_backend mpi", launch_.local_size,
+             cuda_device_count(), cuda_device_count() == 1 ? "" : "s");
+  if (backend == "mpi") {
+    log_info("comm   data collectives over MPI, staged through host memory (--ddp_backend mpi): nothing overlaps");
+    return make_staged_data_comm(std::move(data_), *be_);
+  }
+  std::unique_ptr<DataComm> nccl = make_nccl_data_comm(world_, *be_, a_.ddp_timeout);
+  log_info("comm   data collectives over NCCL %s on a communication stream of their own (--ddp_backend nccl)",
+           nccl_build_version().c_str());
+  return nccl;
 }
 
 // One GPU per rank: the rank's index among its node's ranks, over the devices it can see
@@ -381,6 +402,7 @@ void Trainer::run() {
   comm_before_ = store_->comm_bytes() + data_->stats().total();
   for (int64_t s = first_step_; s < total_steps_; s++) {
     if (s - first_step_ == a_.throughput_warmup_steps) run_start_ = now_s(), run_tokens_ = 0;
+    watchdog_set_step(s + 1);  // steps are counted from 1 in the log
     StepResult r = step(s);
     if (s == first_step_) comm_first_step_ = store_->comm_bytes() + data_->stats().total() - comm_before_;
     log(s, r);
@@ -613,6 +635,11 @@ std::string Trainer::resume_path() {
 }  // namespace
 
 void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch) {
+  // Watches every collective from here on: a dead or stopped rank ends the job in --ddp_timeout.
+  watchdog_start(a.ddp_timeout, world.rank());
+  struct StopWatchdog {
+    ~StopWatchdog() { watchdog_stop(); }
+  } stop_watchdog;  // after the Trainer and its communicators are gone
   Trainer t(a, world, launch);
   t.run();
 }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/backend/backend.h"
+#include "engine/dist/communicator.h"
 
 namespace llmt {
 
@@ -17,6 +18,17 @@ namespace llmt {
 // (f32 or bf16); tf32 lets fp32 matmuls use TF32 tensor cores. Throws llmt::Error, naming the
 // device, when it is not usable.
 std::unique_ptr<Backend> make_cuda_backend(int device, DType compute, bool tf32);
+
+// A DataComm over NCCL on `be`'s device (be: made by make_cuda_backend): the unique id from rank 0
+// of `world`, broadcast over it (MPI); a nonblocking init polled within timeout_s (--ddp_timeout);
+// collectives on a communication stream ordered after be's compute stream by events; every
+// collective and the communicator's asynchronous errors watched by the watchdog
+// (engine/dist/watchdog.h). Collective over `world`. In the emulated build NCCL is a CPU stand-in
+// over MPI (simt/nccl_simt.h); a build without NCCL throws, naming --ddp_backend mpi.
+std::unique_ptr<DataComm> make_nccl_data_comm(ControlComm& world, Backend& be, double timeout_s);
+bool nccl_available();  // false: make_nccl_data_comm throws (a build without NCCL)
+// The NCCL this program runs with: "2.28.9", "(the emulated build's stand-in over MPI)", or "none (...)".
+std::string nccl_build_version();
 
 // What --device cuda runs on in this program: "gpu", "simt" (the emulator) or "none".
 const char* cuda_build_kind();

@@ -30,6 +30,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "models/transformer.h"
+#include "tests/mpi/test_comm.h"
 #include "tests/mpi/tiny_models.h"
 #include "tests/tolerances.h"
 #include "train/step.h"
@@ -59,8 +60,7 @@ struct TrainRun {
   TrainRun(const ModelConfig& c, ControlComm& cm, Strategy s, int local_size, DType compute = DType::f32)
       : cfg(c), comm(cm) {
     be = g_device == "cpu" ? make_cpu_backend(1, compute) : make_cuda_backend(0, compute, false);
-    data = make_mpi_data_comm(comm);
-    if (!be->is_host_memory()) data = make_staged_data_comm(std::move(data), *be);
+    data = make_test_data_comm(comm, *be);
     B = kGlobal / comm.size();
     model = std::make_unique<Transformer>(cfg, *be, B, kT, false);
     store = std::make_unique<FsdpStore>(*be, model->layout(), s, *data, local_size);

@@ -19,6 +19,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "models/transformer.h"
+#include "tests/mpi/test_comm.h"
 #include "tests/mpi/tiny_models.h"
 #include "tests/test_util.h"
 #include "tests/tolerances.h"
@@ -57,8 +58,7 @@ Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_s
       device == "cpu" ? make_cpu_backend(1, prec.compute) : make_cuda_backend(0, prec.compute, false);
   Transformer model(cfg, *be, B, kT, ckpt);
   const ModelLayout& L = model.layout();
-  std::unique_ptr<DataComm> data = make_mpi_data_comm(comm);
-  if (!be->is_host_memory()) data = make_staged_data_comm(std::move(data), *be);
+  std::unique_ptr<DataComm> data = make_test_data_comm(comm, *be);
   FsdpStore store(*be, L, s, *data, local_size, prec.reduce);
   std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {

@@ -8,6 +8,11 @@ std::unique_ptr<Backend> make_cuda_backend(int, DType, bool) {
   fail("--device cuda: this llmt was built without CUDA (no nvcc found when it was configured); install the CUDA "
        "toolkit and rebuild with scripts/setup.sh, or use --device cpu");
 }
+std::unique_ptr<DataComm> make_nccl_data_comm(ControlComm&, Backend&, double) {
+  fail("--ddp_backend nccl: this llmt was built without CUDA; use --device cpu");
+}
+bool nccl_available() { return false; }
+std::string nccl_build_version() { return "none (llmt was built without CUDA)"; }
 const char* cuda_build_kind() { return "none"; }
 int cuda_device_count() { return 0; }
 double cuda_peak_tflops(int, DType, bool) { return 0.0; }

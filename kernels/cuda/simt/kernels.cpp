@@ -3,3 +3,4 @@
 #include "kernels/cuda/cuda_kernels.cu"
 #include "kernels/cuda/cuda_ops.cu"
 #include "kernels/cuda/cuda_backend.cu"
+#include "kernels/cuda/nccl_comm.cu"

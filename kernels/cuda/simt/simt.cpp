@@ -412,6 +412,20 @@ void launch(const char* name, dim3 grid, dim3 blk, size_t dynamic_shared_bytes, 
   if (first) std::rethrow_exception(first);
 }
 
+#ifndef LLMT_SIMT_ASAN
+HostAccess::HostAccess() {
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  if (g_open++ == 0) set_device_access(true);
+}
+HostAccess::~HostAccess() {
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  if (--g_open == 0) set_device_access(false);
+}
+#else
+HostAccess::HostAccess() {}
+HostAccess::~HostAccess() {}
+#endif
+
 }  // namespace simt
 }  // namespace llmt
 
@@ -527,6 +541,7 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) {
   *s = nullptr;
   return cudaSuccess;
 }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaStreamCreate(s); }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
@@ -534,6 +549,8 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = nullptr;
   return cudaSuccess;
 }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }

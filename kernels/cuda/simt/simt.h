@@ -238,13 +238,32 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 cudaError_t cudaDriverGetVersion(int* v);
 cudaError_t cudaRuntimeGetVersion(int* v);
 cudaError_t cudaStreamCreate(cudaStream_t* s);
+enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
 cudaError_t cudaEventCreate(cudaEvent_t* e);
+enum { cudaEventDefault = 0, cudaEventDisableTiming = 2 };
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
+cudaError_t cudaEventQuery(cudaEvent_t e);  // always cudaSuccess: work is done when it returns
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+
+namespace llmt {
+namespace simt {
+// Opens device memory to host code for the object's lifetime, as a launch or a copy does: for the
+// CPU stand-ins of libraries that work on device buffers (NCCL, simt/nccl_simt.h).
+class HostAccess {
+ public:
+  HostAccess();
+  ~HostAccess();
+  HostAccess(const HostAccess&) = delete;
+  HostAccess& operator=(const HostAccess&) = delete;
+};
+}  // namespace simt
+}  // namespace llmt
 
 // The kernel launch: <<<grid, block, shared bytes, stream>>> under nvcc, the emulator here. The
 // arguments are evaluated once, at the launch, and every thread gets its copy, as on a GPU.
