@@ -8,7 +8,12 @@
 
 namespace llmt_test {
 
-inline std::string source_dir() { return LLMT_SOURCE_DIR; }
+// The checkout the tests were built from; $LLMT_SOURCE_DIR when the programs moved to another
+// machine (scripts/gpu_bundle.sh).
+inline std::string source_dir() {
+  const char* env = std::getenv("LLMT_SOURCE_DIR");
+  return env && *env ? std::string(env) : LLMT_SOURCE_DIR;
+}
 inline std::string reference_dir() { return source_dir() + "/tests/reference"; }
 // Real data (tokenizers, WikiText, ...): $LLMT_TEST_DATA, else ../shared/data beside the checkout.
 inline std::string shared_data_dir() {
