@@ -24,6 +24,7 @@
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/dist/mpi_communicator.h"
+#include "engine/dist/nccl_log.h"
 #include "engine/dist/watchdog.h"
 #include "engine/fsdp/fsdp.h"
 #include "engine/optim/adamw.h"
@@ -105,6 +106,7 @@ class Trainer {
   void build_model();
   int cuda_device_for_rank(const LaunchInfo& launch);
   std::unique_ptr<DataComm> make_device_data_comm();
+  void report_nccl_transports();
   void describe_gpus();
   void load_data();
   void load_parameters();
@@ -157,6 +159,7 @@ class Trainer {
   // A live progress line on a terminal; not under mpirun or srun, whose ranks' output may look like a
   // terminal but ends up in logs.
   bool live_ = false;
+  bool log_nccl_ = false;  // NCCL writes its log where report_nccl_transports reads it
   // Fault injection for the tests: LLMT_FAIL_AT_STEP=rank:step makes that rank fail at that step.
   int fail_rank_ = -1;
   long long fail_step_ = -1;
@@ -230,6 +233,16 @@ std::unique_ptr<DataComm> Trainer::make_device_data_comm() {
     log_info("comm   data collectives over MPI, staged through host memory (--ddp_backend mpi): nothing overlaps");
     return make_staged_data_comm(std::move(data_), *be_);
   }
+  log_nccl_ = !std::getenv("NCCL_DEBUG");  // the user's own NCCL_DEBUG settings win
+  if (log_nccl_) {
+    // NCCL's own account of its transports, one file per process, read back after the first step
+    const std::string dir = a_.output_dir + "/nccl_logs";
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+      fail("cannot create %s for NCCL's logs: %s", dir.c_str(), std::strerror(errno));
+    setenv("NCCL_DEBUG", "INFO", 1);
+    setenv("NCCL_DEBUG_SUBSYS", "INIT,NET", 1);
+    setenv("NCCL_DEBUG_FILE", (dir + "/nccl.%h.%p").c_str(), 1);
+  }
   std::unique_ptr<DataComm> nccl = make_nccl_data_comm(world_, *be_, a_.ddp_timeout);
   log_info("comm   data collectives over NCCL %s on a communication stream of their own (--ddp_backend nccl)",
            nccl_build_version().c_str());
@@ -249,6 +262,42 @@ int Trainer::cuda_device_for_rank(const LaunchInfo& launch) {
 }
 
 // Which GPU each rank drives, as every rank sees it, on rank 0's log.
+// After the first step, when NCCL has connected its channels: every rank's NCCL log, gathered on
+// rank 0 and summarised by the netcheck parser (which path each connection takes: NET/IB with
+// GDRDMA, NET/Socket, P2P, SHM) with its warnings, e.g. sockets between nodes that have RDMA.
+void Trainer::report_nccl_transports() {
+  std::string text;
+  for (const std::string& l : read_text_lines(nccl_debug_file_path())) text += l + "\n";
+  const size_t kMax = 256 << 10;  // a few thousand lines is plenty for a summary
+  if (text.size() > kMax) text.resize(kMax);
+  int32_t len = (int32_t)text.size(), longest = 0;
+  std::vector<int32_t> lens((size_t)W_);
+  world_.all_gather(&len, lens.data(), 1, DType::i32);
+  for (int32_t l : lens) longest = std::max(longest, l);
+  const int64_t words = (longest + 3) / 4;
+  text.resize((size_t)words * 4, '\0');
+  std::vector<char> all((size_t)words * 4 * W_);
+  world_.all_gather(text.data(), all.data(), words, DType::i32);
+  if (world_.rank() != 0) return;
+  std::vector<std::string> lines;
+  for (int r = 0; r < W_; r++) {
+    const char* p = all.data() + (size_t)r * words * 4;
+    std::string one(p, (size_t)lens[r]);
+    for (size_t at = 0, nl; at < one.size(); at = nl + 1) {
+      nl = one.find('\n', at);
+      if (nl == std::string::npos) nl = one.size();
+      lines.push_back(one.substr(at, nl - at));
+    }
+  }
+  const std::string summary = summarize_nccl_logs(lines);
+  for (size_t at = 0, nl; at < summary.size(); at = nl + 1) {
+    nl = summary.find('\n', at);
+    if (nl == std::string::npos) nl = summary.size();
+    if (nl > at) log_info("nccl   %s", summary.substr(at, nl - at).c_str());
+  }
+  log_info("nccl   (each rank's whole log: %s/nccl_logs/)", a_.output_dir.c_str());
+}
+
 void Trainer::describe_gpus() {
   char line[256] = {0};
   std::snprintf(line, sizeof(line), "%s", cuda_device_description(cuda_device_for_rank(launch_)).c_str());
@@ -405,6 +454,7 @@ void Trainer::run() {
     watchdog_set_step(s + 1);  // steps are counted from 1 in the log
     StepResult r = step(s);
     if (s == first_step_) comm_first_step_ = store_->comm_bytes() + data_->stats().total() - comm_before_;
+    if (s == first_step_ && log_nccl_) report_nccl_transports();
     log(s, r);
     maybe_evaluate(s);
     bool saved = maybe_save(s);

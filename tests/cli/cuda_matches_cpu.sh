@@ -40,6 +40,9 @@ for prec in f32 bf16; do
   if [ ${#comms[@]} -eq 2 ]; then
     run "$gpu" cuda "$work/nccl_$prec" "${flags[@]}" --ddp_backend nccl
     grep -q "^comm   data collectives over NCCL" "$work/nccl_$prec.log" || { echo "FAIL: no NCCL line"; cat "$work/nccl_$prec.log"; exit 1; }
+    # the transport report from every rank's NCCL log (NCCL_DEBUG_FILE), gathered on rank 0
+    grep -q "^nccl   rank 1 .*NCCL " "$work/nccl_$prec.log" && grep -q "^nccl     within a node: " "$work/nccl_$prec.log" \
+      || { echo "FAIL: no NCCL transport report"; cat "$work/nccl_$prec.log"; exit 1; }
   fi
   for comm in "${comms[@]}"; do
     for key in loss grad_norm; do

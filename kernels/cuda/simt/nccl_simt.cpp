@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <unistd.h>
 #include <memory>
 #include <random>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "engine/core/error.h"
 #include "engine/dist/mpi_communicator.h"
+#include "engine/dist/nccl_log.h"
 
 struct ncclComm {
   std::unique_ptr<llmt::DataComm> mpi;  // a duplicate of the MPI communicator of the same ranks
@@ -83,6 +85,28 @@ ncclComm_t new_comm(std::unique_ptr<llmt::DataComm> mpi, int world_rank, const n
   return c;
 }
 
+// With NCCL_DEBUG=INFO and NCCL_DEBUG_FILE, NCCL logs its version and every channel's transport;
+// the stand-in logs the same kinds of line, in NCCL's format, saying what it is (MPI within one
+// host), so the trainer's transport report runs in the emulated build too.
+void log_like_nccl(const ncclComm* c) {
+  const char* debug = std::getenv("NCCL_DEBUG");
+  const char* file = std::getenv("NCCL_DEBUG_FILE");
+  if (!debug || std::string(debug) != "INFO" || !file || !*file) return;
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const std::string path = llmt::expand_nccl_debug_file(file, host, (int)getpid());
+  FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) return;
+  const std::string prefix = llmt::strformat("%s:%d:%d [0] NCCL INFO ", host, (int)getpid(), (int)getpid());
+  std::fprintf(f, "%sNCCL version 0.0.0+llmt-simt-stand-in\n", prefix.c_str());
+  if (c->nranks > 1)
+    std::fprintf(f, "%sChannel 00/0 : %d[0] -> %d[0] via SHM/llmt-stand-in-over-MPI\n", prefix.c_str(), c->rank,
+                 (c->rank + 1) % c->nranks);
+  std::fprintf(f, "%scomm %p rank %d nranks %d cudaDev 0 busId 0 - Init COMPLETE\n", prefix.c_str(), (const void*)c,
+               c->rank, c->nranks);
+  std::fclose(f);
+}
+
 }  // namespace
 
 ncclResult_t ncclGetVersion(int* version) {
@@ -106,6 +130,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   for (const ncclUniqueId& other : ids)
     if (std::memcmp(&other, &ids[0], sizeof(id)) != 0) return misuse(nullptr, "the ranks passed different unique ids");
   *comm = new_comm(llmt::make_mpi_data_comm(*world), world->rank(), config);
+  log_like_nccl(*comm);
   return (*comm)->pending_polls ? ncclInProgress : ncclSuccess;
 }
 
