@@ -261,7 +261,6 @@ int Trainer::cuda_device_for_rank(const LaunchInfo& launch) {
   return launch.local_rank % n;
 }
 
-// Which GPU each rank drives, as every rank sees it, on rank 0's log.
 // After the first step, when NCCL has connected its channels: every rank's NCCL log, gathered on
 // rank 0 and summarised by the netcheck parser (which path each connection takes: NET/IB with
 // GDRDMA, NET/Socket, P2P, SHM) with its warnings, e.g. sockets between nodes that have RDMA.
@@ -298,6 +297,7 @@ void Trainer::report_nccl_transports() {
   log_info("nccl   (each rank's whole log: %s/nccl_logs/)", a_.output_dir.c_str());
 }
 
+// Which GPU each rank drives, as every rank sees it, on rank 0's log.
 void Trainer::describe_gpus() {
   char line[256] = {0};
   std::snprintf(line, sizeof(line), "%s", cuda_device_description(cuda_device_for_rank(launch_)).c_str());
