@@ -12,6 +12,7 @@
 
 #include "data/tokenizer.h"
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 #include "engine/core/log.h"
 
 namespace llmt {
@@ -101,6 +102,7 @@ std::vector<AlpacaRecord> parse_alpaca(const std::string& text, const std::strin
   std::vector<AlpacaRecord> out;
   if (text[first] == '[') {  // one JSON array
     json doc;
+    check_json_depth(text, what);
     try {
       doc = json::parse(text);
     } catch (const json::parse_error& e) {
@@ -120,6 +122,7 @@ std::vector<AlpacaRecord> parse_alpaca(const std::string& text, const std::strin
       std::string_view line(text.data() + s, e - s);
       if (line.find_first_not_of(" \t\r") != std::string_view::npos) {
         json j;
+        check_json_depth(line.data(), line.data() + line.size(), strformat("%s: line %lld", what.c_str(), (long long)line_no));
         try {
           j = json::parse(line);
         } catch (const json::parse_error& pe) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 
 namespace llmt {
 
@@ -508,6 +509,7 @@ static std::string read_file(const std::string& path, const char* what) {
 }
 
 static nlohmann::json parse_json(const std::string& text, const std::string& path) {
+  check_json_depth(text, path);
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
@@ -525,7 +527,7 @@ static std::unordered_map<std::string, int32_t> read_vocab(const nlohmann::json&
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     LLMT_CHECK(it.value().is_number_integer() && it.value().get<int64_t>() >= 0 && it.value().get<int64_t>() < INT_MAX,
                "%s: token \"%s\" has id %s, expected a non-negative integer", where.c_str(), it.key().c_str(),
-               it.value().dump().c_str());
+               clip_for_message(it.value().dump()).c_str());
     int32_t id = it.value().get<int32_t>();
     ids[it.key()] = id;
     max_id = std::max(max_id, id);
@@ -634,7 +636,7 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
       if (m[key].is_number() && m[key].get<double>() == 0.0) return true;
       return m[key].is_boolean() && !m[key].get<bool>();
     };
-    LLMT_CHECK(is_off("dropout", false), "%s: BPE dropout %s is not supported", path.c_str(), m["dropout"].dump().c_str());
+    LLMT_CHECK(is_off("dropout", false), "%s: BPE dropout %s is not supported", path.c_str(), clip_for_message(m["dropout"].dump()).c_str());
     LLMT_CHECK(is_off("continuing_subword_prefix", true) && is_off("end_of_word_suffix", true),
                "%s: continuing_subword_prefix / end_of_word_suffix are not supported with byte-level BPE", path.c_str());
     spec.ignore_merges = m.contains("ignore_merges") && m["ignore_merges"].is_boolean() && m["ignore_merges"].get<bool>();
@@ -652,7 +654,7 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
         add_merge(spec, ids, s.substr(0, sp), s.substr(sp + 1), where);
       } else {  // ["a", "b"]
         LLMT_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(),
-                   "%s: expected \"a b\" or [\"a\", \"b\"], got %s", where.c_str(), e.dump().c_str());
+                   "%s: expected \"a b\" or [\"a\", \"b\"], got %s", where.c_str(), clip_for_message(e.dump()).c_str());
         add_merge(spec, ids, e[0].get<std::string>(), e[1].get<std::string>(), where);
       }
     }

@@ -23,6 +23,7 @@
 
 #include "data/protobuf_reader.h"
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 
 namespace llmt {
 namespace {
@@ -824,7 +825,7 @@ struct JsonCtx {
   }
   int32_t id(const nlohmann::json& v, const std::string& where) const {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= (1 << 30)) {
-      bad(where, strformat("expected a token id (an integer in [0, 2^30)), got %s", v.dump().c_str()));
+      bad(where, strformat("expected a token id (an integer in [0, 2^30)), got %s", clip_for_message(v.dump()).c_str()));
     }
     return (int32_t)v.get<int64_t>();
   }
@@ -973,7 +974,7 @@ std::unique_ptr<Tokenizer> load_sentencepiece_json(const nlohmann::json& j, cons
   const nlohmann::json& model = c.member(j, "model", "top level");
   if (!model.is_object()) c.bad("model", strformat("expected an object, got %s", model.type_name()));
   if (model.contains("type") && !(model["type"].is_string() && model["type"] == "BPE")) {
-    c.bad("model.type", "expected \"BPE\" (SentencePiece BPE), got " + model["type"].dump());
+    c.bad("model.type", "expected \"BPE\" (SentencePiece BPE), got " + clip_for_message(model["type"].dump()));
   }
   const nlohmann::json& vocab = c.member(model, "vocab", "model");
   if (!vocab.is_object()) c.bad("model.vocab", strformat("expected an object {piece: id}, got %s", vocab.type_name()));
@@ -1000,7 +1001,7 @@ std::unique_ptr<Tokenizer> load_sentencepiece_json(const nlohmann::json& j, cons
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       a = m[0].get<std::string>(), b = m[1].get<std::string>();
     } else {
-      c.bad(w, "expected [\"left\", \"right\"] or \"left right\", got " + m.dump());
+      c.bad(w, "expected [\"left\", \"right\"] or \"left right\", got " + clip_for_message(m.dump()));
     }
     auto l = tk->vocab.find(a), r = tk->vocab.find(b), lr = tk->vocab.find(a + b);
     if (l == tk->vocab.end() || r == tk->vocab.end() || lr == tk->vocab.end()) {

@@ -13,6 +13,7 @@
 #include "data/sentencepiece.h"
 #include "data/tiktoken.h"
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 
 namespace llmt {
 
@@ -52,8 +53,10 @@ nlohmann::json read_json(const std::string& path) {
   LLMT_CHECK(f.good(), "cannot open %s", path.c_str());
   std::stringstream ss;
   ss << f.rdbuf();
+  const std::string text = ss.str();
+  check_json_depth(text, path);
   try {
-    return nlohmann::json::parse(ss.str());
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("%s is not valid JSON: %s", path.c_str(), e.what());  // names line and column
   }
@@ -116,7 +119,7 @@ bool special_token_id(const Tokenizer& t, const nlohmann::json& cfg, const char*
   std::string content;
   if (v.is_string()) content = v.get<std::string>();
   else if (v.is_object() && v.contains("content") && v["content"].is_string()) content = v["content"].get<std::string>();
-  else fail("%s: \"%s\" should be a token string or {\"content\": ...}, got %s", path.c_str(), key, v.dump().c_str());
+  else fail("%s: \"%s\" should be a token string or {\"content\": ...}, got %s", path.c_str(), key, clip_for_message(v.dump()).c_str());
   if (*id >= 0 && *id < t.vocab_size() && t.decode({*id}) == content) return true;  // the tokenizer's own choice
   std::vector<int32_t> ids = t.encode(content);  // special tokens are split out whole
   LLMT_CHECK(ids.size() == 1, "%s: %s \"%s\" is not a single token of the tokenizer (it encodes to %zu ids)",
@@ -137,7 +140,7 @@ std::unique_ptr<Tokenizer> apply_configs(std::unique_ptr<Tokenizer> t, const std
   for (const char* key : {"add_bos_token", "add_eos_token"}) {
     if (!cfg.is_object() || !cfg.contains(key) || cfg[key].is_null()) continue;
     LLMT_CHECK(cfg[key].is_boolean(), "%s: \"%s\" should be true or false, got %s", cfg_path.c_str(), key,
-               cfg[key].dump().c_str());
+               clip_for_message(cfg[key].dump()).c_str());
     (key[4] == 'b' ? add_bos : add_eos) = cfg[key].get<bool>();
   }
   if (bos == t->bos_id() && eos == t->eos_id() && add_bos == t->adds_bos() && add_eos == t->adds_eos()) return t;

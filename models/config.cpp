@@ -3,9 +3,11 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <sstream>
 #include <map>
 
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 
 namespace llmt {
 
@@ -194,11 +196,15 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
 }
 
 ModelConfig config_from_json_file(const std::string& path) {
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   LLMT_CHECK(f.good(), "cannot open model config %s", path.c_str());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  check_json_depth(text, path);
   nlohmann::json j;
   try {
-    f >> j;
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("%s: malformed JSON (%s)", path.c_str(), e.what());
   }

@@ -22,6 +22,7 @@
 #include "engine/ckpt/checkpoint.h"
 #include "engine/ckpt/train_state.h"
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 #include "engine/core/log.h"
 #include "engine/dist/mpi_communicator.h"
 #include "engine/dist/nccl_log.h"
@@ -417,13 +418,15 @@ void Trainer::resume() {
         load_train_state(ck + "/state.h5", world_, model_->layout(), *store_, config_to_hf_json(cfg_).dump());
     first_step_ = st.global_step;
     if (world_.rank() == 0) {  // the log so far, so trainer_state.json keeps the whole history
-      std::ifstream f(ck + "/trainer_state.json");
-      nlohmann::json ts = nlohmann::json::parse(f, nullptr, false);
+      std::ifstream f(ck + "/trainer_state.json", std::ios::binary);
+      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      check_json_depth(text, ck + "/trainer_state.json");
+      nlohmann::json ts = nlohmann::json::parse(text, nullptr, false);
       LLMT_CHECK(ts.is_object() && ts.contains("log_history") && ts["log_history"].is_array(),
                  "%s/trainer_state.json is missing or malformed", ck.c_str());
       LLMT_CHECK(!ts.contains("model_config") || ts["model_config"] == config_to_hf_json(cfg_),
                  "%s/trainer_state.json belongs to another model (%s), not this %s", ck.c_str(),
-                 ts["model_config"].dump().c_str(), cfg_.describe().c_str());
+                 clip_for_message(ts["model_config"].dump()).c_str(), cfg_.describe().c_str());
       for (auto& rec : ts["log_history"]) log_history_.push_back(rec);
     }
     world_.barrier();

@@ -16,6 +16,7 @@
 
 #include "engine/ckpt/train_state.h"
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -491,6 +492,11 @@ std::string checkpoint_problem(const std::string& dir, bool verify) {
   char buf[65536];
   for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
   std::fclose(f);
+  try {
+    check_json_depth(text, mpath);
+  } catch (const Error& e) {
+    return e.what();
+  }
   json m = json::parse(text, nullptr, false);
   if (!m.is_object() || m.value("format", "") != "llmt-checkpoint" || !m.contains("files") || !m["files"].is_object())
     return strformat("%s: not an llmt checkpoint manifest", mpath.c_str());

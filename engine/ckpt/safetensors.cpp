@@ -14,6 +14,7 @@
 #include <set>
 
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 #include "engine/core/tensor.h"
 
 namespace llmt {
@@ -73,18 +74,18 @@ static StTensor parse_entry(const std::string& path, const std::string& name, co
                (long long)d.get<int64_t>());
     uint64_t u = d.get<uint64_t>();
     LLMT_CHECK(u <= (uint64_t)INT64_MAX && !__builtin_mul_overflow(numel, (int64_t)u, &numel),
-               "%s: tensor '%s': element count overflows 64 bits (shape %s)", p, n, sh.dump().c_str());
+               "%s: tensor '%s': element count overflows 64 bits (shape %s)", p, n, clip_for_message(sh.dump()).c_str());
     t.shape.push_back((int64_t)u);
   }
   uint64_t nbytes;
   LLMT_CHECK(!__builtin_mul_overflow((uint64_t)numel, (uint64_t)esize, &nbytes),
-             "%s: tensor '%s': byte count overflows 64 bits (shape %s, dtype %s)", p, n, sh.dump().c_str(),
+             "%s: tensor '%s': byte count overflows 64 bits (shape %s, dtype %s)", p, n, clip_for_message(sh.dump()).c_str(),
              t.dtype.c_str());
 
   const json& off = v["data_offsets"];
   LLMT_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
              "%s: tensor '%s': \"data_offsets\" must be [begin, end] with non-negative integers, found %s", p, n,
-             off.dump().c_str());
+             clip_for_message(off.dump()).c_str());
   t.begin = off[0].get<uint64_t>();
   t.end = off[1].get<uint64_t>();
   LLMT_CHECK(t.begin <= t.end, "%s: tensor '%s': data_offsets begin %llu > end %llu", p, n,
@@ -138,6 +139,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     };
     json h;
     try {
+      check_json_depth((const char*)map_ + 8, (const char*)map_ + 8 + hlen, path_ + ": header");
       h = json::parse(map_ + 8, map_ + 8 + hlen, cb);
     } catch (const json::exception& e) {
       fail("%s: header is not valid JSON: %s", p, e.what());
@@ -272,7 +274,9 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& dir_or_file) {
       const char* ip = index_path.c_str();
       json idx;
       try {
-        idx = json::parse(read_text_file(index_path));
+        const std::string text = read_text_file(index_path);
+        check_json_depth(text, index_path);
+        idx = json::parse(text);
       } catch (const json::exception& e) {
         fail("%s: not valid JSON: %s", ip, e.what());
       }

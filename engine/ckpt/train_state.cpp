@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 
 namespace llmt {
 
@@ -321,6 +322,7 @@ std::string read_attr_str(hid_t obj, const char* name) {
 // What differs between the saved and the current config.json ("" when nothing that matters).
 std::string config_diff(const std::string& saved, const std::string& now) {
   if (saved.empty() || now.empty() || saved == now) return "";
+  check_json_depth(saved, "the model config saved in the checkpoint");
   json a = json::parse(saved, nullptr, false), b = json::parse(now, nullptr, false);
   if (!a.is_object() || !b.is_object()) return "config.json text differs";
   std::string diff;
@@ -526,11 +528,13 @@ LoadedTrainState load_train_state(const std::string& path, ControlComm& world, c
     out.adam_step = (int)read_attr_i64(file, "adam_step", path);
     out.scalars_json = read_string(file, "/meta/scalars", path);
     std::string saved_config = read_string(file, "/meta/config", path);
-    json saved_layout = json::parse(read_string(file, "/meta/layout", path), nullptr, false);
+    const std::string layout_text = read_string(file, "/meta/layout", path);
+    check_json_depth(layout_text, path + ": /meta/layout");
+    json saved_layout = json::parse(layout_text, nullptr, false);
     LLMT_CHECK(saved_layout.is_array(), "%s: /meta/layout is not a JSON array", p);
     for (const json& e : saved_layout)
       LLMT_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_array(),
-                 "%s: /meta/layout: expected [name, shape] entries, found %s", p, e.dump().c_str());
+                 "%s: /meta/layout: expected [name, shape] entries, found %s", p, clip_for_message(e.dump()).c_str());
     std::string cdiff = config_diff(saved_config, config_json);
     std::string ldiff = layout_diff(saved_layout, layout_json(layout));
     LLMT_CHECK(cdiff.empty() && ldiff.empty(), "%s was saved for another model configuration: %s%s%s", p,

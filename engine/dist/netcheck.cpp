@@ -24,6 +24,7 @@
 #include <set>
 
 #include "engine/core/error.h"
+#include "engine/core/json_text.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/ibverbs.h"
 
@@ -548,6 +549,7 @@ std::string report_to_json(const RankReport& r) {
 RankReport report_from_json(const std::string& text) {
   RankReport r;
   json j;
+  check_json_depth(text, "a rank's netcheck report");
   try {
     j = json::parse(text);
     r.rank = j.at("rank");

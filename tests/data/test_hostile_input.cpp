@@ -1,0 +1,88 @@
+// Hostile and broken input files (issue 11's probes): each gets a clear error naming the file, never
+// a crash. A JSON text nested 100k deep used to overflow the stack when an error message printed
+// the value back (SIGSEGV in llmt train and llmt tokenize).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "data/alpaca.h"
+#include "data/tokenizer.h"
+#include "engine/ckpt/safetensors.h"
+#include "engine/core/error.h"
+#include "engine/core/json_text.h"
+#include "models/config.h"
+#include "tests/test_util.h"
+
+using namespace llmt;
+
+namespace {
+
+std::string nest(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "llmt_hostile_" + name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+// Runs f, expects llmt::Error whose message holds every one of `parts`.
+template <class F>
+void expect_error(F f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "missing \"" << p << "\" in: " << m;
+  }
+}
+
+}  // namespace
+
+TEST(JsonDepth, CountsBracketsOutsideStringsOnly) {
+  EXPECT_NO_THROW(check_json_depth(nest(kMaxJsonDepth), "x"));
+  expect_error([] { check_json_depth(nest(kMaxJsonDepth + 1), "f.json"); }, {"f.json", "nested more than 100"});
+  // brackets inside strings, escaped quotes included, are text
+  const std::string s = "[\"" + std::string(500, '[') + "\\\"" + std::string(500, '{') + "\"]";
+  EXPECT_NO_THROW(check_json_depth(s, "x"));
+  EXPECT_EQ(clip_for_message(std::string(200, 'a'), 10), "aaaaaaaaaa... (200 bytes)");
+  EXPECT_EQ(clip_for_message("short"), "short");
+}
+
+TEST(HostileInput, DeeplyNestedAlpacaRecordFieldAndLine) {
+  DataArgs fields;
+  const std::string deep = nest(100000);
+  expect_error([&] { parse_alpaca("[" + deep + "]", "a.json", fields); }, {"a.json", "nested more than"});
+  expect_error([&] { parse_alpaca("[{\"instruction\": " + deep + ", \"output\": \"x\"}]", "b.json", fields); },
+               {"b.json", "nested more than"});
+  expect_error([&] { parse_alpaca("{\"instruction\": \"a\", \"output\": \"b\"}\n{\"instruction\": " + deep + "}\n",
+                                  "c.jsonl", fields); },
+               {"c.jsonl: line 2", "nested more than"});
+  // a long but shallow bad value is quoted clipped
+  expect_error([&] { parse_alpaca("[" + std::string("\"") + std::string(100000, 'x') + "\"]", "d.json", fields); },
+               {"d.json", "record 0"});
+}
+
+TEST(HostileInput, DeeplyNestedSafetensorsHeader) {
+  const std::string header = "{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": " + nest(100000) + "}}";
+  std::string file(8, '\0');
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; i++) file[i] = (char)(n >> (8 * i));
+  file += header + std::string(4, '\0');
+  const std::string path = temp_file("deep.safetensors", file);
+  expect_error([&] { SafetensorsFile f(path); }, {path, "nested more than"});
+  std::remove(path.c_str());
+}
+
+TEST(HostileInput, DeeplyNestedTokenizerAndConfig) {
+  const std::string tok = temp_file("tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": [" +
+                                                          nest(100000) + "]}}");
+  expect_error([&] { load_tokenizer(tok); }, {tok, "nested more than"});
+  const std::string cfg = temp_file("config.json", "{\"model_type\": \"gpt2\", \"n_embd\": " + nest(100000) + "}");
+  expect_error([&] { config_from_json_file(cfg); }, {cfg, "nested more than"});
+  std::remove(tok.c_str());
+  std::remove(cfg.c_str());
+}
