@@ -6,6 +6,8 @@
 // (which fixes oneDNN's kernels).
 #include "kernels/cpu/cpu_backend.h"
 
+#include <unistd.h>
+
 #include <omp.h>
 
 #include <algorithm>
@@ -78,6 +80,10 @@ class CpuBackend : public Backend {
   CpuBackend(int threads, DType compute) : compute_(compute), engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
     LLMT_CHECK(compute == DType::f32 || compute == DType::bf16, "cpu backend: compute dtype must be f32 or bf16, got %s",
                dtype_name(compute));
+    // More threads than CPUs only slows OpenMP down, and a huge count crashes libgomp (100000: SIGSEGV).
+    const int cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    LLMT_CHECK(threads <= cpus, "--threads %d: this node has %d CPUs; give at most %d (0: the node's cores shared by "
+               "its ranks)", threads, cpus, cpus);
     nthreads_ = threads > 0 ? threads : omp_get_max_threads();
   }
   std::string name() const override { return "cpu"; }

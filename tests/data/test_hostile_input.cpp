@@ -13,6 +13,7 @@
 #include "engine/ckpt/safetensors.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "models/config.h"
 #include "tests/test_util.h"
 
@@ -85,4 +86,10 @@ TEST(HostileInput, DeeplyNestedTokenizerAndConfig) {
   expect_error([&] { config_from_json_file(cfg); }, {cfg, "nested more than"});
   std::remove(tok.c_str());
   std::remove(cfg.c_str());
+}
+
+// --threads 100000 crashed inside libgomp (SIGSEGV); now the backend refuses more threads than CPUs.
+TEST(HostileInput, ThreadCountBeyondTheNodesCpus) {
+  expect_error([] { make_cpu_backend(100000, DType::f32); }, {"--threads 100000", "CPUs"});
+  EXPECT_NO_THROW(make_cpu_backend(1, DType::f32));
 }
