@@ -13,6 +13,7 @@ bool wants_help(const std::vector<std::string>& args) {
 }
 
 int cli_train(const std::vector<std::string>& args) {
+  install_stop_handlers();  // first: a signal during start-up must not kill the rank
   if (wants_help(args)) {
     std::printf("%s", train_help().c_str());
     return 0;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -13,6 +14,8 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "data/byte_tokenizer.h"
@@ -44,9 +47,9 @@ namespace llmt {
 namespace {
 
 // SIGUSR1 (Slurm's --signal=USR1@120 before the time limit) or SIGTERM (scancel, preemption):
-// finish the step, save a checkpoint, exit cleanly so the job can be requeued and resumed.
-volatile std::sig_atomic_t g_stop_signal = 0;
-void on_stop_signal(int sig) { g_stop_signal = sig; }
+// finish the step, save a checkpoint, exit cleanly so the job can be requeued and resumed. Set by
+// the signal thread (install_stop_handlers).
+std::atomic<int> g_stop_signal{0};
 
 const double kMiB = 1024.0 * 1024.0;
 
@@ -170,9 +173,7 @@ Trainer::Trainer(const TrainArgs& a, ControlComm& world, const LaunchInfo& launc
     : a_(a), world_(world), launch_(launch) {
   if (a.tf32 && a.device == "cpu")
     log_info("note   --tf32 selects TF32 for fp32 matmuls on a GPU; the CPU has no TF32 and ignores it");
-  // Handlers first: Slurm's --signal can arrive while the data is still loading.
-  std::signal(SIGUSR1, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+  install_stop_handlers();  // again, for callers other than `llmt train` (which installs them first thing)
   prepare_output_dir();
   log_info("%s", describe_layout(launch, a.device).c_str());
   build_model();
@@ -450,6 +451,12 @@ void Trainer::resume() {
 }
 
 void Trainer::run() {
+  // A signal during setup (tokenizing a large corpus, loading a checkpoint): stop now, all ranks
+  // together; the job can be requeued and start again.
+  if (world_.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) > 0) {
+    log_info("stopped before the first step by a signal; nothing to save");
+    return;
+  }
   window_start_ = run_start_ = now_s();
   comm_before_ = store_->comm_bytes() + data_->stats().total();
   for (int64_t s = first_step_; s < total_steps_; s++) {
@@ -464,8 +471,6 @@ void Trainer::run() {
     if (stop_requested(s, saved)) {
       log_info("stopped at step %lld of %lld by a signal; checkpoint-%lld holds the model", (long long)s + 1,
                (long long)total_steps_, (long long)s + 1);
-      std::signal(SIGUSR1, SIG_DFL);
-      std::signal(SIGTERM, SIG_DFL);
       return;
     }
   }
@@ -568,8 +573,6 @@ void Trainer::finish() {
   }
   // a signal arriving now changes nothing: this is the end of the run
   write_hf_model(world_, *store_, cfg_, model_->layout(), a_.output_dir, a_.bf16 ? "BF16" : "F32", tokenizer_dir_);
-  std::signal(SIGUSR1, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
   log_info("saved  %s (config.json, model.safetensors)", a_.output_dir.c_str());
 }
 
@@ -686,6 +689,28 @@ std::string Trainer::resume_path() {
 }
 
 }  // namespace
+
+// The signals are blocked in every thread (threads made later inherit the mask: MPI's, OpenMP's,
+// oneDNN's) and taken by one thread of their own with sigwait. A handler would run on whichever
+// thread the kernel picks, on that thread's stack: a signal arriving inside oneDNN's JIT GEMM
+// corrupted the heap about one time in seven (free() in dnnl_sgemm: "corrupted size vs.
+// prev_size"), which never happens when no computing thread is interrupted.
+void install_stop_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    std::thread([set] {
+      for (;;) {
+        int sig = 0;
+        if (sigwait(&set, &sig) == 0) g_stop_signal = sig;
+      }
+    }).detach();
+  });
+}
 
 void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch) {
   // Watches every collective from here on: a dead or stopped rank ends the job in --ddp_timeout.

@@ -8,6 +8,11 @@
 
 namespace llmt {
 
+// SIGUSR1 (Slurm's --signal=USR1@N before the time limit) and SIGTERM (scancel, preemption) ask the
+// run to stop: after the step in progress, with a checkpoint; before the first step, without one.
+// `llmt train` installs the handlers before anything else, since the signal can come at any time.
+void install_stop_handlers();
+
 // Runs the job on every rank of `world`.
 void run_training(const TrainArgs& args, ControlComm& world, const LaunchInfo& launch);
 

@@ -48,4 +48,22 @@ rc=$?
 echo "SIGUSR1: exit $rc"
 [ $rc -eq 0 ] || { echo "FAIL: a signalled run should stop cleanly"; tail -20 "$work/c.log"; exit 1; }
 ls "$work/c" | grep -q '^checkpoint-[0-9]*$' || { echo "FAIL: no checkpoint after SIGUSR1"; exit 1; }
+
+# 4. SIGUSR1 while the data is still being tokenized (Slurm's warning can come that early): it used to
+#    kill every rank by signal 10; now the run stops before the first step, exit 0, nothing saved
+for _ in $(seq 5); do cat "$work/corpus.txt"; done > "$work/part.txt"
+for _ in $(seq 120); do cat "$work/part.txt"; done > "$work/big.txt"  # ~60 MB: seconds of tokenizing
+LLMT_CACHE="$work/cache" timeout 120 "${mpi[@]}" -x LLMT_CACHE "${train[@]/$work\/corpus.txt/$work/big.txt}" \
+  --output_dir "$work/d" > "$work/d.log" 2>&1 &
+job=$!
+for _ in $(seq 300); do grep -q "tokenizing" "$work/d.log" 2>/dev/null && break; sleep 0.05; done
+grep -q "tokenizing" "$work/d.log" || { echo "FAIL: tokenizing did not start"; cat "$work/d.log"; exit 1; }
+pkill -USR1 -f "^$llmt train.*$work/d"
+wait $job
+rc=$?
+echo "SIGUSR1 while tokenizing: exit $rc"
+[ $rc -eq 0 ] || { echo "FAIL: a signal during loading should stop cleanly"; tail -20 "$work/d.log"; exit 1; }
+grep -q "stopped before the first step by a signal; nothing to save" "$work/d.log" \
+  || { echo "FAIL: no 'stopped before the first step' line"; tail -20 "$work/d.log"; exit 1; }
+if ls "$work/d" | grep -q '^checkpoint-'; then echo "FAIL: a checkpoint was written before any step"; exit 1; fi
 echo "PASS"
