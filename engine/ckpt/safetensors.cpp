@@ -172,6 +172,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     std::sort(byoff.begin(), byoff.end(), [](const StTensor* a, const StTensor* b) {
       return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
     });
+    // As the safetensors library validates: the tensors tile the data section exactly, from byte 0
+    // to its end, with no overlap, no gap and nothing after the last one.
     const StTensor* last = nullptr;  // the non-empty tensor reaching furthest
     for (const StTensor* t : byoff) {
       if (t->begin == t->end) continue;  // zero bytes overlap nothing
@@ -180,8 +182,15 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                  last ? last->name.c_str() : "", last ? (unsigned long long)last->begin : 0ull,
                  last ? (unsigned long long)last->end : 0ull, t->name.c_str(), (unsigned long long)t->begin,
                  (unsigned long long)t->end);
+      const uint64_t expected = last ? last->end : 0;
+      LLMT_CHECK(t->begin == expected, "%s: %llu bytes of the data section before tensor '%s' (at %llu) belong to no "
+                 "tensor", p, (unsigned long long)(t->begin - expected), t->name.c_str(), (unsigned long long)t->begin);
       last = t;
     }
+    const uint64_t covered = last ? last->end : 0;
+    LLMT_CHECK(covered == data_size, "%s: %llu bytes after the last tensor's data (which ends at %llu of %llu): not a "
+               "safetensors file the safetensors library would load (truncated header or appended data?)", p,
+               (unsigned long long)(data_size - covered), (unsigned long long)covered, (unsigned long long)data_size);
 
     // nlohmann objects iterate in key order, so tensors_ is sorted by name.
     for (size_t i = 0; i < tensors_.size(); i++) index_[tensors_[i].name] = i;

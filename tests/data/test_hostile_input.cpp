@@ -93,3 +93,29 @@ TEST(HostileInput, ThreadCountBeyondTheNodesCpus) {
   expect_error([] { make_cpu_backend(100000, DType::f32); }, {"--threads 100000", "CPUs"});
   EXPECT_NO_THROW(make_cpu_backend(1, DType::f32));
 }
+
+namespace {
+// A safetensors file: header, then `data` (the header's offsets say what the tensors cover).
+std::string safetensors_bytes(const std::string& header, const std::string& data) {
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; i++) file[i] = (char)((uint64_t)header.size() >> (8 * i));
+  return file + header + data;
+}
+}  // namespace
+
+// Bytes after the last tensor, or between tensors, were accepted; the safetensors library
+// refuses both (MetadataIncompleteBuffer).
+TEST(HostileInput, SafetensorsBytesOutsideEveryTensor) {
+  const std::string one = "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+  const std::string good = temp_file("good.safetensors", safetensors_bytes(one, std::string(4, '\0')));
+  EXPECT_NO_THROW(SafetensorsFile f(good));
+  const std::string trailing = temp_file("trailing.safetensors", safetensors_bytes(one, std::string(9, '\0')));
+  expect_error([&] { SafetensorsFile f(trailing); }, {trailing, "5 bytes after the last tensor"});
+  const std::string gap = temp_file(
+      "gap.safetensors",
+      safetensors_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                        "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+                        std::string(12, '\0')));
+  expect_error([&] { SafetensorsFile f(gap); }, {gap, "4 bytes of the data section before tensor 'b'"});
+  for (const std::string& p : {good, trailing, gap}) std::remove(p.c_str());
+}
