@@ -2,6 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
+#include <limits>
+#include <type_traits>
 #include <fstream>
 #include <sstream>
 #include <map>
@@ -65,13 +68,32 @@ const std::map<std::string, ModelConfig>& presets() {
   return p;
 }
 
+// The value as transformers' config classes need it: integers are JSON integers within int's range
+// (not 32.5, not true), booleans are true or false (not 1, not "yes"), floats are finite numbers,
+// strings are strings. The message quotes the value the file holds.
 template <typename T>
 T get_required(const nlohmann::json& j, const char* key, const std::string& source) {
   LLMT_CHECK(j.contains(key), "%s: missing key \"%s\"", source.c_str(), key);
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    fail("%s: key \"%s\" has the wrong type (%s)", source.c_str(), key, e.what());
+  const nlohmann::json& v = j.at(key);
+  const std::string held = clip_for_message(v.dump());
+  if constexpr (std::is_same_v<T, bool>) {
+    LLMT_CHECK(v.is_boolean(), "%s: \"%s\" must be true or false, got %s", source.c_str(), key, held.c_str());
+    return v.get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    LLMT_CHECK(v.is_number_integer(), "%s: \"%s\" must be an integer, got %s", source.c_str(), key, held.c_str());
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= (uint64_t)std::numeric_limits<T>::max()
+                                             : v.get<int64_t>() >= (int64_t)std::numeric_limits<T>::min() &&
+                                                   v.get<int64_t>() <= (int64_t)std::numeric_limits<T>::max();
+    LLMT_CHECK(fits, "%s: \"%s\" is %s, beyond what llmt can hold (at most %lld)", source.c_str(), key, held.c_str(),
+               (long long)std::numeric_limits<T>::max());
+    return v.get<T>();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    LLMT_CHECK(v.is_number() && std::isfinite(v.get<double>()), "%s: \"%s\" must be a finite number, got %s",
+               source.c_str(), key, held.c_str());
+    return (T)v.get<double>();
+  } else {
+    LLMT_CHECK(v.is_string(), "%s: \"%s\" must be a string, got %s", source.c_str(), key, held.c_str());
+    return v.get<T>();
   }
 }
 
@@ -120,6 +142,12 @@ void validate_config(const ModelConfig& c, const std::string& source) {
   LLMT_CHECK(c.vocab_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.d_model > 0 && c.d_ff > 0 && c.max_seq_len > 0,
              "%s: sizes must be positive (vocab %d, layers %d, heads %d, d_model %d, d_ff %d, context %d)",
              source.c_str(), c.vocab_size, c.n_layer, c.n_head, c.d_model, c.d_ff, c.max_seq_len);
+  // Before anything is laid out or allocated: a size typed wrong (n_layer 1000000000) must not grow
+  // memory for minutes. In doubles, so no product overflows; 10^13 is 25x the largest Llama.
+  const double d = c.d_model, params = (double)c.vocab_size * d * 2 + (double)c.max_seq_len * d +
+                                       (double)c.n_layer * (4 * d * d + 3 * d * c.d_ff + 4 * d);
+  LLMT_CHECK(params <= 1e13, "%s: %.3g parameters (vocab %d, layers %d, d_model %d, d_ff %d): beyond any model llmt "
+             "can train; check the sizes", source.c_str(), params, c.vocab_size, c.n_layer, c.d_model, c.d_ff);
   LLMT_CHECK(c.d_model % c.n_head == 0, "%s: hidden size %d is not divisible by %d heads", source.c_str(), c.d_model,
              c.n_head);
   LLMT_CHECK(c.n_kv_head > 0 && c.n_head % c.n_kv_head == 0, "%s: %d attention heads do not group over %d kv heads",

@@ -159,7 +159,34 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
   write_file(dir + "/nokey.json", "{\"model_type\": \"gpt2\", \"vocab_size\": 10}");
   expect_error([&] { config_from_json_file(dir + "/nokey.json"); }, {"nokey.json", "n_layer"});
   write_file(dir + "/type.json", "{\"model_type\": \"gpt2\", \"vocab_size\": \"many\", \"n_layer\": 1}");
-  expect_error([&] { config_from_json_file(dir + "/type.json"); }, {"type.json", "vocab_size", "wrong type"});
+  expect_error([&] { config_from_json_file(dir + "/type.json"); }, {"type.json", "vocab_size", "must be an integer"});
+  // Types as transformers' classes need them (each was accepted before: 32.5 as 32, true as 1, "yes"
+  // as true), and sizes beyond reason refused with the value the file holds (1e12 was reported as
+  // vocab -727379968; n_layer 1e9 grew memory without end).
+  const std::string gpt2 = "{\"model_type\": \"gpt2\", \"vocab_size\": 256, \"n_layer\": 2, \"n_head\": 2, ";
+  const std::pair<std::string, std::vector<std::string>> strict[] = {
+      {gpt2 + "\"n_embd\": 32.5}", {"n_embd", "must be an integer, got 32.5"}},
+      {gpt2 + "\"n_embd\": true}", {"n_embd", "must be an integer, got true"}},
+      {"{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
+       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"tie_word_embeddings\": \"yes\"}",
+       {"tie_word_embeddings", "must be true or false, got \"yes\""}},
+      {"{\"model_type\": \"gpt2\", \"vocab_size\": 1000000000000, \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32}",
+       {"vocab_size", "1000000000000", "beyond"}},
+      {"{\"model_type\": \"gpt2\", \"vocab_size\": 256, \"n_layer\": 1000000000, \"n_head\": 2, \"n_embd\": 64, \"n_positions\": 64}",
+       {"parameters", "layers 1000000000"}},
+      {gpt2 + "\"n_embd\": 32, \"layer_norm_epsilon\": \"small\"}", {"layer_norm_epsilon", "finite number"}},
+  };
+  for (size_t i = 0; i < std::size(strict); i++) {
+    const std::string f = dir + strformat("/strict%zu.json", i);
+    write_file(f, strict[i].first);
+    std::vector<std::string> want = strict[i].second;
+    try {
+      config_from_json_file(f);
+      ADD_FAILURE() << "accepted: " << strict[i].first;
+    } catch (const Error& e) {
+      for (const std::string& w : want) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+    }
+  }
   write_file(dir + "/arch.json", "{\"model_type\": \"bert\"}");
   expect_error([&] { config_from_json_file(dir + "/arch.json"); }, {"arch.json", "bert"});
   write_file(dir + "/heads.json", "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 30, "
