@@ -40,7 +40,9 @@ StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control
   r.loss = host[0] / r.counted;
   r.grad_norm = std::sqrt(host[1]);
   LLMT_CHECK(std::isfinite(r.grad_norm) && std::isfinite(r.loss),
-             "the loss or gradient is not finite (loss %g, grad norm %g); stopping", r.loss, r.grad_norm);
+             "step %lld: the loss or gradient is not finite (loss %g, grad norm %g); stopping (the weights as loaded, "
+             "the learning rate or a bad batch: the last checkpoint holds the model before it)", (long long)s.step + 1,
+             r.loss, r.grad_norm);
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1
   float clip = 1.0f;
   if (s.max_grad_norm > 0.0) clip = (float)std::min(1.0, s.max_grad_norm / (r.grad_norm + 1e-6));

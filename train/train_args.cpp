@@ -1,5 +1,6 @@
 #include "train/train_args.h"
 
+#include <cmath>
 #include <cstdio>
 
 #include "engine/core/error.h"
@@ -204,7 +205,20 @@ TrainArgs parse_train_args(Flags& f) {
   LLMT_CHECK(a.per_device_eval_batch_size >= 0, "--per_device_eval_batch_size must not be negative");
   LLMT_CHECK(a.gradient_accumulation_steps > 0, "--gradient_accumulation_steps must be positive, got %d",
              a.gradient_accumulation_steps);
-  LLMT_CHECK(a.learning_rate >= 0.0, "--learning_rate must not be negative, got %g", a.learning_rate);
+  // Optimizer settings up front, with their valid ranges (inf, nan and out-of-range values used to
+  // train to NaN, or silently to nothing).
+  auto in_range = [](const char* flag, double v, double lo, double hi, bool hi_open) {
+    LLMT_CHECK(std::isfinite(v) && v >= lo && (hi_open ? v < hi : v <= hi), "%s %g: expected a value in [%g, %g%s",
+               flag, v, lo, hi, hi_open ? ")" : "]");
+  };
+  in_range("--learning_rate", a.learning_rate, 0.0, 10.0, false);
+  in_range("--adam_beta1", a.adam_beta1, 0.0, 1.0, true);
+  in_range("--adam_beta2", a.adam_beta2, 0.0, 1.0, true);
+  LLMT_CHECK(std::isfinite(a.adam_epsilon) && a.adam_epsilon > 0.0 && a.adam_epsilon <= 1.0,
+             "--adam_epsilon %g: expected a value in (0, 1]", a.adam_epsilon);
+  in_range("--weight_decay", a.weight_decay, 0.0, 10.0, false);
+  in_range("--warmup_ratio", a.warmup_ratio, 0.0, 1.0, false);
+  LLMT_CHECK(std::isfinite(a.max_grad_norm), "--max_grad_norm %g: expected a finite value", a.max_grad_norm);
   LLMT_CHECK(a.max_steps != 0 && (a.max_steps > 0 || a.num_train_epochs > 0.0),
              "nothing to train: --max_steps or --num_train_epochs must be positive");
   LLMT_CHECK(a.logging_steps > 0, "--logging_steps must be positive");

@@ -160,6 +160,8 @@ class Trainer {
   int64_t window_tokens_ = 0, window_steps_ = 0, run_tokens_ = 0;
   double comm_before_ = 0.0, comm_first_step_ = 0.0;
   double lr_ = 0.0;
+  double first_loss_ = 0.0, first_grad_norm_ = 0.0;  // this run's first step, for the divergence warning
+  bool warned_explosion_ = false;
   // A live progress line on a terminal; not under mpirun or srun, whose ranks' output may look like a
   // terminal but ends up in logs.
   bool live_ = false;
@@ -510,6 +512,14 @@ void Trainer::log(int64_t s, const StepResult& r) {
   if (live_) {
     std::printf("\r  step %lld/%lld  loss %.4f  ", (long long)s + 1, (long long)total_steps_, r.loss);
     std::fflush(stdout);
+  }
+  // A loss or gradient norm 1000x its first value keeps training silently: say so once, with the step.
+  if (s == first_step_) first_loss_ = r.loss, first_grad_norm_ = r.grad_norm;
+  if (!warned_explosion_ && (r.loss > 1e3 * first_loss_ || r.grad_norm > 1e3 * std::max(first_grad_norm_, 1e-3))) {
+    warned_explosion_ = true;
+    log_info("warning step %lld: the loss (%g) or gradient norm (%g) is over 1000 times its first value (%g, %g): training "
+             "is diverging; lower --learning_rate or set --max_grad_norm", (long long)s + 1, r.loss, r.grad_norm,
+             first_loss_, first_grad_norm_);
   }
   if ((s + 1) % a_.logging_steps != 0 && s + 1 != total_steps_) return;
   const double dt = now_s() - window_start_, tps = window_tokens_ / dt, mean_loss = window_loss_ / window_steps_;

@@ -34,4 +34,11 @@ if "$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train
   echo "FAIL: a missing train file was accepted"; exit 1
 fi
 grep -q "missing.txt" "$work/err.txt" || { echo "FAIL: the error does not name the file"; exit 1; }
+
+# a diverging run (lr 10, no clipping) is said to diverge, once, with its step
+"$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --output_dir "$work/run5" \
+  --save_strategy no --block_size 64 --per_device_train_batch_size 8 --max_steps 12 --learning_rate 10 --max_grad_norm 0 \
+  --threads 2 > "$work/diverge.txt" 2>&1 || { echo "FAIL: the diverging run failed"; cat "$work/diverge.txt"; exit 1; }
+[ "$(grep -c "warning step [0-9]*: .*training is diverging" "$work/diverge.txt")" -eq 1 ] \
+  || { echo "FAIL: no single divergence warning"; cat "$work/diverge.txt"; exit 1; }
 echo "PASS"

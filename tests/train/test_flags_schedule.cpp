@@ -54,6 +54,27 @@ TEST(TrainArgs, RejectsNonsense) {
   EXPECT_THROW(parse({"--learning_rate", "-1"}), Error);
   EXPECT_THROW(parse({"--device", "tpu"}), Error);
   EXPECT_THROW(parse({"--model_name_or_path", "dir"}), Error);  // two model sources
+  // optimizer settings that trained to NaN or to nothing were accepted; now each names its range
+  const std::pair<std::vector<std::string>, std::string> bad[] = {
+      {{"--learning_rate", "inf"}, "--learning_rate inf: expected a value in [0, 10]"},
+      {{"--learning_rate", "1e308"}, "--learning_rate 1e+308"},
+      {{"--adam_beta1", "1.0"}, "--adam_beta1 1: expected a value in [0, 1)"},
+      {{"--adam_beta2", "2"}, "--adam_beta2 2"},
+      {{"--adam_epsilon", "0"}, "--adam_epsilon 0: expected a value in (0, 1]"},
+      {{"--weight_decay", "nan"}, "--weight_decay nan"},
+      {{"--ddp_timeout", "0"}, "--ddp_timeout"},
+      {{"--ddp_backend", "gloo"}, "--ddp_backend"},
+      {{"--ddp_backend", "nccl"}, "needs --device cuda"},
+  };
+  for (const auto& [flags, message] : bad) {
+    try {
+      parse(flags);
+      ADD_FAILURE() << "accepted " << flags[0] << " " << flags[1];
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(parse({"--adam_beta2", "0.95", "--adam_epsilon", "1e-6", "--weight_decay", "0.1"}));
 }
 
 TEST(Schedule, MatchesTransformersFormulas) {
