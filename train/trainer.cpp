@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -71,6 +72,36 @@ void make_dir(const std::string& dir) {
   LLMT_CHECK(f, "output directory %s is not writable: %s", dir.c_str(), std::strerror(errno));
   std::fclose(f);
   std::remove(probe.c_str());
+}
+
+// The run's claim on its output_dir: an fcntl lock on output_dir/.llmt.lock, held until the process
+// ends (the kernel drops it even after kill -9; fcntl locks also work over NFS), with the holder's
+// host and pid in the file for the second run's message. Two runs in one directory trampled each
+// other's temporary checkpoint directories. The descriptor stays open for the whole run: closing
+// it would drop the lock.
+int lock_output_dir(const std::string& dir) {
+  const std::string path = dir + "/.llmt.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  LLMT_CHECK(fd >= 0, "cannot create %s: %s", path.c_str(), std::strerror(errno));
+  struct flock fl;
+  std::memset(&fl, 0, sizeof(fl));
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  if (::fcntl(fd, F_SETLK, &fl) != 0) {
+    char holder[256] = {0};
+    const ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
+    ::close(fd);
+    std::string who = n > 0 ? std::string(holder, (size_t)n) : "unknown";
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    fail("%s is in use by another llmt run (%s): wait for it to end, or give another --output_dir", dir.c_str(),
+         who.c_str());
+  }
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const std::string me = strformat("host %s pid %d\n", host, (int)getpid());
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != (ssize_t)me.size())
+    log_warn("cannot write %s: %s", path.c_str(), std::strerror(errno));
+  return fd;
 }
 
 // --tokenizer_name_or_path, else the model directory: a directory, a tokenizer file, or "bytes".
@@ -165,7 +196,8 @@ class Trainer {
   // A live progress line on a terminal; not under mpirun or srun, whose ranks' output may look like a
   // terminal but ends up in logs.
   bool live_ = false;
-  bool log_nccl_ = false;  // NCCL writes its log where report_nccl_transports reads it
+  bool log_nccl_ = false;
+  int lock_fd_ = -1;  // rank 0: the open lock on output_dir (lock_output_dir), held for the run's life  // NCCL writes its log where report_nccl_transports reads it
   // Fault injection for the tests: LLMT_FAIL_AT_STEP=rank:step makes that rank fail at that step.
   int fail_rank_ = -1;
   long long fail_step_ = -1;
@@ -190,6 +222,7 @@ Trainer::Trainer(const TrainArgs& a, ControlComm& world, const LaunchInfo& launc
 void Trainer::prepare_output_dir() {
   if (world_.rank() == 0) {
     make_dir(a_.output_dir);
+    lock_fd_ = lock_output_dir(a_.output_dir);
     std::vector<CheckpointEntry> old = list_checkpoint_dirs(a_.output_dir);
     LLMT_CHECK(old.empty() || !a_.resume_from_checkpoint.empty() || a_.overwrite_output_dir,
                "%s already holds checkpoints: pass --resume_from_checkpoint latest to continue, or "

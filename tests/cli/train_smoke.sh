@@ -35,6 +35,23 @@ if "$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train
 fi
 grep -q "missing.txt" "$work/err.txt" || { echo "FAIL: the error does not name the file"; exit 1; }
 
+# a second run into an output_dir in use is refused, naming the first; kill -9 frees the directory
+"$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --output_dir "$work/run6" \
+  --save_strategy no --block_size 64 --max_steps 100000 --logging_steps 1 --threads 1 > "$work/first.txt" 2>&1 &
+first=$!
+for _ in $(seq 200); do grep -q "^step" "$work/first.txt" 2>/dev/null && break; sleep 0.05; done
+if "$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" \
+     --output_dir "$work/run6" --max_steps 1 --threads 1 2> "$work/err.txt" > /dev/null; then
+  echo "FAIL: a second run into a busy output_dir was accepted"; kill -9 $first; exit 1
+fi
+grep -q "run6 is in use by another llmt run (host .* pid $first)" "$work/err.txt" \
+  || { echo "FAIL: the refusal does not name the first run"; cat "$work/err.txt"; kill -9 $first; exit 1; }
+kill -9 $first
+wait $first 2>/dev/null || true  # killed: 137
+"$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --output_dir "$work/run6" \
+  --overwrite_output_dir True --save_strategy no --block_size 64 --max_steps 1 --threads 1 > "$work/third.txt" 2>&1 \
+  || { echo "FAIL: the directory stayed locked after kill -9"; cat "$work/third.txt"; exit 1; }
+
 # a diverging run (lr 10, no clipping) is said to diverge, once, with its step
 "$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --output_dir "$work/run5" \
   --save_strategy no --block_size 64 --per_device_train_batch_size 8 --max_steps 12 --learning_rate 10 --max_grad_norm 0 \
