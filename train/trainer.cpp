@@ -719,10 +719,32 @@ std::string Trainer::resume_path() {
   double step = 0.0;
   std::string problem;
   if (world_.rank() == 0) {
-    std::string latest = find_latest_checkpoint(a_.output_dir, true);
+    // Newest first, checksums recomputed. One that fails is said loudly and moved aside (kept for a
+    // look, out of the checkpoint namespace, so this run never overwrites it), and the next older
+    // one is tried.
+    std::vector<CheckpointEntry> all = list_checkpoint_dirs(a_.output_dir);
+    std::string latest;
+    int failed = 0;
+    for (size_t i = all.size(); i-- > 0 && latest.empty();) {
+      const std::string why = checkpoint_problem(all[i].path, true);
+      if (why.empty()) {
+        latest = all[i].path;
+        break;
+      }
+      failed++;
+      std::string aside = all[i].path + ".corrupt";
+      for (int n = 2; ::access(aside.c_str(), F_OK) == 0; n++) aside = all[i].path + strformat(".corrupt-%d", n);
+      const bool moved = ::rename(all[i].path.c_str(), aside.c_str()) == 0;
+      log_info("warning %s failed its checks: %s; %s", all[i].path.c_str(), why.c_str(),
+               moved ? strformat("moved aside to %s", aside.c_str()).c_str()
+                     : strformat("could not move it aside (%s)", std::strerror(errno)).c_str());
+    }
     if (latest.empty())
-      problem = strformat("--resume_from_checkpoint %s: %s holds no complete checkpoint", want.c_str(),
-                          a_.output_dir.c_str());
+      problem = failed ? strformat("--resume_from_checkpoint %s: %s holds %d checkpoint%s and every one failed its "
+                                   "checks (see the warnings above; they were moved aside as *.corrupt)",
+                                   want.c_str(), a_.output_dir.c_str(), failed, failed == 1 ? "" : "s")
+                       : strformat("--resume_from_checkpoint %s: %s holds no checkpoint", want.c_str(),
+                                   a_.output_dir.c_str());
     else
       step = (double)std::stoll(latest.substr(latest.rfind('-') + 1));
   }

@@ -500,6 +500,14 @@ std::string checkpoint_problem(const std::string& dir, bool verify) {
   json m = json::parse(text, nullptr, false);
   if (!m.is_object() || m.value("format", "") != "llmt-checkpoint" || !m.contains("files") || !m["files"].is_object())
     return strformat("%s: not an llmt checkpoint manifest", mpath.c_str());
+  // The step is the one recorded inside: a directory renamed to another step number would resume
+  // at the wrong step and make save_total_limit delete the real newest.
+  const size_t slash = dir.find_last_of('/');
+  const int64_t named = step_of(slash == std::string::npos ? dir : dir.substr(slash + 1));
+  if (named >= 0 && (!m.contains("step") || !m["step"].is_number_integer() || m["step"].get<int64_t>() != named))
+    return strformat("%s: the manifest records step %s, but the directory is named checkpoint-%lld (renamed?)",
+                     mpath.c_str(), m.contains("step") ? clip_for_message(m["step"].dump()).c_str() : "(none)",
+                     (long long)named);
   for (auto& it : m["files"].items()) {
     const json& e = it.value();
     std::string path = dir + "/" + it.key();

@@ -81,4 +81,32 @@ for delay in 0.2 0.9 1.6; do
   grep -q "resume .*checkpoint-" "$work/r.log" || { echo "FAIL: resuming from latest after kill"; tail "$work/r.log"; exit 1; }
   echo "kill -9 ${delay}s after the first save: $n complete checkpoint(s); $(grep -o 'resume [^:]*' "$work/r.log")"
 done
+
+# `latest` with a corrupt newest checkpoint and one renamed to another step: each is said, moved
+# aside as .corrupt (never overwritten), and the run resumes from the newest good one. Before, the
+# run quietly took the older one and then overwrote the corrupt one, and trusted the renamed one.
+c="$work/latest"
+cp -r "$work/a" "$c"
+printf 'X' | dd of="$c/checkpoint-30/state.h5" bs=1 seek=5000 conv=notrunc 2> /dev/null
+mv "$c/checkpoint-20" "$c/checkpoint-25"
+"${mpi[@]}" -np 2 "$llmt" train "${common[@]}" --max_steps 30 --gradient_accumulation_steps 3 \
+  --fsdp "full_shard auto_wrap" --save_steps 10 --output_dir "$c" --resume_from_checkpoint latest > "$work/latest.log" 2>&1 \
+  || { echo "FAIL: resume past a corrupt checkpoint"; grep -E "error|warning" "$work/latest.log" | head; exit 1; }
+grep -q "warning .*checkpoint-30 failed its checks: .*state.h5: CRC-32C .*moved aside to .*checkpoint-30.corrupt" "$work/latest.log" \
+  || { echo "FAIL: the corrupt checkpoint was not reported and moved aside"; cat "$work/latest.log"; exit 1; }
+grep -q "warning .*checkpoint-25 failed its checks: .*records step 20, but the directory is named checkpoint-25" "$work/latest.log" \
+  || { echo "FAIL: the renamed checkpoint was trusted"; cat "$work/latest.log"; exit 1; }
+grep -q "resume .*checkpoint-10:" "$work/latest.log" || { echo "FAIL: did not resume from checkpoint-10"; cat "$work/latest.log"; exit 1; }
+[ -d "$c/checkpoint-30.corrupt" ] && [ -d "$c/checkpoint-25.corrupt" ] || { echo "FAIL: not kept aside"; ls "$c"; exit 1; }
+cmp "$work/a/checkpoint-30/manifest.json" "$c/checkpoint-30.corrupt/manifest.json" || { echo "FAIL: the corrupt one changed"; exit 1; }
+# when every checkpoint fails, say so
+d2="$work/d2"
+mkdir -p "$d2" && cp -r "$work/a/checkpoint-10" "$d2/"
+printf 'X' | dd of="$d2/checkpoint-10/state.h5" bs=1 seek=5000 conv=notrunc 2> /dev/null
+if "${mpi[@]}" -np 2 "$llmt" train "${common[@]}" --max_steps 30 --gradient_accumulation_steps 3 --output_dir "$d2" \
+     --fsdp "full_shard auto_wrap" --resume_from_checkpoint latest \
+     > "$work/d2.log" 2>&1; then echo "FAIL: resumed from nothing"; exit 1; fi
+grep -q "holds 1 checkpoint and every one failed its checks" "$work/d2.log" \
+  || { echo "FAIL: no 'every one failed' message"; cat "$work/d2.log"; exit 1; }
+echo "latest: a corrupt and a renamed checkpoint reported, moved aside, resumed from checkpoint-10"
 echo "PASS"
