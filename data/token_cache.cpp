@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "data/tokenizer.h"
+#include "engine/core/crc32c.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 
@@ -161,7 +162,7 @@ std::string resolve_cache_dir(const std::string& flag) {
 namespace {
 
 constexpr char kMagic[8] = {'L', 'L', 'M', 'T', 'T', 'O', 'K', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the CRC-32C of the body in the header
 constexpr uint32_t kLabelsAreIds = 1;
 
 struct Header {
@@ -171,7 +172,9 @@ struct Header {
   int64_t n_examples;
   int64_t n_tokens;
   int64_t stats[4];
-  char key[64];
+  char key[56];
+  uint32_t body_crc32c;  // CRC-32C of everything after the header (offsets, ids, labels)
+  uint32_t reserved;
 };
 static_assert(sizeof(Header) == 128, "token cache header is 128 bytes");
 
@@ -211,7 +214,7 @@ std::string token_cache_path(const std::string& dir, const std::string& name, co
 }
 
 void write_token_cache(const std::string& path, const std::string& key, const TokenDataset& ds, const CacheStats& st) {
-  LLMT_CHECK(key.size() < 64, "token cache key %s is too long", key.c_str());
+  LLMT_CHECK(key.size() < sizeof(Header::key), "token cache key %s is too long", key.c_str());
   Header h;
   std::memset(&h, 0, sizeof h);
   std::memcpy(h.magic, kMagic, 8);
@@ -221,14 +224,21 @@ void write_token_cache(const std::string& path, const std::string& key, const To
   h.n_tokens = ds.total_tokens();
   for (int i = 0; i < 4; i++) h.stats[i] = st.v[i];
   std::memcpy(h.key, key.data(), key.size());
+  static const int64_t zero = 0;
+  const size_t nt = (size_t)h.n_tokens;
+  if (ds.size() > 0) {
+    h.body_crc32c = crc32c(0, ds.offsets_data(), 8 * ((size_t)ds.size() + 1));
+    h.body_crc32c = crc32c(h.body_crc32c, ds.ids_data(), 4 * nt);
+    if (!ds.labels_are_ids()) h.body_crc32c = crc32c(h.body_crc32c, ds.labels_data(), 4 * nt);
+  } else {
+    h.body_crc32c = crc32c(0, &zero, 8);
+  }
 
   const std::string tmp = path + ".tmp." + unique_suffix();
   FILE* f = std::fopen(tmp.c_str(), "wb");
   LLMT_CHECK(f, "cannot create %s: %s", tmp.c_str(), std::strerror(errno));
-  static const int64_t zero = 0;
   bool ok = std::fwrite(&h, sizeof h, 1, f) == 1;
   if (ds.size() > 0) {
-    const size_t nt = (size_t)h.n_tokens;
     ok = ok && std::fwrite(ds.offsets_data(), 8, (size_t)ds.size() + 1, f) == (size_t)ds.size() + 1;
     ok = ok && std::fwrite(ds.ids_data(), 4, nt, f) == nt;
     if (!ds.labels_are_ids()) ok = ok && std::fwrite(ds.labels_data(), 4, nt, f) == nt;
@@ -267,11 +277,11 @@ bool map_token_cache(const std::string& path, const std::string& key, TokenDatas
                                          : strformat("mmap failed: %s", std::strerror(errno));
   } else {
     const Header& h = *(const Header*)base;
-    char want[64] = {0};
-    std::memcpy(want, key.data(), std::min<size_t>(key.size(), 63));
+    char want[sizeof(Header::key)] = {0};
+    std::memcpy(want, key.data(), std::min<size_t>(key.size(), sizeof(want) - 1));
     if (std::memcmp(h.magic, kMagic, 8) != 0) why = "not a token cache file (bad magic)";
     else if (h.version != kVersion) why = strformat("format version %u, expected %u", h.version, kVersion);
-    else if (std::memcmp(h.key, want, 64) != 0) why = "its key does not match its name";
+    else if (std::memcmp(h.key, want, sizeof(want)) != 0) why = "its key does not match its name";
     else if (h.n_examples < 0 || h.n_tokens < 0 || file_bytes(h) != size)
       why = strformat("%lld bytes, expected %lld for %lld examples and %lld tokens", (long long)size,
                       (long long)file_bytes(h), (long long)h.n_examples, (long long)h.n_tokens);
@@ -280,6 +290,10 @@ bool map_token_cache(const std::string& path, const std::string& key, TokenDatas
       bool mono = off[0] == 0 && off[h.n_examples] == h.n_tokens;
       for (int64_t i = 0; mono && i < h.n_examples; i++) mono = off[i] <= off[i + 1];
       if (!mono) why = "its offsets are not a valid partition of its tokens";
+      // the contents: a flipped token id would otherwise train on the wrong tokens, silently
+      const uint32_t crc = crc32c(0, (const char*)base + sizeof(Header), (size_t)(size - (int64_t)sizeof(Header)));
+      if (why.empty() && crc != h.body_crc32c)
+        why = strformat("its contents fail their checksum (CRC-32C %08x, the header says %08x)", crc, h.body_crc32c);
     }
   }
   if (!why.empty()) {

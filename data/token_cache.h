@@ -4,7 +4,8 @@
 //
 // File layout (native little-endian), docs/data.md has the details:
 //   header, 128 bytes: magic "LLMTTOK1", u32 version, u32 flags (bit 0: labels equal ids, not stored),
-//                      i64 n_examples, i64 n_tokens, i64 stats[4] (builder counters), char key[64]
+//                      i64 n_examples, i64 n_tokens, i64 stats[4] (builder counters), char key[56],
+//                      u32 CRC-32C of the body (checked on every map), u32 reserved
 //   i64 offsets[n_examples + 1]; i32 ids[n_tokens]; i32 labels[n_tokens] (unless flag bit 0)
 // Written under a unique temporary name and renamed, so a file is complete or absent. When several
 // processes start at once, one takes `<file>.lock` (O_EXCL) and tokenizes; the others wait for the

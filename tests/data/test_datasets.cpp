@@ -517,6 +517,20 @@ TEST(TokenCache, DamagedFilesAreRebuiltAndNoDirMeansNoCache) {
   EXPECT_FALSE(hit);
   EXPECT_EQ(builds, 2);
   EXPECT_EQ(d.total_tokens(), 5);
+  {  // flip a token id, keeping the size: the checksum catches it (before, it loaded and trained on it)
+    std::ifstream f(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    bytes[bytes.size() - 5 * 4 * 2 + 1] ^= 0x10;  // a byte of ids[0]
+    write_file(path, bytes);
+  }
+  d = cached_dataset(dir, "t", "k1", build, &st, &hit);
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(builds, 3);
+  EXPECT_EQ(d.ids(0)[0], 1);
+  d = cached_dataset(dir, "t", "k1", build, &st, &hit);  // rebuilt and rewritten: a hit again
+  EXPECT_TRUE(hit);
+  EXPECT_EQ(d.ids(0)[0], 1);
+  builds--;  // (the count below is of the damage cases)
   write_file(path, std::string(200, 'x'));  // not a cache file at all
   d = cached_dataset(dir, "t", "k1", build, &st, &hit);
   EXPECT_EQ(builds, 3);
