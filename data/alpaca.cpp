@@ -171,9 +171,9 @@ TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokeni
     }
   }
   LLMT_CHECK(err.empty(), "tokenizing Alpaca %s", err.c_str());
-  std::vector<int64_t> offsets((size_t)n + 1, 0);
+  std::vector<int64_t> offsets(1, 0);
   std::vector<int32_t> ids, labels;
-  int64_t truncated = 0, no_target = 0, first_truncated = -1;
+  int64_t truncated = 0, no_target = 0, first_truncated = -1, first_dropped = -1;
   for (int64_t i = 0; i < n; i++) {
     const std::vector<int32_t>& p = prompt[(size_t)i];
     const std::vector<int32_t>& t = target[(size_t)i];
@@ -181,19 +181,25 @@ TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokeni
     if ((int64_t)(p.size() + t.size()) > model_max_length) {
       truncated++;
       if (first_truncated < 0) first_truncated = i;
-      if ((int64_t)p.size() >= model_max_length) no_target++;
+    }
+    // A prompt that fills model_max_length leaves no response token: no loss, and a global batch of
+    // only such examples would stop the run at the same step on every resume. Dropped.
+    if ((int64_t)p.size() >= model_max_length) {
+      if (no_target++ == 0) first_dropped = i;
+      continue;
     }
     for (int64_t k = 0; k < len; k++) {
       const bool in_prompt = k < (int64_t)p.size();
       ids.push_back(in_prompt ? p[(size_t)k] : t[(size_t)(k - (int64_t)p.size())]);
       labels.push_back(in_prompt ? kIgnoreIndex : ids.back());
     }
-    offsets[(size_t)i + 1] = (int64_t)ids.size();
+    offsets.push_back((int64_t)ids.size());
   }
   if (st) {
     st->v[0] = truncated;
     st->v[1] = no_target;
     st->v[2] = first_truncated;
+    st->v[3] = first_dropped;
   }
   return TokenDataset(std::move(offsets), std::move(ids), std::move(labels));
 }
@@ -203,7 +209,8 @@ TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int
   if (FILE* f = std::fopen(path.c_str(), "rb")) std::fclose(f);
   else fail("cannot open --data_path %s: %s", path.c_str(), std::strerror(errno));
   KeyHasher h;
-  h.add("llmt-alpaca-v1").add(kAlpacaPromptInput).add(kAlpacaPromptNoInput);
+  // v2: records without a response token are dropped
+  h.add("llmt-alpaca-v2").add(kAlpacaPromptInput).add(kAlpacaPromptNoInput);
   h.add(args.instruction_field).add(args.input_field).add(args.output_field).add_int(args.model_max_length);
   h.add_file(path);
   add_tokenizer_to_key(h, tok, args.tokenizer_path);
@@ -231,11 +238,16 @@ TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int
            (long long)ds.max_length(),
            dir.empty() ? "no token cache" : hit ? "from the token cache " : "token cache written ",
            dir.empty() ? "" : token_cache_path(dir, name, h.hex()).c_str(), secs);
+  const long long records = (long long)ds.size() + st.v[1];
   if (st.v[0] > 0 && rank == 0)  // once, not once per rank
-    log_warn("%s: %lld of %lld examples are longer than model_max_length %d and were cut (the first: record %lld); "
-             "%lld of them keep no response token and give no loss",
-             path.c_str(), (long long)st.v[0], (long long)ds.size(), args.model_max_length, (long long)st.v[2],
-             (long long)st.v[1]);
+    log_warn("%s: %lld of %lld records are longer than model_max_length %d and were cut (the first: record %lld)%s",
+             path.c_str(), (long long)st.v[0], records, args.model_max_length, (long long)st.v[2],
+             st.v[1] > 0 ? strformat("; %lld of them keep no response token (the prompt alone fills it) and were "
+                                     "dropped (the first: record %lld)", (long long)st.v[1], (long long)st.v[3])
+                               .c_str()
+                         : "");
+  LLMT_CHECK(ds.size() > 0, "%s: none of its %lld records keeps a response token within --model_max_length %d: "
+             "nothing to learn from", path.c_str(), records, args.model_max_length);
   return ds;
 }
 

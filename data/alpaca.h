@@ -37,8 +37,9 @@ std::vector<AlpacaRecord> read_alpaca(const std::string& path, const DataArgs& f
 std::string alpaca_prompt(const AlpacaRecord& r);
 
 // One example per record: ids = [BOS if the tokenizer adds one] + encode(prompt) + encode(output) + [EOS],
-// labels -100 over the prompt part; cut to model_max_length. st->v[0] counts truncated examples,
-// v[1] those whose prompt alone fills model_max_length (no loss left), v[2] the first truncated index.
+// labels -100 over the prompt part; cut to model_max_length. A record whose prompt alone fills
+// model_max_length keeps no response token and is dropped. st->v[0] counts truncated records, v[1]
+// dropped ones, v[2] the first truncated record's index, v[3] the first dropped one's (-1: none).
 TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokenizer& tok, int model_max_length,
                              CacheStats* st);
 

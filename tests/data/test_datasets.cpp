@@ -281,10 +281,25 @@ TEST(Alpaca, MasksThePromptAppendsEosAndTruncates) {
   EXPECT_EQ(st.v[0], 2);
   EXPECT_EQ(st.v[1], 0);
   EXPECT_EQ(st.v[2], 0);
+  EXPECT_EQ(st.v[3], -1);
+  // a prompt that fills the limit leaves no response token: the record is dropped, counted and named
+  // (before, it stayed with every label masked, and a global batch of such examples stopped the run
+  // at the same step on every resume)
   d = tokenize_alpaca(three, tok, plen, &st);
   EXPECT_EQ(st.v[0], 3);
   EXPECT_EQ(st.v[1], 3);
-  for (int64_t k = 0; k < d.length(0); k++) EXPECT_EQ(d.labels(0)[k], -100);
+  EXPECT_EQ(d.size(), 0);
+  std::vector<AlpacaRecord> mixed = {{"a", "", "hello"}, {std::string(400, 'p'), "", "x"}, {"b", "", "x"}};
+  d = tokenize_alpaca(mixed, tok, plen + 3, &st);
+  ASSERT_EQ(d.size(), 2);
+  EXPECT_EQ(st.v[1], 1);
+  EXPECT_EQ(st.v[3], 1);  // record 1
+  EXPECT_EQ(d.length(1), plen + 2);  // record 2, "x" + EOS
+  for (int64_t i = 0; i < d.size(); i++) {
+    int64_t targets = 0;
+    for (int64_t k = 0; k < d.length(i); k++) targets += d.labels(i)[k] != -100;
+    EXPECT_GT(targets, 0) << "example " << i;
+  }
 }
 
 TEST(Alpaca, ParsesArraysLinesAndFieldVariants) {
@@ -476,7 +491,7 @@ TEST(TokenCache, SecondLoadSkipsTokenizationAndKeysChange) {
   al.data_path = dir + "/a.json";
   al.cache_dir = a.cache_dir;
   al.tokenizer_path = a.tokenizer_path;
-  al.model_max_length = 100;
+  al.model_max_length = 300;  // the prompts fit (a record whose prompt fills it is dropped)
   TokenDataset x = load_train_dataset(al, tok, 0, 1);
   const int calls = tok.calls.load();
   TokenDataset y = load_train_dataset(al, tok, 0, 1);
