@@ -517,6 +517,8 @@ static nlohmann::json parse_json(const std::string& text, const std::string& pat
   }
 }
 
+constexpr int64_t kIdSlack = 65536;  // ids allowed beyond a file's token count (holes, added tokens)
+
 // vocab (byte-level strings -> ids) into spec.tokens; returns the string -> id map for the merges.
 static std::unordered_map<std::string, int32_t> read_vocab(const nlohmann::json& vocab, const std::string& where,
                                                            BpeSpec& spec) {
@@ -531,6 +533,16 @@ static std::unordered_map<std::string, int32_t> read_vocab(const nlohmann::json&
     int32_t id = it.value().get<int32_t>();
     ids[it.key()] = id;
     max_id = std::max(max_id, id);
+  }
+  // Bound the id space by what the file holds before allocating it: one mistyped id (411891192 for
+  // 41189) made llmt allocate 13 GB for half a minute, 10^9 ended in bad_alloc. Real vocabularies
+  // are dense; the slack leaves room for holes and ids that added tokens fill.
+  const int64_t id_limit = (int64_t)vocab.size() + kIdSlack;
+  if (max_id >= id_limit) {
+    for (auto& [key, id] : ids)
+      LLMT_CHECK(id < id_limit, "%s: token \"%s\" has id %d, but the vocabulary holds %zu tokens: ids beyond %lld "
+                 "cannot be right", where.c_str(), clip_for_message(key).c_str(), id, vocab.size(),
+                 (long long)id_limit - 1);
   }
   spec.tokens.assign(max_id + 1, std::string());
   std::vector<uint8_t> seen(max_id + 1, 0);
@@ -555,7 +567,9 @@ static void add_merge(BpeSpec& spec, const std::unordered_map<std::string, int32
   spec.merges.push_back(BpeMerge{ia->second, ib->second, im->second, (int32_t)spec.merges.size()});
 }
 
-static void set_added(BpeSpec& spec, const BpeAddedToken& a) {
+static void set_added(BpeSpec& spec, const BpeAddedToken& a, const std::string& where) {
+  LLMT_CHECK(a.id < (int64_t)spec.tokens.size() + kIdSlack, "%s: added token \"%s\" has id %d, but the vocabulary "
+             "holds %zu tokens", where.c_str(), clip_for_message(a.content).c_str(), a.id, spec.tokens.size());
   if (a.id >= (int32_t)spec.tokens.size()) spec.tokens.resize(a.id + 1);
   std::string bytes;
   if (spec.tokens[a.id].empty()) {
@@ -601,7 +615,7 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_files(const std::string& vocab_jso
     BpeAddedToken a;
     a.content = "<|endoftext|>";
     a.id = eot->second;
-    set_added(spec, a);
+    set_added(spec, a, vocab_json);
     spec.bos_id = spec.eos_id = a.id;
   }
   return make_bpe_tokenizer(std::move(spec));
@@ -672,7 +686,7 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
         a.rstrip = t.value("rstrip", false);
         a.single_word = t.value("single_word", false);
         LLMT_CHECK(a.id >= 0, "%s: added token \"%s\" has a negative id", path.c_str(), a.content.c_str());
-        set_added(spec, a);
+        set_added(spec, a, path);
       }
     }
     // normalizer: none (a byte-level BPE sees the text as it is)

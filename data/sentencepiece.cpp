@@ -979,8 +979,15 @@ std::unique_ptr<Tokenizer> load_sentencepiece_json(const nlohmann::json& j, cons
   const nlohmann::json& vocab = c.member(model, "vocab", "model");
   if (!vocab.is_object()) c.bad("model.vocab", strformat("expected an object {piece: id}, got %s", vocab.type_name()));
   if (vocab.empty()) c.bad("model.vocab", "is empty");
+  // Ids run 0..N-1 without gaps (checked at the end); bound them by what the file holds before the
+  // id space grows to the largest one (an id of 10^9 would allocate tens of GB first).
+  const size_t added_count = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"].size() : 0;
+  const int64_t id_limit = (int64_t)(vocab.size() + added_count);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     int32_t id = c.id(it.value(), "model.vocab[\"" + it.key() + "\"]");
+    if (id >= id_limit)
+      c.bad("model.vocab[\"" + it.key() + "\"]", strformat("id %d, but the file holds %lld tokens (ids run 0..%lld)", id,
+                                                          (long long)id_limit, (long long)id_limit - 1));
     if (!valid_utf8(it.key())) c.bad("model.vocab", "a piece is not valid UTF-8");
     if ((size_t)id < tk->has_token.size() && tk->has_token[(size_t)id]) {
       c.bad("model.vocab[\"" + it.key() + "\"]", strformat("id %d is also piece \"%s\"", id, tk->tokens[(size_t)id].c_str()));
@@ -1038,6 +1045,9 @@ std::unique_ptr<Tokenizer> load_sentencepiece_json(const nlohmann::json& j, cons
       const nlohmann::json& t = list[i];
       AddedToken a;
       a.id = c.id(c.member(t, "id", w), w + ".id");
+      if ((int64_t)a.id >= id_limit)
+        c.bad(w + ".id", strformat("id %d, but the file holds %lld tokens (ids run 0..%lld)", a.id, (long long)id_limit,
+                                   (long long)id_limit - 1));
       a.content = c.str(t, "content", w);
       if (a.content.empty() || !valid_utf8(a.content)) c.bad(w + ".content", "expected non-empty UTF-8 text");
       a.special = c.flag(t, "special", false, w);

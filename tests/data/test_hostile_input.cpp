@@ -9,6 +9,7 @@
 #include <string>
 
 #include "data/alpaca.h"
+#include "data/bpe_bytelevel.h"
 #include "data/tokenizer.h"
 #include "engine/ckpt/safetensors.h"
 #include "engine/core/error.h"
@@ -118,4 +119,23 @@ TEST(HostileInput, SafetensorsBytesOutsideEveryTensor) {
                         std::string(12, '\0')));
   expect_error([&] { SafetensorsFile f(gap); }, {gap, "4 bytes of the data section before tensor 'b'"});
   for (const std::string& p : {good, trailing, gap}) std::remove(p.c_str());
+}
+
+// One mistyped id in vocab.json (411891192 for 41189) made llmt allocate 13 GB for half a minute
+// before any error; 10^9 ended in "internal error: std::bad_alloc" naming no file.
+TEST(HostileInput, VocabularyIdsBeyondWhatTheFileHolds) {
+  const std::string merges = temp_file("merges.txt", "#version: 0.2\n");
+  for (const char* id : {"411891192", "1000000000"}) {
+    const std::string vocab = temp_file("vocab.json", std::string("{\"a\": 0, \"b\": 1, \"c\": ") + id + "}");
+    expect_error([&] { load_bytelevel_bpe_files(vocab, merges); }, {vocab, "token \"c\" has id", "holds 3 tokens"});
+    std::remove(vocab.c_str());
+  }
+  // the same in a SentencePiece tokenizer.json
+  const std::string sp = temp_file(
+      "sp_tokenizer.json",
+      "{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {\"<unk>\": 0, \"a\": 1000000000}, "
+      "\"merges\": []}, \"normalizer\": null, \"pre_tokenizer\": null, \"decoder\": null}");
+  expect_error([&] { load_tokenizer(sp); }, {"id 1000000000, but the file holds 2 tokens"});
+  std::remove(sp.c_str());
+  std::remove(merges.c_str());
 }

@@ -471,7 +471,7 @@ TEST(SentencePiece, BadTokenizerJson) {
   EXPECT_ERROR(load_sentencepiece_json(with("/model/vocab/a", "1"), "t.json"), "expected a token id");
   EXPECT_ERROR(load_sentencepiece_json(with("/model/vocab/a", -1), "t.json"), "expected a token id");
   EXPECT_ERROR(load_sentencepiece_json(with("/model/vocab/a", 2), "t.json"), "is also piece");
-  EXPECT_ERROR(load_sentencepiece_json(with("/model/vocab/a", 7), "t.json"), "no token has id");
+  EXPECT_ERROR(load_sentencepiece_json(with("/model/vocab/a", 7), "t.json"), "id 7, but the file holds 4 tokens");
   EXPECT_ERROR(load_sentencepiece_json(with("/model/merges", "a b"), "t.json"), "model.merges: expected an array");
   EXPECT_ERROR(load_sentencepiece_json(with("/model/merges/0", "ab"), "t.json"), "model.merges[0]: expected \"left right\"");
   EXPECT_ERROR(load_sentencepiece_json(with("/model/merges/0", 5), "t.json"), "model.merges[0]");
