@@ -145,6 +145,8 @@ class Trainer {
   void describe_gpus();
   void load_data();
   void load_parameters();
+  PlanArgs plan_args() const;
+  void check_memory_fits();
   void describe();
   void resume();
   // the loop: a step, then its hooks
@@ -390,10 +392,50 @@ void Trainer::load_data() {
 
 // The model's activations and the store, then every unit's parameters: read from the Hugging Face
 // checkpoint or initialised, one unit at a time (no rank holds the whole model).
+// What llmt plan computes for this run (the same figures as `llmt plan` with these flags).
+PlanArgs Trainer::plan_args() const {
+  PlanArgs pa;
+  pa.world = W_;
+  pa.ranks_per_node = strategy_ == Strategy::hybrid_shard ? local_size_ : W_;
+  pa.fsdp = strategy_name(strategy_);
+  pa.batch = B_;
+  pa.seq_len = T_;
+  pa.accum = a_.gradient_accumulation_steps;
+  pa.gradient_checkpointing = a_.gradient_checkpointing;
+  pa.bf16 = a_.bf16;
+  pa.reduce_dtype = reduce_dtype_;
+  return pa;
+}
+
+// Before anything large is allocated: the plan's per-rank total against the memory this node has
+// for its ranks. --per_device_train_batch_size 100000 took 8 GB and half a minute before any check.
+void Trainer::check_memory_fits() {
+  if (a_.device != "cpu") return;  // a GPU's memory is checked by its own allocations (cudaMalloc fails at once)
+  const nlohmann::json plan = make_plan(cfg_, plan_args());
+  const double need = plan["total_gib"].get<double>();
+  double available_kib = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    double value = 0;
+    std::string unit;
+    meminfo >> value >> unit;
+    if (key == "MemAvailable:") available_kib = value;
+  }
+  if (available_kib <= 0) return;  // not Linux, or unreadable: nothing to compare with
+  const double per_rank = available_kib / (1024.0 * 1024.0) / launch_.local_size;
+  LLMT_CHECK(need <= per_rank, "this run needs %.2f GiB per rank (llmt plan: %.2f persistent, %.2f gathered, %.2f "
+             "activations) and this node has %.2f GiB available for each of its %d rank%s: lower "
+             "--per_device_train_batch_size or --block_size/--model_max_length, add --gradient_checkpointing True, "
+             "or shard over more ranks", need, plan["persistent_gib"].get<double>(),
+             plan["gathered_peak_gib"].get<double>(), plan["activations_gib"].get<double>(), per_rank,
+             launch_.local_size, launch_.local_size == 1 ? "" : "s");
+}
+
 void Trainer::load_parameters() {
+  local_size_ = a_.hybrid_shard_group_size > 0 ? a_.hybrid_shard_group_size : launch_.local_size;
+  check_memory_fits();
   model_ = std::make_unique<Transformer>(cfg_, *be_, B_, T_, a_.gradient_checkpointing);
   const ModelLayout& L = model_->layout();
-  local_size_ = a_.hybrid_shard_group_size > 0 ? a_.hybrid_shard_group_size : launch_.local_size;
   // hybrid_shard's groups are runs of consecutive ranks: with a node's ranks they must be that node's
   if (strategy_ == Strategy::hybrid_shard && a_.hybrid_shard_group_size <= 0)
     LLMT_CHECK(world_.rank() / launch_.local_size == launch_.node,
@@ -418,17 +460,7 @@ void Trainer::load_parameters() {
 void Trainer::describe() {
   const ModelLayout& L = model_->layout();
   const ShardGroups& g = store_->groups();
-  PlanArgs pa;
-  pa.world = W_;
-  pa.ranks_per_node = strategy_ == Strategy::hybrid_shard ? local_size_ : W_;
-  pa.fsdp = strategy_name(strategy_);
-  pa.batch = B_;
-  pa.seq_len = T_;
-  pa.accum = a_.gradient_accumulation_steps;
-  pa.gradient_checkpointing = a_.gradient_checkpointing;
-  pa.bf16 = a_.bf16;
-  pa.reduce_dtype = reduce_dtype_;
-  nlohmann::json plan = make_plan(cfg_, pa);
+  nlohmann::json plan = make_plan(cfg_, plan_args());
   log_info("model  %s, %.2fM parameters (%s)", cfg_.describe().c_str(), L.total_numel / 1e6,
            a_.model_name_or_path.empty() ? "random init" : a_.model_name_or_path.c_str());
   log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (master, grad, m, v%s), "

@@ -52,6 +52,17 @@ wait $first 2>/dev/null || true  # killed: 137
   --overwrite_output_dir True --save_strategy no --block_size 64 --max_steps 1 --threads 1 > "$work/third.txt" 2>&1 \
   || { echo "FAIL: the directory stayed locked after kill -9"; cat "$work/third.txt"; exit 1; }
 
+# a run that cannot fit is refused before anything large is allocated, with the plan's figures
+# (a 160B-parameter config: 2.5 TB of state on one rank)
+echo '{"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_layer": 200, "n_head": 64, "n_embd": 8192}' \
+  > "$work/huge.json"
+if "$llmt" train --model_config "$work/huge.json" --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" \
+     --output_dir "$work/run7" --block_size 64 --max_steps 1 --threads 1 2> "$work/err.txt" > /dev/null; then
+  echo "FAIL: a run that cannot fit was started"; exit 1
+fi
+grep -q "this run needs .* GiB per rank (llmt plan: .* persistent.*) and this node has .* GiB available" "$work/err.txt" \
+  || { echo "FAIL: no memory refusal"; cat "$work/err.txt"; exit 1; }
+
 # a diverging run (lr 10, no clipping) is said to diverge, once, with its step
 "$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --output_dir "$work/run5" \
   --save_strategy no --block_size 64 --per_device_train_batch_size 8 --max_steps 12 --learning_rate 10 --max_grad_norm 0 \
