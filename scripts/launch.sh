@@ -49,6 +49,7 @@ hosts=() host_slots=() host_lines=()
 lineno=0
 while IFS= read -r raw || [ -n "$raw" ]; do
   lineno=$((lineno + 1))
+  raw=${raw%$'\r'}  # a hostfile saved with CRLF line ends (its \r is invisible in any message)
   line=${raw%%#*}
   read -r -a words <<< "$line" || true
   [ ${#words[@]} -gt 0 ] || continue
@@ -58,16 +59,21 @@ while IFS= read -r raw || [ -n "$raw" ]; do
   slots="" max_slots=""
   for w in "${words[@]:1}"; do
     case "$w" in
-      slots=*) slots=${w#slots=} ;;
-      max_slots=*|max-slots=*) max_slots=${w#*=} ;;
+      slots=*) [ -z "$slots" ] || die "$where: slots is given twice ('$raw')"; slots=${w#slots=} ;;
+      max_slots=*|max-slots=*) [ -z "$max_slots" ] || die "$where: max_slots is given twice ('$raw')"
+                               max_slots=${w#*=} ;;
       *) die "$where: '$w' is not understood (expected slots=N [max_slots=M])" ;;
     esac
   done
   [ -n "$slots" ] || die "$where: $host has no slots=N (give the ranks per node, one per GPU)"
-  [[ $slots =~ ^[0-9]+$ ]] || die "$where: slots=$slots is not a number"
+  # decimal, as Open MPI reads it (bash would take 010 for 8 and fail on 08); at most 6 digits
+  decimal() { [[ $2 =~ ^[0-9]{1,6}$ ]] || die "$where: $1=$2 is not a number of slots (decimal, at most 999999)"; }
+  decimal slots "$slots"
+  slots=$((10#$slots))
   [ "$slots" -gt 0 ] || die "$where: $host has zero slots"
   if [ -n "$max_slots" ]; then
-    [[ $max_slots =~ ^[0-9]+$ ]] || die "$where: max_slots=$max_slots is not a number"
+    decimal max_slots "$max_slots"
+    max_slots=$((10#$max_slots))
     [ "$max_slots" -ge "$slots" ] || die "$where: max_slots=$max_slots is below slots=$slots"
   fi
   for i in "${!hosts[@]}"; do

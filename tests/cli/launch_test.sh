@@ -108,6 +108,18 @@ expect_error "slots vs GPUs" "two-nodes line 2: slots=8 but the nodes have 4 GPU
   -- run LLMT_GPUS_PER_NODE=4 bash "$launch" --hostfile two-nodes --check
 printf 'n1 slots=2 cpus=4\n' > token
 expect_error "unknown word" "token line 1: 'cpus=4' is not understood" -- run bash "$launch" --hostfile token --check
+# parsed as Open MPI reads hostfiles: CRLF line ends, decimal slot counts (bash took 010 for 8 and failed
+# on 08 with an octal error), repeated keys an error, absurd counts refused, each naming the line
+printf 'n1 slots=2\r\nn2 slots=2\r\n' > crlf
+expect "CRLF hostfile" "crlf: 2 host(s) x 2 slots = 4 ranks" -- run bash "$launch" --hostfile crlf --check
+printf 'n1 slots=08\nn2 slots=8\n' > octal8
+expect "slots=08 is eight" "octal8: 2 host(s) x 8 slots = 16 ranks" -- run bash "$launch" --hostfile octal8 --check
+printf 'n1 slots=010\n' > octal10
+expect "slots=010 is ten" "octal10: 1 host(s) x 10 slots = 10 ranks" -- run bash "$launch" --hostfile octal10 --check
+printf 'n1 slots=2 slots=3\n' > twice
+expect_error "repeated key" "twice line 1: slots is given twice" -- run bash "$launch" --hostfile twice --check
+printf 'n1 slots=99999999999999999999\n' > huge
+expect_error "huge slots" "huge line 1: slots=99999999999999999999 is not a number of slots" -- run bash "$launch" --hostfile huge --check
 printf 'n1 slots=4 max_slots=2\n' > maxs
 expect_error "max_slots below slots" "maxs line 1: max_slots=2 is below slots=4" -- run bash "$launch" --hostfile maxs --check
 printf '# nothing\n\n' > empty
