@@ -105,6 +105,8 @@ std::vector<AlpacaRecord> parse_alpaca(const std::string& text, const std::strin
     check_json_depth(text, what);
     try {
       doc = json::parse(text);
+    } catch (const json::out_of_range& e) {  // a number beyond double (1e309)
+      fail("%s: a number out of range: %s", what.c_str(), e.what());
     } catch (const json::parse_error& e) {
       int64_t line, col;
       line_and_column(text, e.byte > 0 ? (int64_t)e.byte - 1 : 0, &line, &col);
@@ -125,6 +127,8 @@ std::vector<AlpacaRecord> parse_alpaca(const std::string& text, const std::strin
         check_json_depth(line.data(), line.data() + line.size(), strformat("%s: line %lld", what.c_str(), (long long)line_no));
         try {
           j = json::parse(line);
+        } catch (const json::out_of_range& e) {
+          fail("%s: line %lld: a number out of range: %s", what.c_str(), (long long)line_no, e.what());
         } catch (const json::parse_error& pe) {
           fail("%s: malformed JSON at line %lld, column %lld: %s", what.c_str(), (long long)line_no,
                (long long)(pe.byte > 0 ? pe.byte : 1), parse_message(pe).c_str());

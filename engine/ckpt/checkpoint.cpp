@@ -384,7 +384,8 @@ std::string checkpoint_problem(const std::string& dir, bool verify) {
     return e.what();
   }
   json m = json::parse(text, nullptr, false);
-  if (!m.is_object() || m.value("format", "") != "llmt-checkpoint" || !m.contains("files") || !m["files"].is_object())
+  if (!m.is_object() || !m.contains("format") || m["format"] != "llmt-checkpoint" || !m.contains("files") ||
+      !m["files"].is_object())
     return strformat("%s: not an llmt checkpoint manifest", mpath.c_str());
   // The step is the one recorded inside: a directory renamed to another step number would resume
   // at the wrong step and make save_total_limit delete the real newest.
