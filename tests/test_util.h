@@ -4,9 +4,27 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/core/error.h"
 
 namespace llmt_test {
+
+// Runs f and expects an llmt::Error whose message holds every one of `parts`.
+inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const llmt::Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "\"" << p << "\" not in: " << msg;
+    return;
+  }
+  ADD_FAILURE() << "expected an llmt::Error";
+}
 
 // The checkout the tests were built from; $LLMT_SOURCE_DIR when the programs moved to another
 // machine (scripts/gpu_bundle.sh).

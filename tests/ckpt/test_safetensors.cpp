@@ -13,6 +13,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/tensor.h"
+#include "tests/test_util.h"
 
 using namespace llmt;
 namespace fs = std::filesystem;
@@ -50,17 +51,7 @@ void write_raw(const std::string& path, const std::string& header, const std::st
   spit(path, s + header + data);
 }
 
-// Runs f, expects an llmt::Error whose message contains every one of `parts`.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "expected an llmt::Error";
-}
+using llmt_test::expect_error;
 
 // A file with one bad header, opened as a SafetensorsFile: the error names the file and the parts.
 void expect_open_error(const std::string& path, const std::string& header, const std::string& data,

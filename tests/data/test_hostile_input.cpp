@@ -30,17 +30,7 @@ std::string temp_file(const std::string& name, const std::string& text) {
   return path;
 }
 
-// Runs f, expects llmt::Error whose message holds every one of `parts`.
-template <class F>
-void expect_error(F f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "missing \"" << p << "\" in: " << m;
-  }
-}
+using llmt_test::expect_error;
 
 }  // namespace
 
