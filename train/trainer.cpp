@@ -9,10 +9,12 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -811,7 +813,22 @@ void install_stop_handlers() {
 
 void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch) {
   // Watches every collective from here on: a dead or stopped rank ends the job in --ddp_timeout.
-  watchdog_start(a.ddp_timeout, world.rank());
+  // Progress records go under the output directory, which every node shares; the run id (rank 0's
+  // clock and pid) tells this run's records from a crashed earlier run's.
+  // Each run has a folder of its own, so a second run refused by the output_dir lock never touches
+  // the first one's records.
+  PeerRecords peers;
+  peers.world_size = world.size();
+  peers.host = launch.hostname;
+  const double id = world.all_reduce_sum(
+      world.rank() == 0 ? (double)((uint64_t)std::time(nullptr) * 100000 + (uint64_t)getpid() % 100000) : 0.0);
+  peers.run_id = strformat("%.0f", id);
+  const std::string records = a.output_dir + "/.llmt-progress";
+  peers.dir = records + "/" + peers.run_id;
+  ::mkdir(a.output_dir.c_str(), 0755);  // the trainer reports a bad output_dir itself; then there are no records
+  ::mkdir(records.c_str(), 0755);
+  if (::mkdir(peers.dir.c_str(), 0755) != 0 && errno != EEXIST) peers.dir.clear();
+  watchdog_start(a.ddp_timeout, world.rank(), peers);
   struct StopWatchdog {
     ~StopWatchdog() { watchdog_stop(); }
   } stop_watchdog;  // after the Trainer and its communicators are gone

@@ -1,23 +1,125 @@
 #include "engine/dist/watchdog.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "engine/core/error.h"
 
 namespace llmt {
 
-Watchdog::Watchdog(double timeout_s, int rank, FailFn on_fail, double poll_s)
+std::string peer_record_path(const std::string& dir, int rank) { return strformat("%s/rank-%d", dir.c_str(), rank); }
+
+bool parse_peer_record(const std::string& text, PeerRecord* out) {
+  std::istringstream in(text);
+  std::string word;
+  if (!(in >> word) || word != "llmt-progress") return false;
+  PeerRecord r;
+  int fields = 0;
+  while (in >> word) {
+    const size_t eq = word.find('=');
+    if (eq == std::string::npos) return false;
+    const std::string k = word.substr(0, eq), v = word.substr(eq + 1);
+    char* end = nullptr;
+    errno = 0;
+    if (k == "run") r.run_id = v;
+    else if (k == "host") r.host = v;
+    else if (k == "seq") r.seq = std::strtoull(v.c_str(), &end, 10);
+    else if (k == "step") r.step = std::strtoll(v.c_str(), &end, 10);
+    else if (k == "pid") r.pid = std::strtoll(v.c_str(), &end, 10);
+    else if (k == "time") r.written_unix_s = std::strtod(v.c_str(), &end);
+    else continue;  // a later version's field
+    if (end && (*end || errno)) return false;
+    fields++;
+  }
+  if (fields < 6) return false;
+  *out = r;
+  return true;
+}
+
+Watchdog::Watchdog(double timeout_s, int rank, FailFn on_fail, double poll_s, PeerRecords peers)
     : timeout_s_(timeout_s),
       // often enough that a timeout is seen within a tenth of it, never busier than every 10 ms
       poll_s_(poll_s > 0 ? poll_s : std::clamp(timeout_s / 10, 0.01, 1.0)),
+      // a record is final well before any peer's timeout can fire, and costs at most one small
+      // write every 5 s per rank on the shared file system
+      record_every_s_(std::clamp(timeout_s / 4, poll_s_, 5.0)),
       rank_(rank),
+      peers_(std::move(peers)),
       on_fail_(std::move(on_fail)) {
   LLMT_CHECK(timeout_s > 0, "--ddp_timeout must be positive, got %g", timeout_s);
+  if (!peers_.dir.empty()) write_record(0, -1);  // "began nothing yet", before any collective
   thread_ = std::thread([this] { run(); });
+}
+
+// Written whole to a temporary and renamed, so a reader never sees half a record.
+void Watchdog::write_record(uint64_t seq, int64_t step) {
+  recorded_seq_ = seq;
+  recorded_at_ = std::chrono::steady_clock::now();
+  const std::string path = peer_record_path(peers_.dir, rank_), tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return;  // the message will say the record is missing; nothing else depends on it
+  std::fprintf(f, "llmt-progress run=%s rank=%d host=%s pid=%lld seq=%llu step=%lld time=%.3f\n",
+               peers_.run_id.c_str(), rank_, peers_.host.c_str(), (long long)getpid(), (unsigned long long)seq,
+               (long long)step, (double)std::time(nullptr));
+  const bool ok = std::fclose(f) == 0;
+  if (ok) std::rename(tmp.c_str(), path.c_str());
+}
+
+// The ranks whose records show they never began collective #seq, for the timeout message.
+std::string Watchdog::who_did_not_arrive(uint64_t seq) {
+  std::vector<std::string> behind;
+  std::vector<int> missing;
+  const double now = (double)std::time(nullptr);
+  for (int r = 0; r < peers_.world_size; r++) {
+    if (r == rank_) continue;
+    std::ifstream in(peer_record_path(peers_.dir, r));
+    std::stringstream text;
+    text << in.rdbuf();
+    PeerRecord rec;
+    if (!in || !parse_peer_record(text.str(), &rec) || rec.run_id != peers_.run_id) {
+      missing.push_back(r);
+      continue;
+    }
+    if (rec.seq >= seq) continue;
+    // The record is rewritten every few seconds, so a rank stopped since then may have got further.
+    const std::string shows =
+        rec.seq == 0 ? std::string("no collective begun yet")
+                     : strformat("collective #%llu begun %s", (unsigned long long)rec.seq,
+                                 rec.step < 0 ? "before the first step"
+                                              : strformat("at step %lld", (long long)rec.step).c_str());
+    behind.push_back(strformat("%d (%s pid %lld; its last record, %.0f s old, shows %s)", r, rec.host.c_str(),
+                               rec.pid, std::max(0.0, now - rec.written_unix_s), shows.c_str()));
+  }
+  auto list = [](const std::vector<std::string>& items) {
+    std::string s;
+    const size_t shown = std::min<size_t>(items.size(), 8);
+    for (size_t i = 0; i < shown; i++) s += (i ? ", " : "") + items[i];
+    if (items.size() > shown) s += strformat(" and %zu more", items.size() - shown);
+    return s;
+  };
+  std::string out;
+  if (!behind.empty())
+    out += strformat("; rank%s that did not arrive: %s", behind.size() == 1 ? "" : "s", list(behind).c_str());
+  if (!missing.empty()) {
+    std::vector<std::string> ranks;
+    for (int r : missing) ranks.push_back(std::to_string(r));
+    out += strformat("; no progress record of this run from rank%s %s under %s (is the output directory on a "
+                     "file system every node shares?)",
+                     missing.size() == 1 ? "" : "s", list(ranks).c_str(), peers_.dir.c_str());
+  }
+  if (behind.empty() && missing.empty())
+    out += strformat("; every rank began it (records under %s): the collective itself is stuck (network, NCCL)",
+                     peers_.dir.c_str());
+  return out;
 }
 
 Watchdog::~Watchdog() {
@@ -27,6 +129,12 @@ Watchdog::~Watchdog() {
   }
   cv_.notify_all();
   thread_.join();
+  if (!peers_.dir.empty()) {  // a finished run leaves no records behind (the last rank out removes the folder)
+    std::remove(peer_record_path(peers_.dir, rank_).c_str());
+    ::rmdir(peers_.dir.c_str());
+    const size_t slash = peers_.dir.rfind('/');
+    if (slash != std::string::npos) ::rmdir(peers_.dir.substr(0, slash).c_str());  // .llmt-progress, when empty
+  }
 }
 
 uint64_t Watchdog::begin(const std::string& what, std::function<bool()> done) {
@@ -76,6 +184,7 @@ void Watchdog::run() {
       if (!reason.empty()) break;
     }
     const auto now = std::chrono::steady_clock::now();
+    uint64_t stuck_seq = 0;
     for (auto it = entries_.begin(); reason.empty() && it != entries_.end();) {
       Entry& e = it->second;
       if (e.done && e.done()) {
@@ -89,14 +198,25 @@ void Watchdog::run() {
                            e.what.c_str(), (unsigned long long)e.seq,
                            e.step < 0 ? "before the first step" : strformat("step %lld", (long long)e.step).c_str(),
                            timeout_s_);
+        stuck_seq = e.seq;
       }
       ++it;
     }
-    if (reason.empty()) continue;
+    if (reason.empty()) {
+      if (!peers_.dir.empty() && seq_ != recorded_seq_ &&
+          std::chrono::duration<double>(now - recorded_at_).count() >= record_every_s_) {
+        const uint64_t seq = seq_;
+        const int64_t step = step_;
+        lock.unlock();  // file I/O must not hold up begin() and end()
+        write_record(seq, step);
+        lock.lock();
+      }
+      continue;
+    }
     failed_ = true;
-    const std::string message = strformat("rank %d: %s", rank_, reason.c_str());
     lock.unlock();
-    on_fail_(message);
+    if (stuck_seq && !peers_.dir.empty()) reason += who_did_not_arrive(stuck_seq);
+    on_fail_(strformat("rank %d: %s", rank_, reason.c_str()));
     return;
   }
 }
@@ -130,10 +250,10 @@ Watchdog* current() {
 
 }  // namespace
 
-void watchdog_start(double timeout_s, int rank) {
+void watchdog_start(double timeout_s, int rank, PeerRecords peers) {
   std::lock_guard<std::mutex> lock(g_mu);
   LLMT_CHECK(!g_watchdog, "the watchdog is already running");
-  g_watchdog = std::make_unique<Watchdog>(timeout_s, rank, fail_process);
+  g_watchdog = std::make_unique<Watchdog>(timeout_s, rank, fail_process, 0, std::move(peers));
 }
 
 void watchdog_stop() {

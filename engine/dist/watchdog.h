@@ -11,6 +11,15 @@
 //
 // The process-wide watchdog is started by the trainer (watchdog_start); without one, watchdog_begin
 // and the rest do nothing, so tools and tests that never start it pay nothing.
+//
+// Which ranks did not arrive: a rank cannot ask a stopped peer anything, so each rank leaves a
+// record of its progress where the others can read it: one small file per rank under
+// <output_dir>/.llmt-progress/<run id> (the output directory is on a file system every node shares, as
+// checkpoints need). The watchdog's thread rewrites it, at most every few seconds and only when
+// something changed, with the sequence number of the last collective this rank began. Every rank
+// issues the same collectives in the same order, so on a timeout the ranks whose record is below the
+// stuck collective's number are the ones that never reached it; the message names them with their
+// host and pid. A finished run removes its records; a crashed one leaves its folder, ignored by later runs.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -24,14 +33,33 @@
 
 namespace llmt {
 
+// The per-rank progress record's file, and its parser (public for the tests).
+std::string peer_record_path(const std::string& dir, int rank);
+struct PeerRecord {
+  std::string run_id, host;
+  uint64_t seq = 0;
+  int64_t step = -1;
+  long long pid = 0;
+  double written_unix_s = 0;
+};
+bool parse_peer_record(const std::string& text, PeerRecord* out);
+
 constexpr int kWatchdogExitCode = 3;  // not 1 (an ordinary error) nor 124 (timeout(1)), so scripts can tell
+
+// Where ranks leave their progress records; an empty dir turns them off.
+struct PeerRecords {
+  std::string dir;
+  int world_size = 1;
+  std::string run_id;  // the same on every rank of one run
+  std::string host;    // this rank's host name, for the others' messages
+};
 
 class Watchdog {
  public:
   // on_fail receives the whole message; the default (used by watchdog_start) prints it, runs the
   // abort hooks and exits. Tests pass their own.
   using FailFn = std::function<void(const std::string& message)>;
-  Watchdog(double timeout_s, int rank, FailFn on_fail, double poll_s = 0);
+  Watchdog(double timeout_s, int rank, FailFn on_fail, double poll_s = 0, PeerRecords peers = {});
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -56,10 +84,14 @@ class Watchdog {
     std::function<bool()> done;
   };
   void run();
-  std::string fail_message(const std::string& reason);
+  void write_record(uint64_t seq, int64_t step);
+  std::string who_did_not_arrive(uint64_t seq);
 
-  const double timeout_s_, poll_s_;
+  const double timeout_s_, poll_s_, record_every_s_;
   const int rank_;
+  const PeerRecords peers_;
+  uint64_t recorded_seq_ = ~0ull;  // what our record last said (only the watchdog's thread uses it)
+  std::chrono::steady_clock::time_point recorded_at_;
   FailFn on_fail_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -72,7 +104,7 @@ class Watchdog {
 };
 
 // ---- the process-wide watchdog ----
-void watchdog_start(double timeout_s, int rank);  // once, after MPI is up
+void watchdog_start(double timeout_s, int rank, PeerRecords peers = {});  // once, after MPI is up
 void watchdog_stop();
 bool watchdog_running();
 uint64_t watchdog_begin(const std::string& what, std::function<bool()> done = nullptr);  // 0 when none runs

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A rank that stops without dying (SIGSTOP: a hung node, a stuck driver) ends the whole job through
 # the collective watchdog: the ranks waiting for it exit non-zero within --ddp_timeout plus a
-# bound, naming the collective and the step. Also an asynchronous NCCL error (the emulated build's
+# bound, naming the collective, the step and the rank that did not arrive. Also an asynchronous NCCL error (the emulated build's
 # stand-in, LLMT_SIMT_NCCL_FAIL) ends the job at once, before the timeout.
 # Usage: hung_rank.sh path/to/llmt [path/to/llmt_simt]
 #   with llmt_simt, the same again with --device cuda --ddp_backend nccl (the NCCL communicator)
@@ -51,6 +51,9 @@ stop_one() {
     || { echo "FAIL: $name: no watchdog message"; tail -20 "$out.log"; exit 1; }
   grep "did not finish within" "$out.log" | head -1
   grep -q "step [0-9]*) did not finish within" "$out.log" || { echo "FAIL: $name: the message names no step"; exit 1; }
+  # the ranks left waiting name the stopped one (from the progress records under output_dir)
+  grep -q "that did not arrive: [0-9]* ([^ ]* pid $victim; its last record" "$out.log" \
+    || { echo "FAIL: $name: the message does not name the stopped rank (pid $victim)"; tail -5 "$out.log"; exit 1; }
   if pgrep -f "^$prog train.*$out" > /dev/null; then echo "FAIL: $name: ranks left running"; exit 1; fi
 }
 

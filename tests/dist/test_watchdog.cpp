@@ -10,6 +10,14 @@
 #include <string>
 #include <thread>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
 #include "engine/core/error.h"
 #include "engine/dist/watchdog.h"
 
@@ -147,4 +155,121 @@ TEST(Watchdog, WithoutAProcessWatchdogTheHooksDoNothing) {
   watchdog_end(0);
   watchdog_set_step(3);
   { WatchScope scope("barrier"); }
+}
+
+// ---- which ranks did not arrive: the progress records ----
+namespace {
+
+std::string make_temp_dir() {
+  char tmpl[] = "/tmp/llmt_watchdog_XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  EXPECT_NE(d, nullptr);
+  return d ? d : "";
+}
+
+PeerRecords records(const std::string& dir, int world, const std::string& run = "run7") {
+  PeerRecords p;
+  p.dir = dir;
+  p.world_size = world;
+  p.run_id = run;
+  p.host = "node" + run;
+  return p;
+}
+
+// Begins n collectives and ends them.
+void run_collectives(Watchdog& w, int n) {
+  for (int i = 0; i < n; i++) w.end(w.begin("all_reduce of 1 f64 over 2 ranks (mpi)"));
+}
+
+}  // namespace
+
+TEST(WatchdogRecords, TheTimeoutNamesTheRankThatNeverBeganTheCollective) {
+  const std::string dir = make_temp_dir();
+  Failures never;  // rank 1 keeps up until collective #3, then stops issuing any
+  Watchdog w1(0.8, 1, never.fn(), 0.01, records(dir, 2));
+  run_collectives(w1, 3);
+  sleep_s(0.5);  // its record is rewritten within timeout/4 = 0.2 s
+
+  Failures f;
+  Watchdog w0(0.4, 0, f.fn(), 0.01, records(dir, 2));
+  run_collectives(w0, 3);
+  w0.begin("all_gather of 64 f32 over 2 ranks (mpi)");  // #4, which rank 1 never begins
+  ASSERT_TRUE(wait_for_failure(f, 5.0));
+  const std::string m = f.first();
+  EXPECT_NE(m.find("collective #4"), std::string::npos) << m;
+  EXPECT_NE(m.find("rank that did not arrive: 1 (noderun7 pid " + std::to_string(getpid()) +
+                   "; its last record, 0 s old, shows collective #3 begun before the first step)"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(never.count(), 0u);
+}
+
+TEST(WatchdogRecords, EveryRankArrivedMeansTheCollectiveItselfIsStuck) {
+  const std::string dir = make_temp_dir();
+  Failures never;
+  Watchdog w1(0.8, 1, never.fn(), 0.01, records(dir, 2));
+  w1.set_step(5);
+  w1.begin("all_gather of 64 f32 over 2 ranks (mpi)");  // rank 1 is in #1 as well (and would time out too)
+  sleep_s(0.3);
+  Failures f;
+  Watchdog w0(0.4, 0, f.fn(), 0.01, records(dir, 2));
+  w0.begin("all_gather of 64 f32 over 2 ranks (mpi)");
+  ASSERT_TRUE(wait_for_failure(f, 5.0));
+  EXPECT_NE(f.first().find("every rank began it"), std::string::npos) << f.first();
+  EXPECT_EQ(f.first().find("did not arrive"), std::string::npos) << f.first();
+}
+
+TEST(WatchdogRecords, MissingAndStaleRecordsAreSaidToBeMissing) {
+  const std::string dir = make_temp_dir();
+  auto write = [&](int rank, const char* text) {
+    FILE* f = std::fopen(peer_record_path(dir, rank).c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text, f);
+    std::fclose(f);
+  };
+  // rank 1's record is from another run (a crash in the same folder), rank 2's is torn, rank 3 wrote none
+  write(1, "llmt-progress run=run6 rank=1 host=a pid=2 seq=900 step=4 time=5\n");
+  write(2, "llmt-progress run=run7 rank=2 host=a pid=2 seq=");
+  Failures f;
+  Watchdog w0(0.3, 0, f.fn(), 0.01, records(dir, 4));
+  w0.set_step(2);
+  w0.begin("reduce_scatter of 64 f32 over 4 ranks (nccl)");
+  ASSERT_TRUE(wait_for_failure(f, 5.0));
+  const std::string m = f.first();
+  EXPECT_NE(m.find("step 2) did not finish"), std::string::npos) << m;
+  EXPECT_NE(m.find("no progress record of this run from ranks 1, 2, 3 under " + dir), std::string::npos) << m;
+}
+
+TEST(WatchdogRecords, ARecordSaysWhatTheRankBeganAndAFinishedRunRemovesIt) {
+  const std::string dir = make_temp_dir();
+  {
+    Failures f;
+    Watchdog w(0.4, 3, f.fn(), 0.01, records(dir, 4));
+    w.set_step(9);
+    run_collectives(w, 5);
+    sleep_s(0.3);  // past timeout/4
+    std::ifstream in(peer_record_path(dir, 3));
+    std::stringstream text;
+    text << in.rdbuf();
+    PeerRecord r;
+    ASSERT_TRUE(parse_peer_record(text.str(), &r)) << text.str();
+    EXPECT_EQ(r.run_id, "run7");
+    EXPECT_EQ(r.host, "noderun7");
+    EXPECT_EQ(r.seq, 5u);
+    EXPECT_EQ(r.step, 9);
+    EXPECT_EQ(r.pid, (long long)getpid());
+  }
+  struct stat st;
+  EXPECT_NE(stat(peer_record_path(dir, 3).c_str(), &st), 0) << "the record outlived its run";
+  EXPECT_NE(stat(dir.c_str(), &st), 0) << "the empty records folder was left behind";
+}
+
+TEST(WatchdogRecords, ParserRejectsWhatItCannotTrust) {
+  PeerRecord r;
+  EXPECT_TRUE(parse_peer_record("llmt-progress run=1 rank=0 host=a pid=2 seq=3 step=-1 time=5.5\n", &r));
+  EXPECT_TRUE(parse_peer_record("llmt-progress run=1 host=a pid=2 seq=3 step=4 time=5 future=x\n", &r));
+  EXPECT_FALSE(parse_peer_record("", &r));
+  EXPECT_FALSE(parse_peer_record("llmt-progress run=1 host=a pid=2 seq=3", &r));             // torn
+  EXPECT_FALSE(parse_peer_record("llmt-progress run=1 host=a pid=2 seq=3x step=4 time=5", &r));  // not a number
+  EXPECT_FALSE(parse_peer_record("something else entirely", &r));
 }
