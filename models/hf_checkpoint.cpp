@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -71,6 +72,17 @@ void check_hf_tensors(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg,
   }
 }
 
+// A NaN or inf in the weights as loaded trains to NaN at the first step, which says nothing about
+// where it came from; here the file and the tensor are known.
+static void check_finite(const float* v, int64_t n, const SafetensorsFile& file, const StTensor& t) {
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < n; i++)
+    if (!std::isfinite(v[i]) && bad++ == 0) first = i;
+  LLMT_CHECK(bad == 0, "%s: tensor \"%s\" holds %lld non-finite value%s (the first, %g, at flat index %lld); a model "
+             "loaded with it trains to NaN", file.path().c_str(), t.name.c_str(), (long long)bad, bad == 1 ? "" : "s",
+             (double)v[first], (long long)first);
+}
+
 void load_hf_unit(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const ModelLayout& layout, int unit,
                   float* host) {
   std::vector<float> tmp;
@@ -80,12 +92,14 @@ void load_hf_unit(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, con
     LLMT_CHECK(t && t->shape == p.hf_shape(), "checkpoint tensor \"%s\" is missing or misshapen", p.hf_name.c_str());
     if (!p.hf_transposed) {
       file->read_f32(*t, host + p.offset);
+      check_finite(host + p.offset, p.numel(), *file, *t);
       continue;
     }
     // Conv1D: the file holds [in, out]; llmt keeps [out, in].
     const int64_t out = p.shape[0], in = p.shape[1];
     tmp.resize((size_t)p.numel());
     file->read_f32(*t, tmp.data());
+    check_finite(tmp.data(), p.numel(), *file, *t);  // flat index as in the file
     float* dst = host + p.offset;
     for (int64_t i = 0; i < in; i++)
       for (int64_t o = 0; o < out; o++) dst[o * in + i] = tmp[(size_t)(i * out + o)];

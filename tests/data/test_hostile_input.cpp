@@ -3,10 +3,16 @@
 // the value back (SIGSEGV in llmt train and llmt tokenize).
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "data/alpaca.h"
 #include "data/bpe_bytelevel.h"
@@ -16,6 +22,8 @@
 #include "engine/core/json_text.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/config.h"
+#include "models/hf_checkpoint.h"
+#include "models/layout.h"
 #include "tests/test_util.h"
 
 using namespace llmt;
@@ -128,4 +136,44 @@ TEST(HostileInput, VocabularyIdsBeyondWhatTheFileHolds) {
   expect_error([&] { load_tokenizer(sp); }, {"id 1000000000, but the file holds 2 tokens"});
   std::remove(sp.c_str());
   std::remove(merges.c_str());
+}
+
+// A NaN or inf in a Hugging Face checkpoint used to surface as "the loss or gradient is not finite"
+// at step 1, naming nothing; now loading names the file and the tensor.
+TEST(HostileInput, NonFiniteWeightsAsLoadedNameTheTensor) {
+  const std::string src = llmt_test::source_dir() + "/tests/reference/gpt2_tiny";
+  std::ifstream in(src + "/model.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string name = "transformer.h.0.attn.c_proj.weight";
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  const StTensor* t = nullptr;
+  SafetensorsFile good(src + "/model.safetensors");
+  for (const StTensor& x : good.tensors())
+    if (x.name == name) t = &x;
+  ASSERT_NE(t, nullptr);
+  const std::string dir = ::testing::TempDir() + "llmt_hostile_nan_model";
+  ::mkdir(dir.c_str(), 0755);
+  {
+    std::ifstream c(src + "/config.json");
+    std::ofstream(dir + "/config.json") << c.rdbuf();
+  }
+  const ModelConfig cfg = config_from_json_file(dir + "/config.json");
+  const ModelLayout layout = make_layout(cfg);
+  for (const float bad : {std::nanf(""), -INFINITY}) {
+    std::string patched = bytes;
+    std::memcpy(&patched[8 + header + t->begin + 5 * sizeof(float)], &bad, sizeof(float));  // flat index 5
+    std::ofstream(dir + "/model.safetensors", std::ios::binary) << patched;
+    SafetensorsCheckpoint ckpt(dir);
+    check_hf_tensors(ckpt, cfg, layout, dir);
+    expect_error(
+        [&] {
+          for (size_t u = 0; u < layout.units.size(); u++) {
+            std::vector<float> host((size_t)layout.units[u].numel);
+            load_hf_unit(ckpt, cfg, layout, (int)u, host.data());
+          }
+        },
+        {dir + "/model.safetensors", "tensor \"" + name + "\" holds 1 non-finite value",
+         std::isnan(bad) ? "nan" : "-inf", "flat index 5"});
+  }
 }
