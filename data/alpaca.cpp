@@ -233,7 +233,7 @@ TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int
                  tokenizer_thread_safe(tok) ? "OpenMP threads" : "one thread");
         return tokenize_alpaca(recs, tok, args.model_max_length, s);
       },
-      &st, &hit, rank);
+      &st, &hit, rank, 60.0, tok.vocab_size());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t target_tokens = 0;
   for (int64_t i = 0; i < ds.total_tokens(); i++) target_tokens += ds.labels_data()[i] != kIgnoreIndex;

@@ -259,7 +259,22 @@ void write_token_cache(const std::string& path, const std::string& key, const To
   }
 }
 
-bool map_token_cache(const std::string& path, const std::string& key, TokenDataset* ds, CacheStats* st) {
+// The first id (or label other than -100) outside [0, vocab_size), as a reason; "" when none.
+static std::string first_out_of_vocab(const int64_t* off, int64_t n_examples, const int32_t* ids,
+                                      const int32_t* labels, int64_t vocab_size) {
+  for (int64_t e = 0; e < n_examples; e++)
+    for (int64_t i = off[e]; i < off[e + 1]; i++) {
+      const bool id_bad = ids[i] < 0 || ids[i] >= vocab_size;
+      if (id_bad || (labels[i] != kIgnoreIndex && (labels[i] < 0 || labels[i] >= vocab_size)))
+        return strformat("%s %d of example %lld, position %lld, is outside the tokenizer's vocabulary [0, %lld)",
+                         id_bad ? "token id" : "label", id_bad ? ids[i] : labels[i], (long long)e,
+                         (long long)(i - off[e]), (long long)vocab_size);
+    }
+  return "";
+}
+
+bool map_token_cache(const std::string& path, const std::string& key, TokenDataset* ds, CacheStats* st,
+                     int64_t vocab_size) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) {
     LLMT_CHECK(errno == ENOENT, "cannot open token cache %s: %s", path.c_str(), std::strerror(errno));
@@ -294,6 +309,10 @@ bool map_token_cache(const std::string& path, const std::string& key, TokenDatas
       const uint32_t crc = crc32c(0, (const char*)base + sizeof(Header), (size_t)(size - (int64_t)sizeof(Header)));
       if (why.empty() && crc != h.body_crc32c)
         why = strformat("its contents fail their checksum (CRC-32C %08x, the header says %08x)", crc, h.body_crc32c);
+      const int32_t* ids = (const int32_t*)(off + h.n_examples + 1);
+      if (why.empty() && vocab_size > 0)
+        why = first_out_of_vocab(off, h.n_examples, ids, (h.flags & kLabelsAreIds) ? ids : ids + h.n_tokens,
+                                 vocab_size);
     }
   }
   if (!why.empty()) {
@@ -345,7 +364,7 @@ class Heartbeat {
 
 TokenDataset cached_dataset(const std::string& dir, const std::string& name, const std::string& key,
                             const std::function<TokenDataset(CacheStats*)>& build, CacheStats* st, bool* hit,
-                            int rank, double stale_s) {
+                            int rank, double stale_s, int64_t vocab_size) {
   CacheStats local;
   if (!st) st = &local;
   if (hit) *hit = false;
@@ -368,7 +387,7 @@ TokenDataset cached_dataset(const std::string& dir, const std::string& name, con
   }
   for (;;) {
     TokenDataset ds;
-    if (map_token_cache(path, key, &ds, st)) {
+    if (map_token_cache(path, key, &ds, st, vocab_size)) {
       if (hit) *hit = true;
       return ds;
     }
@@ -379,7 +398,7 @@ TokenDataset cached_dataset(const std::string& dir, const std::string& name, con
       (void)wr;  // the content is only for people reading the lock
       ::close(fd);
       // Another writer may have finished between our look and our lock.
-      if (map_token_cache(path, key, &ds, st)) {
+      if (map_token_cache(path, key, &ds, st, vocab_size)) {
         ::unlink(lock.c_str());
         if (hit) *hit = true;
         return ds;
@@ -401,7 +420,7 @@ TokenDataset cached_dataset(const std::string& dir, const std::string& name, con
       ::unlink(lock.c_str());
       TokenDataset mapped;
       CacheStats st2;
-      if (map_token_cache(path, key, &mapped, &st2)) return mapped;  // page cache, shared by the ranks of a node
+      if (map_token_cache(path, key, &mapped, &st2, vocab_size)) return mapped;  // page cache, shared by the ranks of a node
       return ds;
     }
     if (errno != EEXIST) {

@@ -55,15 +55,19 @@ std::string token_cache_path(const std::string& dir, const std::string& name, co
 // Writes ds atomically (unique temporary + rename). Throws naming the file on an I/O error.
 void write_token_cache(const std::string& path, const std::string& key, const TokenDataset& ds, const CacheStats& st);
 // Maps the file when present and valid for `key`. Returns false when absent; a damaged or mismatched
-// file is reported, removed and also gives false.
-bool map_token_cache(const std::string& path, const std::string& key, TokenDataset* ds, CacheStats* st);
+// file is reported, removed and also gives false. With vocab_size > 0, an id outside [0, vocab_size)
+// or a label outside it that is not -100 also makes the file unusable (the warning names the file,
+// the example and the position), where it would otherwise stop training at the embedding.
+bool map_token_cache(const std::string& path, const std::string& key, TokenDataset* ds, CacheStats* st,
+                     int64_t vocab_size = 0);
 
 // The dataset for `key`: mapped from the cache when there, else build()-ed, written and returned.
 // dir "" builds without caching. *hit tells which. Cache trouble (unwritable dir, full disk) is a
 // warning and the built dataset is used from memory. Ranks other than 0 give rank 0 a moment to take
 // the lock first, so the tokenizing process is the one that prints.
+// vocab_size > 0 bounds the ids of a mapped file, as in map_token_cache.
 TokenDataset cached_dataset(const std::string& dir, const std::string& name, const std::string& key,
                             const std::function<TokenDataset(CacheStats*)>& build, CacheStats* st, bool* hit,
-                            int rank = 0, double stale_s = 60.0);
+                            int rank = 0, double stale_s = 60.0, int64_t vocab_size = 0);
 
 }  // namespace llmt

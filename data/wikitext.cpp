@@ -192,7 +192,7 @@ TokenDataset load_text_dataset(const std::string& path, LineRule rule, const Dat
         s->v[1] = dropped;
         return d;
       },
-      &st, &hit, rank);
+      &st, &hit, rank, 60.0, tok.vocab_size());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   LLMT_CHECK(ds.size() > 0,
              "%s: %s gives no block of %d tokens (%lld lines; run_clm drops each 1000-line group's remainder, "

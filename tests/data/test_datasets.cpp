@@ -561,6 +561,32 @@ TEST(TokenCache, DamagedFilesAreRebuiltAndNoDirMeansNoCache) {
   EXPECT_THROW(KeyHasher().add_file(dir + "/nope"), Error);
 }
 
+// A cache whose checksum holds but whose ids do not fit the tokenizer (written by hand, or by a
+// tokenizer that changed in a way its files do not show) used to load, and stopped training at the
+// embedding with a message that named no file.
+TEST(TokenCache, IdsOutsideTheVocabularyMakeTheFileUnusableAndNameIt) {
+  TempDir tmp_("vocab");
+  const std::string path = token_cache_path(tmp_.path, "t", "k1");
+  TokenDataset ds({0, 2, 5}, {1, 2, 3, 4, 7}, {-100, 2, -100, 4, 7});  // id 7 at example 1, position 2
+  write_token_cache(path, "k1", ds, CacheStats());
+  TokenDataset m;
+  EXPECT_TRUE(map_token_cache(path, "k1", &m, nullptr, 8));  // fits a vocabulary of 8
+  m = TokenDataset();
+  testing::internal::CaptureStderr();
+  EXPECT_FALSE(map_token_cache(path, "k1", &m, nullptr, 7));
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("token cache " + path + " is unusable (token id 7 of example 1, position 2, is outside the "
+                     "tokenizer's vocabulary [0, 7))"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(std::ifstream(path).good()) << "removed, to be tokenized again";
+  // a label out of range (ids fine) is caught the same way; -100 is not a label out of range
+  write_token_cache(path, "k1", TokenDataset({0, 3}, {1, 2, 3}, {-100, 9, 3}), CacheStats());
+  testing::internal::CaptureStderr();
+  EXPECT_FALSE(map_token_cache(path, "k1", &m, nullptr, 7));
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("label 9 of example 0, position 1"), std::string::npos);
+}
+
 TEST(TokenCache, ConcurrentStartsTokenizeOnceAndStaleLocksAreTakenOver) {
   TempDir tmp_("concurrent");
   std::string dir = tmp_.path;

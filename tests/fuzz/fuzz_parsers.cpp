@@ -166,7 +166,7 @@ std::map<std::string, Target> make_targets(const std::string& src, const std::st
     t["token_cache"] = {{read_all(p)}, "t-fuzzkey.tokens", [](const std::string& p, const std::string&) {
                           TokenDataset ds;
                           CacheStats st;
-                          if (map_token_cache(p, "fuzzkey", &ds, &st))
+                          if (map_token_cache(p, "fuzzkey", &ds, &st, 6))
                             for (int64_t i = 0; i < ds.size(); i++)
                               for (int64_t k = 0; k < ds.length(i); k++) (void)(ds.ids(i)[k] + ds.labels(i)[k]);
                         }};
