@@ -7,11 +7,12 @@
 // <out>/<target>-<n>.crash. Inputs under tests/fuzz/regressions/<target>/ run first, every time.
 //
 //   llmt_fuzz TARGET [--seconds S] [--iterations N] [--seed K] [--out DIR]
-//   TARGET: safetensors config bpe tokenizer_json sp_model alpaca manifest token_cache
+//   TARGET: safetensors config bpe tokenizer_json sp_model alpaca manifest token_cache hostfile
 // ctest runs each target for a bounded time (tests/CMakeLists: fuzz.*).
 #include <dirent.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <random>
 #include <string>
 #include <vector>
@@ -172,6 +174,27 @@ std::map<std::string, Target> make_targets(const std::string& src, const std::st
                         }};
     std::remove(p.c_str());
   }
+  // scripts/launch.sh's hostfile reader (bash): a clean refusal is exit status 2 with one
+  // "launch.sh: error: <hostfile> line N: ..." message; a bash error (an unbound variable, an octal
+  // or overflowing number, set -e tripping) or anything else is a finding.
+  t["hostfile"] = {{read_all(src + "/hostfiles/localhost"), read_all(src + "/hostfiles/two-nodes.example"),
+                    "node1 slots=4 max_slots=8\r\nnode2 slots=4 # a comment\r\n\n# the end\n"},
+                   "hostfile", [src](const std::string& p, const std::string& dir) {
+                     const std::string err = dir + "/launch.err";
+                     const std::string cmd = "LLMT_GPUS_PER_NODE=0 timeout 20 bash '" + src +
+                                             "/scripts/launch.sh' --hostfile '" + p + "' --check > /dev/null 2> '" +
+                                             err + "'";
+                     const int status = std::system(cmd.c_str());
+                     const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+                     const std::string msg = read_all(err);
+                     if (rc == 0) return;
+                     const std::string prefix = "launch.sh: error: " + p;
+                     const bool one_line = msg.find('\n') == msg.size() - 1;
+                     if (rc == 2 && msg.compare(0, prefix.size(), prefix) == 0 && one_line &&
+                         (msg.find(" line ") != std::string::npos || msg.find("names no host") != std::string::npos))
+                       throw Error(msg);
+                     throw std::runtime_error(strformat("launch.sh --check exited %d: %s", rc, msg.c_str()));
+                   }};
   return t;
 }
 
