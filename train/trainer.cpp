@@ -409,28 +409,42 @@ PlanArgs Trainer::plan_args() const {
   return pa;
 }
 
-// Before anything large is allocated: the plan's per-rank total against the memory this node has
-// for its ranks. --per_device_train_batch_size 100000 took 8 GB and half a minute before any check.
+// Before anything large is allocated: the plan's per-rank total against the memory this rank can
+// have: on a GPU, the device's free memory over the ranks that share it; on the CPU, the node's
+// available memory over its ranks. --per_device_train_batch_size 100000 took 8 GB and half a minute
+// before any check.
 void Trainer::check_memory_fits() {
-  if (a_.device != "cpu") return;  // a GPU's memory is checked by its own allocations (cudaMalloc fails at once)
   const nlohmann::json plan = make_plan(cfg_, plan_args());
   const double need = plan["total_gib"].get<double>();
-  double available_kib = 0;
-  std::ifstream meminfo("/proc/meminfo");
-  for (std::string key; meminfo >> key;) {
-    double value = 0;
-    std::string unit;
-    meminfo >> value >> unit;
-    if (key == "MemAvailable:") available_kib = value;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  double per_rank = 0;
+  std::string where;
+  size_t free_b = 0, total_b = 0;
+  if (be_->device_memory(&free_b, &total_b)) {
+    const int devices = std::max(1, cuda_device_count());
+    const int sharing = (launch_.local_size + devices - 1) / devices;  // ranks on this rank's GPU
+    per_rank = (double)free_b / gib / sharing;
+    where = strformat("its GPU (cuda:%d) has %.2f GiB free of %.2f GiB%s", launch_.local_rank % devices,
+                      free_b / gib, total_b / gib,
+                      sharing > 1 ? strformat(", shared by %d ranks", sharing).c_str() : "");
+  } else {
+    double available_kib = 0;
+    std::ifstream meminfo("/proc/meminfo");
+    for (std::string key; meminfo >> key;) {
+      double value = 0;
+      std::string unit;
+      meminfo >> value >> unit;
+      if (key == "MemAvailable:") available_kib = value;
+    }
+    if (available_kib <= 0) return;  // not Linux, or unreadable: nothing to compare with
+    per_rank = available_kib / (1024.0 * 1024.0) / launch_.local_size;
+    where = strformat("this node has %.2f GiB available for each of its %d rank%s", per_rank, launch_.local_size,
+                      launch_.local_size == 1 ? "" : "s");
   }
-  if (available_kib <= 0) return;  // not Linux, or unreadable: nothing to compare with
-  const double per_rank = available_kib / (1024.0 * 1024.0) / launch_.local_size;
   LLMT_CHECK(need <= per_rank, "this run needs %.2f GiB per rank (llmt plan: %.2f persistent, %.2f gathered, %.2f "
-             "activations) and this node has %.2f GiB available for each of its %d rank%s: lower "
-             "--per_device_train_batch_size or --block_size/--model_max_length, add --gradient_checkpointing True, "
-             "or shard over more ranks", need, plan["persistent_gib"].get<double>(),
-             plan["gathered_peak_gib"].get<double>(), plan["activations_gib"].get<double>(), per_rank,
-             launch_.local_size, launch_.local_size == 1 ? "" : "s");
+             "activations) and %s: lower --per_device_train_batch_size or --block_size/--model_max_length, add "
+             "--gradient_checkpointing True, or shard over more ranks", need, plan["persistent_gib"].get<double>(),
+             plan["gathered_peak_gib"].get<double>(), plan["activations_gib"].get<double>(), where.c_str());
 }
 
 void Trainer::load_parameters() {

@@ -72,6 +72,13 @@ class Backend {
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;  // returns with the data on the host
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;  // the host waits for all issued work
+  // The memory alloc() draws from when it is not the host's (a GPU's): free and total bytes, as the
+  // driver reports them now. False on the CPU.
+  virtual bool device_memory(size_t* free_bytes, size_t* total_bytes) {
+    (void)free_bytes;
+    (void)total_bytes;
+    return false;
+  }
 
   // ---- dense ----
   // out[M,N] (= or +=) op(a) @ op(b) + bias[N]

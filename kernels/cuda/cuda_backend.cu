@@ -53,7 +53,7 @@ struct Scratch {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend(int device, DType compute, bool tf32) : compute_(compute) {
+  CudaBackend(int device, DType compute, bool tf32) : compute_(compute), device_(device) {
     LLMT_CHECK(compute == DType::f32 || compute == DType::bf16, "cuda backend: compute dtype must be f32 or bf16, got %s",
                dtype_name(compute));
     const int n = cuda_device_count();
@@ -89,6 +89,11 @@ class CudaBackend : public Backend {
   int threads() const override { return 1; }
   DType compute_dtype() const override { return compute_; }
   bool is_host_memory() const override { return false; }
+  bool device_memory(size_t* free_bytes, size_t* total_bytes) override {
+    CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+    return true;
+  }
   void* native_stream() override { return stream_; }
   std::unique_ptr<Event> make_event() override { return std::make_unique<CudaEvent>(); }
   void record(Event& e) override { CUDA_CHECK(cudaEventRecord(static_cast<CudaEvent&>(e).get(), stream_)); }
@@ -371,6 +376,7 @@ class CudaBackend : public Backend {
   }
 
   DType compute_;
+  int device_;
   cudaStream_t stream_ = nullptr;
   int* err_ = nullptr;
   Scratch row_losses_, attn_d_, partials_;

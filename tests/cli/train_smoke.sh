@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # End to end through the executable: train a tiny GPT-2 on licence text, check the loss falls and
 # a Hugging Face directory is written, train on from that directory, and check bad flags fail
-# with the flag named. Usage: train_smoke.sh path/to/llmt
+# with the flag named. Usage: train_smoke.sh path/to/llmt [path/to/llmt_simt]
 set -euo pipefail
 llmt=$1
+simt=${2:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cat /usr/share/common-licenses/* > "$work/corpus.txt" 2>/dev/null || true
@@ -62,6 +63,16 @@ if "$llmt" train --model_config "$work/huge.json" --tokenizer_name_or_path bytes
 fi
 grep -q "this run needs .* GiB per rank (llmt plan: .* persistent.*) and this node has .* GiB available" "$work/err.txt" \
   || { echo "FAIL: no memory refusal"; cat "$work/err.txt"; exit 1; }
+# and on a GPU, against the device's free memory (the emulator's device reports 16 GiB), before any
+# allocation: it used to be left to the first cudaMalloc that failed, part way through loading
+if [ -n "$simt" ]; then
+  if "$simt" train --device cuda --model_config "$work/huge.json" --tokenizer_name_or_path bytes \
+       --train_file "$work/corpus.txt" --output_dir "$work/run8" --block_size 64 --max_steps 1 2> "$work/err.txt" > /dev/null; then
+    echo "FAIL: a run that cannot fit the GPU was started"; exit 1
+  fi
+  grep -q "this run needs .* GiB per rank (llmt plan: .*) and its GPU (cuda:0) has 16.00 GiB free of 16.00 GiB: lower" \
+    "$work/err.txt" || { echo "FAIL: no GPU memory refusal"; cat "$work/err.txt"; exit 1; }
+fi
 
 # a diverging run (lr 10, no clipping) is said to diverge, once, with its step
 "$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --output_dir "$work/run5" \
