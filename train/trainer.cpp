@@ -193,7 +193,8 @@ class Trainer {
   // the logging window and the whole run's throughput
   double window_start_ = 0.0, window_loss_ = 0.0, window_flops_ = 0.0, run_start_ = 0.0;
   int64_t window_tokens_ = 0, window_steps_ = 0, run_tokens_ = 0;
-  double comm_before_ = 0.0, comm_first_step_ = 0.0;
+  double comm_before_ = 0.0, comm_first_step_ = 0.0, planned_comm_bytes_ = 0.0;
+  bool comm_recorded_ = false;
   double lr_ = 0.0;
   double first_loss_ = 0.0, first_grad_norm_ = 0.0;  // this run's first step, for the divergence warning
   bool warned_explosion_ = false;
@@ -489,6 +490,7 @@ void Trainer::describe() {
   log_info("plan   per rank: gathered buffers at most %.1f MiB; %.1f MiB sent per step at the longest batches "
            "(llmt plan)",
            plan["gathered_peak_gib"].get<double>() * 1024.0, plan["comm_total_bytes"].get<double>() / kMiB);
+  planned_comm_bytes_ = plan["comm_total_bytes"].get<double>();
   log_info("train  %lld steps (%lld per epoch), global batch %d x %d x %d = %lld sequences, lr %g (%s, %lld warmup), "
            "%d threads per rank",
            (long long)total_steps_, (long long)steps_per_epoch_, W_, B_, a_.gradient_accumulation_steps,
@@ -610,16 +612,22 @@ void Trainer::log(int64_t s, const StepResult& r) {
            "%.0f ms/step | rss %.2f GiB",
            (long long)s + 1, (long long)total_steps_, epoch, mean_loss, lr_, r.grad_norm, tps, tps / W_,
            1000.0 * dt / window_steps_, peak_rss_gib());
-  record({{"step", s + 1},
-          {"epoch", epoch},
-          {"loss", mean_loss},
-          {"learning_rate", lr_},
-          {"grad_norm", r.grad_norm},
-          {"tokens_per_s", tps},
-          {"tokens_per_s_per_rank", tps / W_},
-          {"gflops_rank0", window_flops_ / dt / 1e9},
-          {"flops_convention", Transformer::kFlopsConvention},
-          {"peak_rss_gib", peak_rss_gib()}});
+  nlohmann::json j = {{"step", s + 1},
+                      {"epoch", epoch},
+                      {"loss", mean_loss},
+                      {"learning_rate", lr_},
+                      {"grad_norm", r.grad_norm},
+                      {"tokens_per_s", tps},
+                      {"tokens_per_s_per_rank", tps / W_},
+                      {"gflops_rank0", window_flops_ / dt / 1e9},
+                      {"flops_convention", Transformer::kFlopsConvention},
+                      {"peak_rss_gib", peak_rss_gib()}};
+  if (!comm_recorded_) {  // the first record of the run: what rank 0 sent in its first step, and the plan
+    j["comm_bytes_first_step_rank0"] = comm_first_step_;
+    j["comm_bytes_planned_per_step"] = planned_comm_bytes_;
+    comm_recorded_ = true;
+  }
+  record(j);
   window_start_ = now_s();
   window_loss_ = window_flops_ = 0.0;
   window_tokens_ = window_steps_ = 0;
