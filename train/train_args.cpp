@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <sstream>
+#include <string>
 
 #include "engine/core/error.h"
 #include "engine/core/log.h"
@@ -165,6 +167,24 @@ const std::vector<TrainFlag>& train_flags() {
          LLMT_CHECK(f.get_bool(n, true), "--do_train False: llmt train always trains");
        },
        nullptr},
+      {"report_to", "logging", "none|tensorboard|all",
+       "tensorboard (or all): event files under --logging_dir, rank 0; other trackers (wandb, ...) are ignored "
+       "with a warning",
+       [](Flags& f, const char* n, TrainArgs& a) {
+         // HF takes a list: "tensorboard,wandb" or "tensorboard wandb"
+         std::string list = f.get_string(n, "none");
+         for (char& c : list)
+           if (c == ',') c = ' ';
+         std::istringstream in(list);
+         for (std::string t; in >> t;) {
+           if (t == "tensorboard" || t == "all") a.report_tensorboard = true;
+           else if (t != "none" && launcher_rank_from_env() <= 0)
+             log_warn("--report_to %s: llmt writes tensorboard only; %s is ignored", t.c_str(), t.c_str());
+         }
+       },
+       nullptr},
+      {"logging_dir", "logging", "DIR", "where --report_to tensorboard writes (default output_dir/runs/<date>_<host>)",
+       ARG_UNSET(logging_dir)},
       IGNORED("use_habana", "optimum-habana"),
       IGNORED("use_lazy_mode", "optimum-habana"),
       IGNORED("use_hpu_graphs", "optimum-habana"),
@@ -172,7 +192,6 @@ const std::vector<TrainFlag>& train_flags() {
       IGNORED("use_hpu_graphs_for_training", "optimum-habana"),
       IGNORED("gaudi_config_name", "optimum-habana"),
       IGNORED("deepspeed", "DeepSpeed's config"),
-      IGNORED("report_to", "experiment trackers"),
   };
   return flags;
 }

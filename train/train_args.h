@@ -36,6 +36,8 @@ struct TrainArgs {
   int64_t warmup_steps = 0;
   int logging_steps = 500;
   int throughput_warmup_steps = 0;   // steps left out of the throughput summary
+  bool report_tensorboard = false;   // --report_to tensorboard|all
+  std::string logging_dir;           // TensorBoard's; "" = output_dir/runs/<date>_<host>
   std::string fsdp;                  // "full_shard auto_wrap", "shard_grad_op", "hybrid_shard", "no_shard" ("" = no_shard)
   std::string fsdp_transformer_layer_cls_to_wrap;  // GPT2Block / LlamaDecoderLayer
   int hybrid_shard_group_size = 0;   // ranks a hybrid_shard shard spans; 0 = the ranks of a node

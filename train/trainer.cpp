@@ -44,6 +44,7 @@
 #include "train/export.h"
 #include "train/plan.h"
 #include "train/step.h"
+#include "train/tensorboard.h"
 
 namespace llmt {
 
@@ -187,6 +188,7 @@ class Trainer {
   Schedule sched_;
   AdamWConfig adamw_;
   std::ofstream metrics_;
+  std::unique_ptr<TensorBoardWriter> tb_;  // rank 0, with --report_to tensorboard
   std::vector<nlohmann::json> log_history_;  // what was logged, for trainer_state.json (rank 0)
   // this rank's batch buffers, one per micro-batch
   std::vector<std::vector<int32_t>> tokens_, targets_;
@@ -532,6 +534,12 @@ void Trainer::resume() {
     metrics_.open(a_.output_dir + "/metrics.jsonl", std::ios::trunc);
     for (const auto& rec : log_history_) metrics_ << rec.dump() << "\n";
     metrics_.flush();
+    if (a_.report_tensorboard) {  // this run's records only: a resumed run's history is in its own files
+      tb_ = std::make_unique<TensorBoardWriter>(a_.logging_dir.empty() ? default_logging_dir(a_.output_dir)
+                                                                       : a_.logging_dir);
+      log_info("report tensorboard: %s (tensorboard --logdir %s)", tb_->path().c_str(),
+               (a_.logging_dir.empty() ? a_.output_dir + "/runs" : a_.logging_dir).c_str());
+    }
   }
 }
 
@@ -681,6 +689,14 @@ void Trainer::record(const nlohmann::json& j) {
   log_history_.push_back(j);
   metrics_ << j.dump() << "\n";
   metrics_.flush();
+  if (!tb_) return;
+  // every number but the step, under the Trainer's tag names; an eval record's perplexity is eval/
+  std::vector<std::pair<std::string, double>> scalars;
+  const bool eval = j.contains("eval_loss");
+  for (const auto& [key, value] : j.items())
+    if (key != "step" && value.is_number())
+      scalars.push_back({eval && key == "perplexity" ? "eval/perplexity" : tensorboard_tag(key), value.get<double>()});
+  tb_->add_scalars(j.value("step", (int64_t)0), scalars);
 }
 
 // Mean loss over every token counted on every rank, without dropout.
