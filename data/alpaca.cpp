@@ -1,5 +1,7 @@
 #include "data/alpaca.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -222,6 +224,8 @@ TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int
   for (char& c : base)
     if (!std::isalnum((unsigned char)c) && c != '.' && c != '-' && c != '_') c = '_';
   const std::string dir = resolve_cache_dir(args.cache_dir), name = "alpaca-" + base;
+  if (args.overwrite_cache && rank == 0 && !dir.empty() && ::unlink(token_cache_path(dir, name, h.hex()).c_str()) == 0)
+    log_info("data   --overwrite_cache: removed %s", token_cache_path(dir, name, h.hex()).c_str());
   CacheStats st;
   bool hit = false;
   auto t0 = std::chrono::steady_clock::now();
@@ -229,8 +233,9 @@ TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int
       dir, name, h.hex(),
       [&](CacheStats* s) {
         std::vector<AlpacaRecord> recs = read_alpaca(path, args);
+        TokenizeThreads threads(args.preprocessing_num_workers);
         log_info("data   tokenizing %zu Alpaca records of %s (%s)", recs.size(), path.c_str(),
-                 tokenizer_thread_safe(tok) ? "OpenMP threads" : "one thread");
+                 threads.describe(tokenizer_thread_safe(tok)).c_str());
         return tokenize_alpaca(recs, tok, args.model_max_length, s);
       },
       &st, &hit, rank, 60.0, tok.vocab_size());

@@ -1,5 +1,7 @@
 #include "data/dataset.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <climits>
 
@@ -61,6 +63,9 @@ static void check_sources(const DataArgs& a) {
              a.dataset_name.c_str());
   LLMT_CHECK(a.dataset_name.empty() || !a.dataset_config_name.empty(),
              "--dataset_name wikitext needs --dataset_config_name (wikitext-2-raw-v1, wikitext-103-raw-v1, ...)");
+  LLMT_CHECK(a.validation_split_percentage == 0 || !a.train_file.empty() || !a.dataset_name.empty(),
+             "--validation_split_percentage carves a validation split from --train_file (run_clm); Alpaca data "
+             "has no evaluation set");
   LLMT_CHECK(a.validation_file.empty() || !a.train_file.empty(),
              "--validation_file goes with --train_file (plain text); with --dataset_name the validation split is "
              "used, and Alpaca data has no evaluation set");
@@ -73,6 +78,10 @@ TokenDataset load_train_dataset(const DataArgs& a, const Tokenizer& tok, int ran
   if (!a.dataset_name.empty())
     return load_text_dataset(wikitext_split_file(a.dataset_dir, a.dataset_config_name, "train"), LineRule::kWikitext,
                              a, tok, rank, a.dataset_config_name + " train");
+  if (a.validation_file.empty() && a.validation_split_percentage > 0)  // run_clm: train[N%:]
+    return load_text_dataset(a.train_file, LineRule::kTextLoader, a, tok, rank,
+                             strformat("train (after the first %d%%)", a.validation_split_percentage),
+                             {a.validation_split_percentage, false});
   return load_text_dataset(a.train_file, LineRule::kTextLoader, a, tok, rank, "train");
 }
 
@@ -84,6 +93,10 @@ TokenDataset load_eval_dataset(const DataArgs& a, const Tokenizer& tok, int rank
                              LineRule::kWikitext, a, tok, rank, a.dataset_config_name + " validation");
   if (!a.validation_file.empty())
     return load_text_dataset(a.validation_file, LineRule::kTextLoader, a, tok, rank, "validation");
+  if (!a.train_file.empty() && a.validation_split_percentage > 0)  // run_clm: train[:N%]
+    return load_text_dataset(a.train_file, LineRule::kTextLoader, a, tok, rank,
+                             strformat("validation (the first %d%% of train)", a.validation_split_percentage),
+                             {a.validation_split_percentage, true});
   return TokenDataset();
 }
 
@@ -160,6 +173,20 @@ bool tokenizer_thread_safe(const Tokenizer& tok) {
   // kind (a test double, a tokenizer added later) runs on one thread until someone checks it.
   const std::string k = tok.kind();
   return k == "gpt2-bpe" || k == "tiktoken" || k == "sentencepiece-bpe" || k == "bytes";
+}
+
+TokenizeThreads::TokenizeThreads(int workers) : saved_(omp_get_max_threads()), workers_(workers) {
+  if (workers_ > 0) omp_set_num_threads(workers_);
+}
+
+TokenizeThreads::~TokenizeThreads() {
+  if (workers_ > 0) omp_set_num_threads(saved_);
+}
+
+std::string TokenizeThreads::describe(bool parallel) const {
+  if (!parallel) return "one thread";
+  const int n = omp_get_max_threads();
+  return strformat("%d thread%s%s", n, n == 1 ? "" : "s", workers_ > 0 ? ", --preprocessing_num_workers" : "");
 }
 
 }  // namespace llmt

@@ -60,6 +60,11 @@ struct DataArgs {
   int model_max_length = 512;               // Alpaca truncation (Stanford's default)
   std::string instruction_field = "instruction", input_field = "input", output_field = "output";
   std::string cache_dir;  // token cache: see resolve_cache_dir (token_cache.h); "none" turns it off
+  bool overwrite_cache = false;       // tokenize again and rewrite the cache file
+  int preprocessing_num_workers = 0;  // threads that tokenize (0: OpenMP's default, the rank's threads)
+  // run_clm: with --train_file and no --validation_file, the first N% of the train file's lines are the
+  // validation split and the rest the train split (0: no split)
+  int validation_split_percentage = 0;
   // The directory or file the tokenizer was loaded from (load_tokenizer's argument): its files' content
   // goes into the cache key. Empty: the key uses a fingerprint computed through the tokenizer instead.
   std::string tokenizer_path;
@@ -93,5 +98,19 @@ void line_and_column(std::string_view s, int64_t pos, int64_t* line, int64_t* co
 // Whether Tokenizer::encode may run on several OpenMP threads at once for this tokenizer (decided per
 // implementation, see dataset.cpp).
 bool tokenizer_thread_safe(const Tokenizer& tok);
+
+// --preprocessing_num_workers for the scope it lives in: OpenMP's thread count while tokenizing
+// (workers > 0), put back as it was afterwards, since the same threads then compute.
+class TokenizeThreads {
+ public:
+  explicit TokenizeThreads(int workers);
+  ~TokenizeThreads();
+  TokenizeThreads(const TokenizeThreads&) = delete;
+  TokenizeThreads& operator=(const TokenizeThreads&) = delete;
+  std::string describe(bool parallel) const;  // "4 threads" / "one thread" for the log line
+
+ private:
+  int saved_ = 0, workers_ = 0;
+};
 
 }  // namespace llmt

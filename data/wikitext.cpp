@@ -1,11 +1,13 @@
 #include "data/wikitext.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -162,8 +164,10 @@ TokenDataset group_texts(const TextLines& lines, const Tokenizer& tok, int block
   return TokenDataset(std::move(offsets), std::move(ids), {});
 }
 
+int64_t percent_cut(int64_t n, int pct) { return (int64_t)std::nearbyint((double)n * pct / 100.0); }
+
 TokenDataset load_text_dataset(const std::string& path, LineRule rule, const DataArgs& args, const Tokenizer& tok,
-                               int rank, const std::string& what) {
+                               int rank, const std::string& what, PercentSplit part) {
   LLMT_CHECK(args.block_size >= 1, "%s: block_size %d; the caller must choose it (run_clm: min(1024, model context))",
              what.c_str(), args.block_size);
   constexpr int kGroup = 1000;  // datasets.map's default batch_size, which run_clm keeps
@@ -173,10 +177,15 @@ TokenDataset load_text_dataset(const std::string& path, LineRule rule, const Dat
   h.add("llmt-text-v1").add(rule == LineRule::kWikitext ? "wikitext-lines" : "text-loader-lines");
   h.add_int(args.block_size).add_int(kGroup).add_file(path);
   add_tokenizer_to_key(h, tok, args.tokenizer_path);
+  if (part.pct > 0) h.add("percent-split").add_int(part.pct).add_int(part.head);
   std::string base = path.substr(path.find_last_of('/') + 1);
   for (char& c : base)
     if (!std::isalnum((unsigned char)c) && c != '.' && c != '-' && c != '_') c = '_';
+  if (part.pct > 0) base += strformat("-%s%d", part.head ? "first" : "after", part.pct);
   const std::string dir = resolve_cache_dir(args.cache_dir);
+  if (args.overwrite_cache && rank == 0 && !dir.empty() &&
+      ::unlink(token_cache_path(dir, "text-" + base, h.hex()).c_str()) == 0)
+    log_info("data   %s: --overwrite_cache: removed %s", what.c_str(), token_cache_path(dir, "text-" + base, h.hex()).c_str());
   CacheStats st;
   bool hit = false;
   auto t0 = std::chrono::steady_clock::now();
@@ -184,8 +193,15 @@ TokenDataset load_text_dataset(const std::string& path, LineRule rule, const Dat
       dir, "text-" + base, h.hex(),
       [&](CacheStats* s) {
         TextLines lines = read_lines(path, rule);
+        if (part.pct > 0) {  // keep the first pct% of the lines, or the rest
+          const int64_t cut = percent_cut(lines.size(), part.pct);
+          const int64_t from = part.head ? 0 : cut, to = part.head ? cut : lines.size();
+          lines.begin = std::vector<int64_t>(lines.begin.begin() + from, lines.begin.begin() + to);
+          lines.end = std::vector<int64_t>(lines.end.begin() + from, lines.end.begin() + to);
+        }
+        TokenizeThreads threads(args.preprocessing_num_workers);
         log_info("data   %s: tokenizing %lld lines of %s (%s)", what.c_str(), (long long)lines.size(), path.c_str(),
-                 tokenizer_thread_safe(tok) ? "OpenMP threads" : "one thread");
+                 threads.describe(tokenizer_thread_safe(tok)).c_str());
         int64_t dropped = 0;
         TokenDataset d = group_texts(lines, tok, args.block_size, kGroup, &dropped);
         s->v[0] = lines.size();

@@ -50,8 +50,17 @@ std::string wikitext_split_file(const std::string& dir, const std::string& confi
 TokenDataset group_texts(const TextLines& lines, const Tokenizer& tok, int block_size, int group,
                          int64_t* dropped_tokens);
 
-// The grouped dataset of one text file, through the token cache; `what` names it in logs.
+// Part of a file's lines, as datasets' percent slicing takes it (run_clm's --validation_split_percentage):
+// pct 0 is the whole file; else the first pct% of the lines (head) or the rest, the cut at
+// round(n * pct / 100) with ties to even (Python's round).
+struct PercentSplit {
+  int pct = 0;
+  bool head = false;
+};
+int64_t percent_cut(int64_t n, int pct);
+
+// The grouped dataset of one text file (or part of it), through the token cache; `what` names it in logs.
 TokenDataset load_text_dataset(const std::string& path, LineRule rule, const DataArgs& args, const Tokenizer& tok,
-                               int rank, const std::string& what);
+                               int rank, const std::string& what, PercentSplit part = {});
 
 }  // namespace llmt

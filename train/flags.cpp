@@ -4,6 +4,8 @@
 #include <cstdlib>
 
 #include "engine/core/error.h"
+#include "engine/core/log.h"
+#include "engine/dist/launch.h"
 
 namespace llmt {
 
@@ -26,9 +28,17 @@ Flags::Flags(const std::string& command, const std::vector<std::string>& args) :
     }
     for (char& c : name)
       if (c == '-') c = '_';  // --max-steps and --max_steps are one flag, as in HfArgumentParser
-    LLMT_CHECK(!values_.count(name), "llmt %s: flag --%s is given twice", command.c_str(), name.c_str());
+    // A flag given again wins, as in argparse (HfArgumentParser): wrapper scripts append overrides.
+    auto old = values_.find(name);
+    if (old != values_.end()) {
+      if (launcher_rank_from_env() <= 0)
+        log_info("flags  --%s is given more than once: the last value, %s, wins (was %s)", name.c_str(),
+                 value == kBareTrue ? "True" : ("\"" + value + "\"").c_str(),
+                 old->second == kBareTrue ? "True" : ("\"" + old->second + "\"").c_str());
+    } else {
+      order_.push_back(name);
+    }
     values_[name] = value;
-    order_.push_back(name);
   }
 }
 

@@ -90,6 +90,25 @@ const std::vector<TrainFlag>& train_flags() {
       {"alpaca_input_field", "data", "NAME", "the Alpaca record's input field", DATA(input_field)},
       {"alpaca_output_field", "data", "NAME", "the Alpaca record's response field", DATA(output_field)},
       {"cache_dir", "data", "DIR|none", "the token cache (default ~/.cache/llmt)", DATA(cache_dir)},
+      {"overwrite_cache", "data", "True|False", "tokenize again and rewrite the token cache", DATA(overwrite_cache)},
+      {"preprocessing_num_workers", "data", "N", "threads that tokenize (0: the rank's threads)",
+       DATA_UNSET(preprocessing_num_workers)},
+      {"validation_split_percentage", "data", "N",
+       "run_clm: with --train_file and no --validation_file, the first N% of its lines become the validation split",
+       DATA_UNSET(validation_split_percentage)},
+      {"dataloader_drop_last", "data", "True",
+       "accepted as True: an epoch's last incomplete global batch is always dropped",
+       [](Flags& f, const char* n, TrainArgs&) {
+         LLMT_CHECK(f.get_bool(n, true), "--dataloader_drop_last False: llmt always drops the last incomplete global "
+                    "batch of an epoch (every step has the same global batch, so a resumed run sees the same data)");
+       },
+       nullptr},
+      {"dataloader_num_workers", "data", "N", "accepted: the tokenized data is memory-mapped; there are no loader "
+       "processes",
+       [](Flags& f, const char* n, TrainArgs&) {
+         LLMT_CHECK(f.get_int(n, 0) >= 0, "--dataloader_num_workers must not be negative");
+       },
+       nullptr},
       // training
       {"output_dir", "training", "DIR", "where checkpoints, metrics.jsonl and the final model go (required)",
        ARG(output_dir)},
@@ -105,8 +124,13 @@ const std::vector<TrainFlag>& train_flags() {
       {"adam_beta2", "training", "X", "AdamW beta2", ARG(adam_beta2)},
       {"adam_epsilon", "training", "X", "AdamW epsilon", ARG(adam_epsilon)},
       {"max_grad_norm", "training", "X", "clip the global gradient norm to this (0: no clipping)", ARG(max_grad_norm)},
-      {"lr_scheduler_type", "training", "linear|cosine|constant|constant_with_warmup", "the learning-rate schedule",
-       ARG(lr_scheduler_type)},
+      {"lr_scheduler_type", "training", "linear|cosine|cosine_with_restarts|polynomial|constant|constant_with_warmup",
+       "the learning-rate schedule, as transformers' get_scheduler", ARG(lr_scheduler_type)},
+      {"lr_scheduler_kwargs", "training", "JSON",
+       "the schedule's arguments: num_cycles (cosine, cosine_with_restarts), lr_end and power (polynomial)",
+       ARG_UNSET(lr_scheduler_kwargs)},
+      {"optim", "training", "adamw_torch|adamw_torch_fused|adamw_hf", "the optimizer: AdamW, whichever name",
+       ARG(optim)},
       {"warmup_ratio", "training", "X", "warm-up as a fraction of the steps", ARG(warmup_ratio)},
       {"warmup_steps", "training", "N", "warm-up steps (overrides --warmup_ratio)", ARG(warmup_steps)},
       {"seed", "training", "N", "initialisation, data order and dropout masks", ARG(seed)},
@@ -119,6 +143,24 @@ const std::vector<TrainFlag>& train_flags() {
        "ranks a hybrid_shard shard spans (0: the ranks of a node)", ARG_UNSET(hybrid_shard_group_size)},
       {"gradient_checkpointing", "parallelism and precision", "True|False",
        "keep only each block's input; recompute the block in backward", ARG(gradient_checkpointing)},
+      {"fp16", "parallelism and precision", "False",
+       "not implemented (fp16 needs loss scaling): use --bf16 True",
+       [](Flags& f, const char* n, TrainArgs&) {
+         LLMT_CHECK(!f.get_bool(n, false), "--fp16: llmt has no fp16 training (it needs loss scaling); use --bf16 True, "
+                    "which keeps fp32 master weights and needs none");
+       },
+       nullptr},
+      {"torch_dtype", "parallelism and precision", "auto|float32|bfloat16|float16",
+       "accepted: weights load into fp32 masters whatever the file holds; --bf16 sets the compute dtype",
+       [](Flags& f, const char* n, TrainArgs&) {
+         const std::string v = f.get_string(n, "auto");
+         LLMT_CHECK(v == "auto" || v == "float32" || v == "bfloat16" || v == "float16",
+                    "--torch_dtype must be auto, float32, bfloat16 or float16, got \"%s\"", v.c_str());
+       },
+       nullptr},
+      {"ddp_find_unused_parameters", "parallelism and precision", "True|False",
+       "accepted: every parameter gets a gradient in every step, so there is nothing to find",
+       [](Flags& f, const char* n, TrainArgs&) { (void)f.get_bool(n, false); }, nullptr},
       {"bf16", "parallelism and precision", "True|False",
        "bf16 compute copy, gathers and activations; fp32 master weights, moments, norms, softmax and loss",
        ARG(bf16)},
@@ -159,8 +201,19 @@ const std::vector<TrainFlag>& train_flags() {
        nullptr},
       {"overwrite_output_dir", "checkpoints", "True|False", "start again in an output_dir that holds checkpoints",
        ARG(overwrite_output_dir)},
+      {"save_only_model", "checkpoints", "True|False",
+       "checkpoints hold the model only, not the training state: smaller, and they cannot be resumed",
+       ARG(save_only_model)},
+      {"save_safetensors", "checkpoints", "True", "accepted as True: models are always written as safetensors",
+       [](Flags& f, const char* n, TrainArgs&) {
+         LLMT_CHECK(f.get_bool(n, true), "--save_safetensors False: llmt writes models as safetensors only");
+       },
+       nullptr},
       // logging
+      {"logging_strategy", "logging", "steps|epoch|no", "when to print and record a line (and always the last step "
+       "unless no)", ARG(logging_strategy)},
       {"logging_steps", "logging", "N", "print and record a line every N steps", ARG(logging_steps)},
+      {"logging_first_step", "logging", "True|False", "also log the first step", ARG(logging_first_step)},
       {"throughput_warmup_steps", "logging", "N", "steps left out of the final throughput", ARG(throughput_warmup_steps)},
       {"do_train", "logging", "True", "accepted: llmt train always trains",
        [](Flags& f, const char* n, TrainArgs&) {
@@ -252,7 +305,16 @@ TrainArgs parse_train_args(Flags& f) {
   // validate spellings now, before any rank starts work
   parse_fsdp(a.fsdp);
   parse_reduce_dtype(a.mixed_precision_reduce);
-  make_schedule(a.lr_scheduler_type, 1, a.warmup_steps, a.warmup_ratio);
+  make_schedule(a.lr_scheduler_type, 1, a.warmup_steps, a.warmup_ratio, a.lr_scheduler_kwargs, a.learning_rate);
+  // torch.optim.AdamW under every name the Trainer gives it (adamw_hf was transformers' own AdamW, the
+  // same update with correct_bias=True)
+  LLMT_CHECK(a.optim == "adamw_torch" || a.optim == "adamw_torch_fused" || a.optim == "adamw_hf",
+             "--optim %s: llmt implements AdamW (adamw_torch, adamw_torch_fused, adamw_hf)", a.optim.c_str());
+  LLMT_CHECK(a.logging_strategy == "steps" || a.logging_strategy == "epoch" || a.logging_strategy == "no",
+             "--logging_strategy must be steps, epoch or no, got \"%s\"", a.logging_strategy.c_str());
+  LLMT_CHECK(a.data.preprocessing_num_workers >= 0, "--preprocessing_num_workers must not be negative");
+  LLMT_CHECK(a.data.validation_split_percentage >= 0 && a.data.validation_split_percentage < 100,
+             "--validation_split_percentage must lie in [0, 100), got %d", a.data.validation_split_percentage);
   return a;
 }
 

@@ -32,9 +32,13 @@ struct TrainArgs {
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;
   std::string lr_scheduler_type = "linear";
+  std::string lr_scheduler_kwargs;   // JSON: {"num_cycles": 2} / {"lr_end": 1e-6, "power": 2}
+  std::string optim = "adamw_torch";  // the AdamW variants only
   double warmup_ratio = 0.0;
   int64_t warmup_steps = 0;
   int logging_steps = 500;
+  std::string logging_strategy = "steps";  // steps, epoch, no
+  bool logging_first_step = false;
   int throughput_warmup_steps = 0;   // steps left out of the throughput summary
   bool report_tensorboard = false;   // --report_to tensorboard|all
   std::string logging_dir;           // TensorBoard's; "" = output_dir/runs/<date>_<host>
@@ -50,6 +54,7 @@ struct TrainArgs {
   int save_total_limit = 0;                // 0 = keep every checkpoint
   std::string resume_from_checkpoint;      // a checkpoint directory, or "latest" / "True"
   bool overwrite_output_dir = false;       // train into an output_dir that holds checkpoints
+  bool save_only_model = false;            // checkpoints without the training state (they cannot be resumed)
   uint64_t seed = 42;
   bool bf16 = false;                       // bf16 compute copy, gathers and activations (fp32 master, moments)
   bool tf32 = false;

@@ -386,7 +386,8 @@ void Trainer::load_data() {
   steps_per_epoch_ = sampler_->steps_per_epoch();
   global_batch_ = (int64_t)W_ * B_ * accum;
   total_steps_ = a_.max_steps > 0 ? a_.max_steps : (int64_t)std::ceil(a_.num_train_epochs * (double)steps_per_epoch_);
-  sched_ = make_schedule(a_.lr_scheduler_type, total_steps_, a_.warmup_steps, a_.warmup_ratio);
+  sched_ = make_schedule(a_.lr_scheduler_type, total_steps_, a_.warmup_steps, a_.warmup_ratio, a_.lr_scheduler_kwargs,
+                         a_.learning_rate);
   adamw_.beta1 = (float)a_.adam_beta1;
   adamw_.beta2 = (float)a_.adam_beta2;
   adamw_.eps = (float)a_.adam_epsilon;
@@ -494,7 +495,8 @@ void Trainer::describe() {
            plan["gathered_peak_gib"].get<double>() * 1024.0, plan["comm_total_bytes"].get<double>() / kMiB);
   planned_comm_bytes_ = plan["comm_total_bytes"].get<double>();
   log_info("train  %lld steps (%lld per epoch), global batch %d x %d x %d = %lld sequences, lr %g (%s, %lld warmup), "
-           "%d threads per rank",
+           "%d threads per rank; each line logs the lr its step used (HF 4.40 logged the next step's) and the loss "
+           "averaged over the tokens of the global batch (as transformers since 4.46)",
            (long long)total_steps_, (long long)steps_per_epoch_, W_, B_, a_.gradient_accumulation_steps,
            (long long)global_batch_, a_.learning_rate, sched_.type.c_str(), (long long)sched_.warmup_steps, threads_);
 }
@@ -502,6 +504,10 @@ void Trainer::describe() {
 void Trainer::resume() {
   std::string ck = resume_path();
   if (!ck.empty()) {
+    struct stat sb;
+    LLMT_CHECK(::stat((ck + "/state.h5").c_str(), &sb) == 0,
+               "%s holds no training state (it was saved with --save_only_model), so it cannot be resumed; start a "
+               "new run from its weights with --model_name_or_path %s", ck.c_str(), ck.c_str());
     LoadedTrainState st =
         load_train_state(ck + "/state.h5", world_, model_->layout(), *store_, config_to_hf_json(cfg_).dump());
     first_step_ = st.global_step;
@@ -612,7 +618,13 @@ void Trainer::log(int64_t s, const StepResult& r) {
              "is diverging; lower --learning_rate or set --max_grad_norm", (long long)s + 1, r.loss, r.grad_norm,
              first_loss_, first_grad_norm_);
   }
-  if ((s + 1) % a_.logging_steps != 0 && s + 1 != total_steps_) return;
+  // --logging_strategy as the Trainer's: every logging_steps, or at each epoch's end; and the last step
+  const bool last = s + 1 == total_steps_;
+  bool now = a_.logging_strategy == "steps"   ? (s + 1) % a_.logging_steps == 0 || last
+             : a_.logging_strategy == "epoch" ? epoch_end(s) || last
+                                              : false;
+  if (a_.logging_first_step && s == 0) now = true;
+  if (!now) return;
   const double dt = now_s() - window_start_, tps = window_tokens_ / dt, mean_loss = window_loss_ / window_steps_;
   const double epoch = (double)(s + 1) / steps_per_epoch_;
   if (live_) std::printf("\r");
@@ -745,8 +757,9 @@ void Trainer::save_checkpoint(int64_t step) {
                               {"seed", a_.seed},
                               {"steps_per_epoch", steps_per_epoch_},
                               {"global_batch", global_batch_}};
-    save_train_state(tmp + "/state.h5", world_, model_->layout(), *store_, step, scalars.dump(),
-                     config_to_hf_json(cfg_).dump());
+    if (!a_.save_only_model)  // --save_only_model: the model alone, as the Trainer's; nothing to resume from
+      save_train_state(tmp + "/state.h5", world_, model_->layout(), *store_, step, scalars.dump(),
+                       config_to_hf_json(cfg_).dump());
     std::string error;
     if (world_.rank() == 0) try {
         nlohmann::json ts = {{"global_step", step},

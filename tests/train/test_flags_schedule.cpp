@@ -37,8 +37,55 @@ TEST(Flags, UnknownBadAndRepeatedFlagsAreNamed) {
   Flags g("train", {"--max_steps", "ten", "--bf16", "maybe"});
   EXPECT_THROW(g.get_int("max_steps", 0), Error);
   EXPECT_THROW(g.get_bool("bf16", false), Error);
-  EXPECT_THROW(Flags("train", {"--seed", "1", "--seed", "2"}), Error);
   EXPECT_THROW(Flags("train", {"positional"}), Error);
+}
+
+// Wrapper scripts append overrides: as in argparse, the last value of a repeated flag wins (it used
+// to be an error).
+TEST(Flags, TheLastOfARepeatedFlagWins) {
+  Flags f("train", {"--seed", "1", "--bf16", "--seed=2", "--bf16", "False"});
+  EXPECT_EQ(f.get_int("seed", 0), 2);
+  EXPECT_FALSE(f.get_bool("bf16", true));
+  EXPECT_NO_THROW(f.finish());
+}
+
+// The Hugging Face examples' flags that were refused: each parses with its meaning, or is refused
+// with the reason.
+TEST(TrainArgs, TheTrainerFlagsPeoplePaste) {
+  auto parse = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--model_config", "gpt2-tiny", "--train_file", "t.txt", "--output_dir", "o"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Flags f("train", args);
+    TrainArgs a = parse_train_args(f);
+    f.finish();
+    return a;
+  };
+  TrainArgs a = parse({"--optim", "adamw_torch_fused", "--logging_strategy", "epoch", "--logging_first_step",
+                       "--dataloader_drop_last", "True", "--dataloader_num_workers", "4",
+                       "--preprocessing_num_workers", "3", "--validation_split_percentage", "5", "--torch_dtype",
+                       "bfloat16", "--ddp_find_unused_parameters", "False", "--save_safetensors", "True",
+                       "--save_only_model", "True", "--overwrite_cache", "True", "--lr_scheduler_type", "polynomial",
+                       "--lr_scheduler_kwargs", "{\"lr_end\": 1e-7, \"power\": 2}", "--learning_rate", "1e-4",
+                       "--fp16", "False"});
+  EXPECT_EQ(a.optim, "adamw_torch_fused");
+  EXPECT_EQ(a.logging_strategy, "epoch");
+  EXPECT_TRUE(a.logging_first_step && a.save_only_model && a.data.overwrite_cache);
+  EXPECT_EQ(a.data.preprocessing_num_workers, 3);
+  EXPECT_EQ(a.data.validation_split_percentage, 5);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--optim", "adafactor"}, "--optim adafactor: llmt implements AdamW"},
+      {{"--fp16"}, "use --bf16 True"},
+      {{"--fp16", "True"}, "needs loss scaling"},
+      {{"--dataloader_drop_last", "False"}, "always drops the last incomplete global batch"},
+      {{"--save_safetensors", "False"}, "safetensors only"},
+      {{"--logging_strategy", "sometimes"}, "--logging_strategy must be steps, epoch or no"},
+      {{"--validation_split_percentage", "100"}, "[0, 100)"},
+      {{"--torch_dtype", "int8"}, "--torch_dtype"},
+      {{"--lr_scheduler_type", "cosine", "--lr_scheduler_kwargs", "{\"power\": 2}"}, "cosine takes no \"power\""},
+      {{"--lr_scheduler_type", "polynomial", "--lr_scheduler_kwargs", "{\"lr_end\": 1}"}, "lr_end (1) must be below"},
+      {{"--lr_scheduler_kwargs", "{num_cycles: 2}"}, "not JSON"},
+  };
+  for (const auto& [flags, message] : bad) llmt_test::expect_error([&] { parse(flags); }, {message});
 }
 
 TEST(TrainArgs, RejectsNonsense) {
@@ -95,9 +142,9 @@ TEST(Schedule, EqualsTransformersGetSchedulerStepForStep) {
   ASSERT_TRUE(f.good());
   nlohmann::json cases;
   f >> cases;
-  ASSERT_GE(cases.size(), 6u);
+  ASSERT_GE(cases.size(), 14u);
   for (const auto& c : cases) {
-    Schedule s = make_schedule(c["type"], c["total"], c["warmup"], 0.0);
+    Schedule s = make_schedule(c["type"], c["total"], c["warmup"], 0.0, c["kwargs"].dump(), c["base_lr"]);
     const auto& want = c["lr"];
     for (size_t step = 0; step < want.size(); step++)
       EXPECT_NEAR(s.multiplier((int64_t)step), want[step].get<double>(), 1e-12)
