@@ -16,8 +16,13 @@ int cli_bench(const std::vector<std::string>& args) {
         "  --steps N (10)     --warmup N (2)\n"
         "  --fsdp SPEC        full_shard auto_wrap | shard_grad_op | hybrid_shard | no_shard (under mpirun)\n"
         "  --gradient_checkpointing True|False\n"
-        "prints one JSON line: step_ms_median, tokens_per_s, model, device, threads, ...; with --device cuda\n"
-        "also the GPU, its peak TFLOP/s and the MFU\n");
+        "  --sweep KEY=V1,V2  repeatable: every combination in turn (per_device_train_batch_size, seq_len, threads,\n"
+        "                     model, fsdp, gradient_checkpointing, bf16, tf32, mixed_precision_reduce)\n"
+        "  --results FILE     append each point's JSON line to FILE (scripts/plot.py draws them)\n"
+        "prints one JSON line per point: step time (median, p10, p90, min, max), tokens/s (global and per rank),\n"
+        "achieved FLOP/s and MFU (a GPU's peak; on a CPU the matmul library's peak measured here), memory, bytes\n"
+        "sent per step, where the time goes, and what ran (commit, host, CPU, libraries); a point that cannot fit\n"
+        "its memory is recorded with \"oom\": true and the sweep goes on\n");
     return 0;
   }
   Flags flags("bench", args);

@@ -34,9 +34,24 @@ mpirun "${mpi_flags[@]}" build/bin/llmt train \
   --lr_scheduler_type cosine \
   --warmup_ratio 0.05 \
   --max_steps "${QUICKSTART_STEPS:-300}" \
-  --logging_steps 50 \
+  --logging_steps 10 \
   --save_strategy no \
   --seed 42 \
   --output_dir "$out" \
   "$@"
-echo "quickstart: the trained model is in $out (config.json, model.safetensors); metrics in $out/metrics.jsonl"
+echo "quickstart: the trained model is in the output directory (config.json, model.safetensors), with metrics.jsonl"
+# the run's curves as a PNG, when matplotlib is there (it is never needed to train); an --output_dir
+# among the arguments is where the run went
+run_dir=$out
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[$i]}" in
+    --output_dir) run_dir=${args[$((i + 1))]:-$out} ;;
+    --output_dir=*) run_dir=${args[$i]#*=} ;;
+  esac
+done
+if python3 -c "import matplotlib" 2> /dev/null; then
+  python3 scripts/plot.py run "$run_dir" --out "$run_dir/curves.png"
+else
+  echo "quickstart: for the curves as a PNG: pip install -r scripts/requirements-plot.txt; scripts/plot.py run $run_dir"
+fi

@@ -3,8 +3,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
 #include <vector>
+
+#include <unistd.h>
+
+#include "llmt_commit.h"
 
 #include "engine/backend/backend.h"
 #include "engine/backend/profiling.h"
@@ -16,6 +24,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "models/transformer.h"
+#include "train/plan.h"
 #include "train/step.h"
 #include "train/train_args.h"
 
@@ -42,7 +51,57 @@ BenchArgs parse_bench_args(Flags& f) {
   LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "llmt bench: --device must be cpu or cuda, got \"%s\"",
              a.device.c_str());
   parse_fsdp(a.fsdp);
+  a.sweeps = f.get_all("sweep");
+  a.results = f.get_string("results", a.results);
+  for (const auto& point : bench_points(a.sweeps)) {  // every value checked before the first point runs
+    BenchArgs b = a;
+    for (const auto& [key, value] : point) apply_bench_setting(b, key, value);
+  }
   return a;
+}
+
+void apply_bench_setting(BenchArgs& a, const std::string& key, const std::string& value) {
+  Flags f("bench", {"--" + key, value});
+  if (key == "per_device_train_batch_size" || key == "batch") a.batch = f.get_int(key, a.batch);
+  else if (key == "seq_len") a.seq_len = f.get_int(key, a.seq_len);
+  else if (key == "threads") a.threads = f.get_int(key, a.threads);
+  else if (key == "model") a.model = value;
+  else if (key == "fsdp") a.fsdp = value, parse_fsdp(value);
+  else if (key == "gradient_checkpointing") a.gradient_checkpointing = f.get_bool(key, false);
+  else if (key == "bf16") a.bf16 = f.get_bool(key, false);
+  else if (key == "tf32") a.tf32 = f.get_bool(key, false);
+  else if (key == "mixed_precision_reduce") a.mixed_precision_reduce = value, parse_reduce_dtype(value);
+  else
+    fail("llmt bench --sweep %s: not a sweepable setting (per_device_train_batch_size, seq_len, threads, model, fsdp, "
+         "gradient_checkpointing, bf16, tf32, mixed_precision_reduce)", key.c_str());
+  LLMT_CHECK(a.batch > 0 && a.seq_len > 1 && a.threads >= 0, "llmt bench --sweep %s=%s: out of range", key.c_str(),
+             value.c_str());
+}
+
+std::vector<std::vector<std::pair<std::string, std::string>>> bench_points(const std::vector<std::string>& sweeps) {
+  std::vector<std::vector<std::pair<std::string, std::string>>> points = {{}};
+  for (const std::string& sweep : sweeps) {
+    const size_t eq = sweep.find('=');
+    LLMT_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < sweep.size(),
+               "llmt bench --sweep %s: expected KEY=V1,V2,... (e.g. seq_len=512,1024)", sweep.c_str());
+    const std::string key = sweep.substr(0, eq);
+    std::vector<std::string> values;
+    for (size_t at = eq + 1;;) {
+      const size_t comma = sweep.find(',', at);
+      values.push_back(sweep.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+      LLMT_CHECK(!values.back().empty(), "llmt bench --sweep %s: an empty value", sweep.c_str());
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+    std::vector<std::vector<std::pair<std::string, std::string>>> next;
+    for (const auto& p : points)
+      for (const std::string& v : values) {
+        next.push_back(p);
+        next.back().push_back({key, v});
+      }
+    points = std::move(next);
+  }
+  return points;
 }
 
 static double median_of(std::vector<double> v) {
@@ -68,7 +127,42 @@ static double stream_gb_per_s(int threads) {
   return median_of(gbs);
 }
 
-void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch) {
+// The matmul library's peak here: the median GFLOP/s of square M = N = K = 2048 products in the
+// compute dtype on this rank's threads (every rank at once, so ranks sharing a node share its cores).
+static double cpu_matmul_peak_gflops(Backend& be, ControlComm& world) {
+  const int64_t n = 2048;
+  const DType t = be.compute_dtype();
+  BackendBuffer a(be, t, {n, n}), b(be, t, {n, n}), c(be, t, {n, n});
+  std::vector<double> g;
+  world.barrier();
+  for (int rep = 0; rep < 6; rep++) {
+    auto t0 = std::chrono::steady_clock::now();
+    be.matmul(c.tensor(), a.tensor(), b.tensor(), Tensor(), n, n, n, false, false, false);
+    be.synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) g.push_back(2.0 * n * n * n / s / 1e9);  // the first is warm-up
+  }
+  return median_of(g);
+}
+
+static std::string cpu_model_name() {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+static double rss_gib() {  // resident now (the point's model and buffers are alive)
+  std::ifstream f("/proc/self/statm");
+  double pages_total = 0, pages_resident = 0;
+  f >> pages_total >> pages_resident;
+  return pages_resident * (double)sysconf(_SC_PAGESIZE) / (1024.0 * 1024.0 * 1024.0);
+}
+
+// Progress goes to stderr and the JSON lines alone to stdout, so the output pipes into tools.
+// One configuration: the JSON line (meaningful on rank 0). cpu_peak caches the matmul peak per dtype.
+static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch,
+                                  std::map<std::string, double>& cpu_peak) {
   ModelConfig cfg = resolve_model_config(a.model);
   if (a.dropout >= 0.0) {
     cfg.attn_pdrop = (float)a.dropout;
@@ -162,6 +256,12 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
   double flops_per_token = Transformer::flops_per_token(cfg, L, a.seq_len);
   const int W = world.size();
   double global_tokens = (double)N * W;
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  auto quantile = [&](double q) { return sorted[(size_t)std::lround(q * (double)(sorted.size() - 1))]; };
+  size_t free_b = 0, total_b = 0;
+  const bool device_mem = be.device_memory(&free_b, &total_b);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
   nlohmann::json j = {{"model", a.model},
                       {"device", a.device},
                       {"ranks", W},
@@ -173,8 +273,17 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
                       {"params", L.total_numel},
                       {"steps", a.steps},
                       {"step_ms_median", median},
-                      {"step_ms_min", *std::min_element(ms.begin(), ms.end())},
+                      {"step_ms_min", sorted.front()},
+                      {"step_ms_max", sorted.back()},
+                      {"step_ms_p10", quantile(0.1)},
+                      {"step_ms_p90", quantile(0.9)},
+                      {"bf16", a.bf16},
+                      {"gradient_checkpointing", a.gradient_checkpointing},
                       {"tokens_per_s", global_tokens / (median / 1000.0)},
+                      {"tokens_per_s_per_rank", global_tokens / (median / 1000.0) / W},
+                      {"memory_gib", device_mem ? (double)(total_b - free_b) / gib : rss_gib()},
+                      {"memory_kind", device_mem ? "device memory in use after the steps (all processes)"
+                                                 : "resident set after the steps"},
                       {"gflop_per_step", flops_per_token * global_tokens / 1e9},
                       {"achieved_gflops", flops_per_token * global_tokens / (median / 1000.0) / 1e9},
                       {"comm_bytes_per_step_per_rank", comm_per_step},
@@ -189,6 +298,17 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
   if (!cuda) {
     j["memory_gb_per_s"] = stream;
     j["adamw_fraction_of_memory_bandwidth"] = adamw_bytes / (adamw_ms / 1000.0) / 1e9 / stream;
+    // MFU on a CPU: against the matmul library's measured peak in this dtype on this rank's threads
+    const std::string key = dtype_name(be.compute_dtype());
+    if (!cpu_peak.count(key)) {
+      cpu_peak[key] = cpu_matmul_peak_gflops(be, world);
+      if (world.rank() == 0)
+        std::fprintf(stderr, "bench  matmul peak here: %.1f GFLOP/s per rank (%s, %d threads, %s; 2048^3 products, "
+                     "median of 5)\n", cpu_peak[key], key.c_str(), be.threads(), cpu_library_version().c_str());
+    }
+    j["peak_gflops_per_rank"] = cpu_peak[key];
+    j["peak_source"] = "measured: the matmul library's 2048^3 product on this rank's threads";
+    j["mfu"] = flops_per_token * global_tokens / (median / 1000.0) / 1e9 / (cpu_peak[key] * W);
   } else {
     // MFU: the achieved model FLOP/s over the ranks' peak (docs/design.md, "Throughput")
     const double peak = cuda_peak_tflops(gpu, compute, a.tf32);
@@ -198,7 +318,97 @@ void run_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch)
     if (peak > 0) j["mfu"] = flops_per_token * global_tokens / (median / 1000.0) / (peak * 1e12 * W);
     else j["mfu"] = nullptr;  // the emulator, or a GPU without a known peak
   }
-  if (world.rank() == 0) std::printf("%s\n", j.dump().c_str());
+  return j;
+}
+
+// Whether a point fits before anything is allocated: llmt plan's per-rank total against the GPU's
+// free memory or the node's available memory over its ranks; "" when it fits (agreed over ranks).
+static std::string bench_memory_problem(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch) {
+  PlanArgs pa;
+  pa.model = a.model;
+  pa.world = world.size();
+  pa.ranks_per_node = launch.local_size;
+  pa.fsdp = a.fsdp;
+  pa.batch = a.batch;
+  pa.seq_len = a.seq_len;
+  pa.gradient_checkpointing = a.gradient_checkpointing;
+  pa.bf16 = a.bf16;
+  pa.reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
+  const double need = make_plan(resolve_model_config(a.model), pa)["total_gib"].get<double>();
+  double have = 0;
+  std::string where;
+  if (a.device == "cuda") {
+    size_t free_b = 0, total_b = 0;
+    std::unique_ptr<Backend> probe =
+        make_cuda_backend(launch.local_rank % std::max(1, cuda_device_count()), DType::f32, false);
+    probe->device_memory(&free_b, &total_b);
+    const int devices = std::max(1, cuda_device_count());
+    have = (double)free_b / (1024.0 * 1024.0 * 1024.0) / ((launch.local_size + devices - 1) / devices);
+    where = "GPU memory free per rank";
+  } else {
+    std::ifstream meminfo("/proc/meminfo");
+    for (std::string key; meminfo >> key;) {
+      double value = 0;
+      std::string unit;
+      meminfo >> value >> unit;
+      if (key == "MemAvailable:") have = value / (1024.0 * 1024.0) / launch.local_size;
+    }
+    where = "node memory available per rank";
+  }
+  const bool fits = have <= 0 || need <= have;
+  if (world.all_reduce_sum(fits ? 0.0 : 1.0) == 0) return "";
+  return strformat("out of memory: llmt plan needs %.2f GiB per rank, %s is %.2f GiB", need, where.c_str(), have);
+}
+
+void run_bench(const BenchArgs& args, ControlComm& world, const LaunchInfo& launch) {
+  // what ran, once for every line
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  nlohmann::json machine = {{"commit", LLMT_GIT_COMMIT},
+                            {"host", host},
+                            {"cpu", cpu_model_name()},
+                            {"libraries", {{"matmul", cpu_library_version()}, {"mpi", mpi_library_version()}}},
+                            {"ranks_per_node", launch.local_size}};
+  if (args.device == "cuda") machine["libraries"]["nccl"] = nccl_available() ? nccl_build_version() : "none";
+  std::FILE* out = nullptr;
+  if (world.rank() == 0 && !args.results.empty()) {
+    out = std::fopen(args.results.c_str(), "a");
+    LLMT_CHECK(out, "llmt bench --results %s: %s", args.results.c_str(), std::strerror(errno));
+  }
+  std::map<std::string, double> cpu_peak;
+  const auto points = bench_points(args.sweeps);
+  for (size_t i = 0; i < points.size(); i++) {
+    BenchArgs a = args;
+    nlohmann::json setting = nlohmann::json::object();
+    for (const auto& [key, value] : points[i]) {
+      apply_bench_setting(a, key, value);
+      setting[key] = value;
+    }
+    if (world.rank() == 0 && points.size() > 1)
+      std::fprintf(stderr, "bench  point %zu/%zu: %s\n", i + 1, points.size(), setting.dump().c_str());
+    nlohmann::json j;
+    const std::string oom = bench_memory_problem(a, world, launch);
+    if (!oom.empty()) {
+      j = {{"model", a.model}, {"device", a.device}, {"ranks", world.size()}, {"fsdp", a.fsdp},
+           {"batch", a.batch}, {"seq_len", a.seq_len}, {"bf16", a.bf16},
+           {"gradient_checkpointing", a.gradient_checkpointing}, {"oom", true}, {"error", oom}};
+      if (world.rank() == 0) std::fprintf(stderr, "bench  point %zu: %s; going on\n", i + 1, oom.c_str());
+    } else {
+      j = bench_point(a, world, launch, cpu_peak);
+    }
+    j["sweep"] = setting;
+    j["point"] = i + 1;
+    j["machine"] = machine;
+    if (world.rank() == 0) {
+      std::printf("%s\n", j.dump().c_str());
+      std::fflush(stdout);
+      if (out) {
+        std::fprintf(out, "%s\n", j.dump().c_str());
+        std::fflush(out);
+      }
+    }
+  }
+  if (out) std::fclose(out);
 }
 
 }  // namespace llmt

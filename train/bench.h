@@ -1,8 +1,13 @@
 // `llmt bench`: whole training steps (forward, backward, gradient norm, AdamW) on synthetic tokens,
 // timed one by one after warm-up, on every rank of the job through FSDP; rank 0 prints one JSON
-// line. Speed is measured here, never in a test.
+// line per configuration. --sweep KEY=V1,V2 (repeatable) runs every combination in turn, and
+// --results FILE appends each point's line to FILE. A point that cannot fit the memory (llmt plan's
+// total against the node's or the GPU's) is recorded as such and the sweep goes on. Speed is
+// measured here, never in a test.
 #pragma once
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/dist/launch.h"
 #include "train/flags.h"
@@ -23,7 +28,14 @@ struct BenchArgs {
   bool tf32 = false;  // fp32 matmuls on TF32 tensor cores (cuda)
   std::string mixed_precision_reduce = "float32";
   double dropout = -1.0;        // >= 0: every dropout probability of the model set to this
+  std::vector<std::string> sweeps;  // "KEY=V1,V2,...", outermost first
+  std::string results;              // append each point's JSON line here ("" = stdout only)
 };
+
+// One sweep setting applied to args (KEY as the flag's name); throws naming the key or the value.
+void apply_bench_setting(BenchArgs& args, const std::string& key, const std::string& value);
+// Every combination of the sweeps, as (key, value) lists in run order; one empty list without sweeps.
+std::vector<std::vector<std::pair<std::string, std::string>>> bench_points(const std::vector<std::string>& sweeps);
 
 BenchArgs parse_bench_args(Flags& flags);
 void run_bench(const BenchArgs& args, ControlComm& world, const LaunchInfo& launch);

@@ -28,25 +28,32 @@ Flags::Flags(const std::string& command, const std::vector<std::string>& args) :
     }
     for (char& c : name)
       if (c == '-') c = '_';  // --max-steps and --max_steps are one flag, as in HfArgumentParser
-    // A flag given again wins, as in argparse (HfArgumentParser): wrapper scripts append overrides.
-    auto old = values_.find(name);
-    if (old != values_.end()) {
-      if (launcher_rank_from_env() <= 0)
-        log_info("flags  --%s is given more than once: the last value, %s, wins (was %s)", name.c_str(),
-                 value == kBareTrue ? "True" : ("\"" + value + "\"").c_str(),
-                 old->second == kBareTrue ? "True" : ("\"" + old->second + "\"").c_str());
-    } else {
-      order_.push_back(name);
-    }
-    values_[name] = value;
+    if (!values_.count(name)) order_.push_back(name);
+    values_[name].push_back(value);
   }
 }
 
+// A flag given again wins, as in argparse (HfArgumentParser): wrapper scripts append overrides.
 const std::string* Flags::take(const std::string& name) {
   auto it = values_.find(name);
   if (it == values_.end()) return nullptr;
+  const std::vector<std::string>& v = it->second;
+  if (v.size() > 1 && !used_.count(name) && launcher_rank_from_env() <= 0) {
+    auto shown = [](const std::string& x) { return x == kBareTrue ? std::string("True") : "\"" + x + "\""; };
+    log_info("flags  --%s is given more than once: the last value, %s, wins (was %s)", name.c_str(),
+             shown(v.back()).c_str(), shown(v[v.size() - 2]).c_str());
+  }
   used_[name] = true;
-  return &it->second;
+  return &v.back();
+}
+
+std::vector<std::string> Flags::get_all(const std::string& name) {
+  auto it = values_.find(name);
+  if (it == values_.end()) return {};
+  used_[name] = true;
+  for (const std::string& v : it->second)
+    LLMT_CHECK(v != kBareTrue, "llmt %s: flag --%s needs a value", command_.c_str(), name.c_str());
+  return it->second;
 }
 
 std::string Flags::get_string(const std::string& name, const std::string& fallback) {

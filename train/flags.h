@@ -20,6 +20,8 @@ class Flags {
   long long get_int64(const std::string& name, long long fallback);
   double get_double(const std::string& name, double fallback);
   bool get_bool(const std::string& name, bool fallback);
+  // Every value of a flag that may be repeated (--sweep), in order; the getters above take the last.
+  std::vector<std::string> get_all(const std::string& name);
   // Marks a flag as read without looking at its value (flags accepted and ignored).
   void ignore(const std::string& name) { take(name); }
   // Throws naming the first flag that was given but never read.
@@ -28,7 +30,7 @@ class Flags {
  private:
   const std::string* take(const std::string& name);
   std::string command_;
-  std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> values_;
   std::vector<std::string> order_;  // as given, for messages
   std::map<std::string, bool> used_;
 };

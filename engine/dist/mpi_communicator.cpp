@@ -215,4 +215,13 @@ std::unique_ptr<DataComm> make_mpi_data_comm(ControlComm& control) {
   return std::make_unique<MpiDataComm>(dup);
 }
 
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  int len = 0;
+  MPI_Get_library_version(text, &len);
+  std::string s(text, (size_t)std::max(0, len));
+  const size_t cut = s.find_first_of(",\n");  // "Open MPI v4.1.4, package: ..." -> "Open MPI v4.1.4"
+  return cut == std::string::npos ? s : s.substr(0, cut);
+}
+
 }  // namespace llmt

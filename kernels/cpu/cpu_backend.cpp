@@ -911,4 +911,10 @@ std::unique_ptr<Backend> make_cpu_backend(int threads, DType compute) {
   return std::make_unique<CpuBackend>(threads, compute);
 }
 
+std::string cpu_library_version() {
+  const dnnl_version_t* v = dnnl_version();
+  const char* isa = std::getenv("DNNL_MAX_CPU_ISA");
+  return strformat("oneDNN %d.%d.%d (DNNL_MAX_CPU_ISA %s)", v->major, v->minor, v->patch, isa ? isa : "unset");
+}
+
 }  // namespace llmt

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Charts of llmt's results, as PNG files (matplotlib; never needed by the trainer).
+
+  pip install -r scripts/requirements-plot.txt
+
+  scripts/plot.py bench RESULTS.jsonl [--out DIR]
+      llmt bench --results lines: tokens/s and MFU against the per-device batch and against the
+      sequence length, one line per (model, fsdp, precision, other axis); out-of-memory points
+      are marked with an x on the axis. Writes DIR/bench_batch.png and DIR/bench_seq_len.png.
+
+  scripts/plot.py run OUTPUT_DIR|metrics.jsonl [--out FILE.png]
+      a training run: loss (eval loss as points), learning rate, gradient norm and tokens/s
+      against the step, with the run's checkpoints (OUTPUT_DIR/checkpoint-N) as dotted lines.
+      Default FILE: OUTPUT_DIR/curves.png.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+
+
+def read_jsonl(path):
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                sys.exit(f"plot.py: {path} line {n}: not JSON ({e})")
+    return rows
+
+
+def series_label(row, varying):
+    parts = [row.get("model", "?"), row.get("fsdp") or "no_shard", "bf16" if row.get("bf16") else "fp32"]
+    if row.get("gradient_checkpointing"):
+        parts.append("ckpt")
+    parts += [f"{k}={row.get(k)}" for k in varying]
+    return ", ".join(str(p) for p in parts)
+
+
+def plot_bench(path, out_dir):
+    rows = read_jsonl(path)
+    if not rows:
+        sys.exit(f"plot.py: {path} holds no results")
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for axis, other in (("batch", "seq_len"), ("seq_len", "batch")):
+        groups = {}
+        for r in rows:
+            key = series_label(r, [other])
+            groups.setdefault(key, []).append(r)
+        fig, (ax_tps, ax_mfu) = plt.subplots(1, 2, figsize=(12, 4.5))
+        for label, rs in sorted(groups.items()):
+            rs = sorted(rs, key=lambda r: r[axis])
+            ok = [r for r in rs if not r.get("oom")]
+            bad = [r for r in rs if r.get("oom")]
+            if ok:
+                line, = ax_tps.plot([r[axis] for r in ok], [r["tokens_per_s"] for r in ok], "o-", label=label)
+                if any(r.get("mfu") is not None for r in ok):
+                    ax_mfu.plot([r[axis] for r in ok if r.get("mfu") is not None],
+                                [100 * r["mfu"] for r in ok if r.get("mfu") is not None], "o-", color=line.get_color(),
+                                label=label)
+            if bad:
+                ax_tps.plot([r[axis] for r in bad], [0] * len(bad), "x", color="red", markersize=9,
+                            label=f"{label}: out of memory")
+        for ax, name in ((ax_tps, "tokens/s (all ranks)"), (ax_mfu, "MFU (%)")):
+            ax.set_xlabel("per-device batch" if axis == "batch" else "sequence length")
+            ax.set_ylabel(name)
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.grid(alpha=0.3)
+        ax_tps.legend(fontsize=7)
+        m = rows[0].get("machine", {})
+        peak = "GPU peak" if rows[0].get("device") == "cuda" else "measured matmul peak"
+        fig.suptitle(f"llmt bench on {m.get('host', '?')} ({m.get('cpu', '?')}), {rows[0].get('ranks', '?')} rank(s), "
+                     f"commit {m.get('commit', '?')}; MFU against the {peak}", fontsize=9)
+        fig.tight_layout()
+        target = os.path.join(out_dir, f"bench_{axis}.png")
+        fig.savefig(target, dpi=110)
+        plt.close(fig)
+        written.append(target)
+    return written
+
+
+def plot_run(path, out):
+    metrics = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
+    if not os.path.isfile(metrics):
+        sys.exit(f"plot.py: no {metrics} (give a run's output_dir or its metrics.jsonl)")
+    run_dir = os.path.dirname(os.path.abspath(metrics))
+    rows = read_jsonl(metrics)
+    train = [r for r in rows if "loss" in r]
+    evals = [r for r in rows if "eval_loss" in r]
+    if not train:
+        sys.exit(f"plot.py: {metrics} holds no training records")
+    checkpoints = sorted(int(m.group(1)) for d in os.listdir(run_dir)
+                         if (m := re.fullmatch(r"checkpoint-(\d+)", d)) and os.path.isdir(os.path.join(run_dir, d)))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    steps = [r["step"] for r in train]
+    panels = ((axes[0][0], "loss", "loss"), (axes[0][1], "learning_rate", "learning rate"),
+              (axes[1][0], "grad_norm", "gradient norm"), (axes[1][1], "tokens_per_s", "tokens/s"))
+    for ax, key, name in panels:
+        ax.plot(steps, [r.get(key) for r in train], "-", linewidth=1.2, label=f"train {name}")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        for c in checkpoints:
+            ax.axvline(c, linestyle=":", color="gray", linewidth=0.8)
+    if evals:
+        axes[0][0].plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o", color="tab:red",
+                        label="eval loss")
+    axes[0][0].legend(fontsize=8)
+    for ax in axes[1]:
+        ax.set_xlabel("step")
+    note = f"; checkpoints at {', '.join(map(str, checkpoints))}" if checkpoints else ""
+    fig.suptitle(f"{run_dir}{note}", fontsize=9)
+    fig.tight_layout()
+    target = out or os.path.join(run_dir, "curves.png")
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return [target]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    b = sub.add_parser("bench", help="llmt bench --results lines")
+    b.add_argument("results")
+    b.add_argument("--out", default=".")
+    r = sub.add_parser("run", help="a training run's metrics.jsonl")
+    r.add_argument("path")
+    r.add_argument("--out", default=None)
+    a = p.parse_args()
+    written = plot_bench(a.results, a.out) if a.what == "bench" else plot_run(a.path, a.out)
+    for w in written:
+        print(f"plot.py: wrote {w}")
+
+
+if __name__ == "__main__":
+    main()

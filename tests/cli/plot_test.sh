@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# scripts/plot.py renders its charts from fixtures (tests/reference/plot: llmt bench --results lines,
+# one of them out of memory, and a run's metrics.jsonl with a checkpoint): each PNG is a real image
+# of the expected size. Skipped (77) without matplotlib. Usage: plot_test.sh SOURCE_DIR
+set -uo pipefail
+src=$1
+python3 -c "import matplotlib" 2> /dev/null || { echo "plot_test.sh: skipped: no matplotlib (pip install -r scripts/requirements-plot.txt)"; exit 77; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cp -r "$src/tests/reference/plot/run" "$work/run"
+python3 "$src/scripts/plot.py" bench "$src/tests/reference/plot/bench_results.jsonl" --out "$work/charts" \
+  || { echo "FAIL: plot.py bench"; exit 1; }
+python3 "$src/scripts/plot.py" run "$work/run" || { echo "FAIL: plot.py run"; exit 1; }
+# width x height from the PNG header (IHDR), and the signature
+for png in "$work/charts/bench_batch.png" "$work/charts/bench_seq_len.png" "$work/run/curves.png"; do
+  size=$(python3 -c "
+import struct, sys
+b = open(sys.argv[1], 'rb').read(24)
+assert b[:8] == b'\x89PNG\r\n\x1a\n', 'not a PNG'
+print('%dx%d' % struct.unpack('>II', b[16:24]))" "$png") || { echo "FAIL: $png is not a PNG"; exit 1; }
+  echo "$(basename "$png"): $size"
+  case "$size" in 1320x495|1210x770) ;; *) echo "FAIL: $png is $size"; exit 1 ;; esac
+done
+# a broken line names the file and the line
+printf '{"model": "x"}\nnot json\n' > "$work/bad.jsonl"
+if python3 "$src/scripts/plot.py" bench "$work/bad.jsonl" --out "$work/x" 2> "$work/err"; then echo "FAIL: a broken file plotted"; exit 1; fi
+grep -q "bad.jsonl line 2: not JSON" "$work/err" || { echo "FAIL: the error"; cat "$work/err"; exit 1; }
+echo PASS
