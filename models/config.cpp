@@ -50,6 +50,24 @@ ModelConfig llama(int n_layer, int n_head, int n_kv_head, int d_model, int d_ff,
   return c;
 }
 
+// Llama 3.x: vocabulary 128256, rope_theta 500000, rms eps 1e-5, grouped-query attention with 8 kv
+// heads; 3.1 and 3.2 add llama3 rope scaling over an original context of 8192.
+ModelConfig llama3(int n_layer, int n_head, int d_model, int d_ff, bool tied, float rope_factor) {
+  ModelConfig c = llama(n_layer, n_head, 8, d_model, d_ff, rope_factor > 0 ? 131072 : 8192, 1e-5f, 128256);
+  c.rope_theta = 500000.0f;
+  c.tied_embeddings = tied;
+  c.bos_token_id = 128000;
+  c.eos_token_id = 128001;
+  if (rope_factor > 0) {
+    c.rope_scaling = "llama3";
+    c.rope_factor = rope_factor;
+    c.rope_low_freq_factor = 1.0f;
+    c.rope_high_freq_factor = 4.0f;
+    c.rope_original_max = 8192;
+  }
+  return c;
+}
+
 // Sizes from the published Hugging Face config.json files of each model.
 const std::map<std::string, ModelConfig>& presets() {
   static const std::map<std::string, ModelConfig> p = {
@@ -60,6 +78,11 @@ const std::map<std::string, ModelConfig>& presets() {
       {"llama-7b", llama(32, 32, 32, 4096, 11008, 2048, 1e-6f)},
       {"llama-13b", llama(40, 40, 40, 5120, 13824, 2048, 1e-6f)},
       {"llama2-7b", llama(32, 32, 32, 4096, 11008, 4096, 1e-5f)},
+      {"llama3-8b", llama3(32, 32, 4096, 14336, false, 0.0f)},
+      {"llama3.1-8b", llama3(32, 32, 4096, 14336, false, 8.0f)},
+      {"llama3.1-70b", llama3(80, 64, 8192, 28672, false, 8.0f)},
+      {"llama3.2-1b", llama3(16, 32, 2048, 8192, true, 32.0f)},
+      {"llama3.2-3b", llama3(28, 24, 3072, 8192, true, 32.0f)},
       // tiny sizes for tests and the quickstart (byte-level vocabulary of 256, no dropout)
       {"gpt2-tiny", gpt2(2, 4, 64, 256, 256)},
       {"gpt2-small-byte", gpt2(4, 4, 128, 256, 256)},
@@ -118,6 +141,11 @@ std::string ModelConfig::describe() const {
   if (n_kv_head != n_head) s += strformat(" (%d kv heads)", n_kv_head);
   s += strformat(", d_ff %d, vocab %d, context %d", d_ff, vocab_size, max_seq_len);
   if (arch == Arch::llama) s += strformat(", rope_theta %g%s", rope_theta, tied_embeddings ? ", tied" : "");
+  if (!rope_scaling.empty())
+    s += rope_scaling == "llama3" ? strformat(", rope llama3 x%g (low %g, high %g, original %d)", rope_factor,
+                                              rope_low_freq_factor, rope_high_freq_factor, rope_original_max)
+                                  : strformat(", rope %s x%g", rope_scaling.c_str(), rope_factor);
+  if (model_type == "mistral") s += sliding_window > 0 ? strformat(", mistral, window %d", sliding_window) : ", mistral";
   if (has_dropout()) s += strformat(", dropout %g/%g/%g (embd/attn/resid)", embd_pdrop, attn_pdrop, resid_pdrop);
   return s;
 }
@@ -161,6 +189,43 @@ void validate_config(const ModelConfig& c, const std::string& source) {
              "%s: LLaMA applies dropout to attention probabilities only", source.c_str());
 }
 
+// rope_scaling / rope_parameters: the types transformers defines that change nothing llmt cannot
+// compute exactly; any other type or key is refused by name, never ignored.
+static void read_rope_scaling(const nlohmann::json& rp, const std::string& where, ModelConfig& c) {
+  LLMT_CHECK(rp.is_object(), "%s: expected an object or null", where.c_str());
+  const std::string type = rp.contains("rope_type") ? get_required<std::string>(rp, "rope_type", where)
+                                                    : get_optional<std::string>(rp, "type", "default", where);
+  for (const auto& [key, value] : rp.items()) {
+    static const char* const known[] = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
+                                        "high_freq_factor", "original_max_position_embeddings"};
+    bool ok = false;
+    for (const char* k : known) ok = ok || key == k;
+    LLMT_CHECK(ok, "%s: \"%s\": %s is not supported (llmt reads rope_type, rope_theta, factor, low_freq_factor, "
+               "high_freq_factor, original_max_position_embeddings)", where.c_str(), key.c_str(),
+               clip_for_message(value.dump()).c_str());
+  }
+  c.rope_theta = get_optional<float>(rp, "rope_theta", c.rope_theta, where);
+  if (type == "default") return;
+  LLMT_CHECK(type == "linear" || type == "dynamic" || type == "llama3",
+             "%s: rope_type \"%s\" is not supported (default, linear, llama3, and dynamic within the original "
+             "context)", where.c_str(), type.c_str());
+  c.rope_scaling = type;
+  c.rope_factor = get_required<float>(rp, "factor", where);
+  LLMT_CHECK(c.rope_factor >= 1.0f, "%s: factor %g must be at least 1", where.c_str(), c.rope_factor);
+  if (type == "llama3") {
+    c.rope_low_freq_factor = get_required<float>(rp, "low_freq_factor", where);
+    c.rope_high_freq_factor = get_required<float>(rp, "high_freq_factor", where);
+    c.rope_original_max = get_required<int>(rp, "original_max_position_embeddings", where);
+    LLMT_CHECK(c.rope_low_freq_factor > 0 && c.rope_high_freq_factor > c.rope_low_freq_factor &&
+                   c.rope_original_max > 0,
+               "%s: llama3 needs 0 < low_freq_factor (%g) < high_freq_factor (%g) and a positive "
+               "original_max_position_embeddings (%d)", where.c_str(), c.rope_low_freq_factor,
+               c.rope_high_freq_factor, c.rope_original_max);
+  } else if (type == "dynamic") {
+    c.rope_original_max = get_optional<int>(rp, "original_max_position_embeddings", 0, where);
+  }
+}
+
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& source) {
   LLMT_CHECK(j.is_object(), "%s: expected a JSON object", source.c_str());
   std::string type = get_required<std::string>(j, "model_type", source);
@@ -183,8 +248,9 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     c.embd_pdrop = get_optional<float>(j, "embd_pdrop", 0.1f, source);
     c.attn_pdrop = get_optional<float>(j, "attn_pdrop", 0.1f, source);
     c.resid_pdrop = get_optional<float>(j, "resid_pdrop", 0.1f, source);
-  } else if (type == "llama") {
+  } else if (type == "llama" || type == "mistral") {
     c.arch = Arch::llama;
+    c.model_type = type;
     c.vocab_size = get_required<int>(j, "vocab_size", source);
     c.max_seq_len = get_optional<int>(j, "max_position_embeddings", 2048, source);
     c.n_layer = get_required<int>(j, "num_hidden_layers", source);
@@ -194,28 +260,35 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     c.d_ff = get_required<int>(j, "intermediate_size", source);
     c.norm_eps = get_optional<float>(j, "rms_norm_eps", 1e-6f, source);
     c.rope_theta = get_optional<float>(j, "rope_theta", 10000.0f, source);
-    // transformers 5 moved rope_theta into rope_parameters {"rope_type": "default", "rope_theta": ...}
-    if (j.contains("rope_parameters") && j.at("rope_parameters").is_object()) {
-      const nlohmann::json& rp = j.at("rope_parameters");
-      std::string rope_source = source + " rope_parameters";
-      std::string type = get_optional<std::string>(rp, "rope_type", "default", rope_source);
-      LLMT_CHECK(type == "default", "%s: rope_type \"%s\" is not supported (only default RoPE)", source.c_str(),
-                 type.c_str());
-      c.rope_theta = get_optional<float>(rp, "rope_theta", c.rope_theta, rope_source);
+    // transformers 4 writes rope_scaling ({"rope_type" or "type": ...} or null) beside rope_theta;
+    // transformers 5 writes rope_parameters, which holds rope_theta too
+    const bool v5 = j.contains("rope_parameters") && !j.at("rope_parameters").is_null();
+    const bool v4 = j.contains("rope_scaling") && !j.at("rope_scaling").is_null();
+    if (v5 || v4) read_rope_scaling(j.at(v5 ? "rope_parameters" : "rope_scaling"),
+                                    source + (v5 ? " rope_parameters" : " rope_scaling"), c);
+    if (type == "mistral" && j.contains("sliding_window") && !j.at("sliding_window").is_null()) {
+      c.sliding_window = get_required<int>(j, "sliding_window", source);
+      LLMT_CHECK(c.sliding_window > 0, "%s: sliding_window %d must be positive (or null)", source.c_str(),
+                 c.sliding_window);
     }
     c.tied_embeddings = get_optional<bool>(j, "tie_word_embeddings", false, source);
     c.attn_pdrop = get_optional<float>(j, "attention_dropout", 0.0f, source);
     std::string act = get_optional<std::string>(j, "hidden_act", "silu", source);
     LLMT_CHECK(act == "silu", "%s: hidden_act \"%s\" is not supported (LLaMA uses silu)", source.c_str(), act.c_str());
-    LLMT_CHECK(!get_optional<bool>(j, "attention_bias", false, source) && !get_optional<bool>(j, "mlp_bias", false, source),
-               "%s: attention_bias / mlp_bias are not supported", source.c_str());
-    LLMT_CHECK(!j.contains("rope_scaling") || j.at("rope_scaling").is_null(),
-               "%s: rope_scaling is not supported yet", source.c_str());
-    if (j.contains("head_dim") && !j.at("head_dim").is_null())
-      LLMT_CHECK(get_required<int>(j, "head_dim", source) * c.n_head == c.d_model,
-                 "%s: head_dim must equal hidden_size / num_attention_heads", source.c_str());
+    LLMT_CHECK(!get_optional<bool>(j, "attention_bias", false, source),
+               "%s: attention_bias true is not supported yet (q, k, v and o projections without biases only)",
+               source.c_str());
+    LLMT_CHECK(!get_optional<bool>(j, "mlp_bias", false, source),
+               "%s: mlp_bias true is not supported yet (gate, up and down projections without biases only)",
+               source.c_str());
+    if (j.contains("head_dim") && !j.at("head_dim").is_null()) {
+      const int head_dim = get_required<int>(j, "head_dim", source);
+      LLMT_CHECK(head_dim * c.n_head == c.d_model,
+                 "%s: head_dim %d is not hidden_size / num_attention_heads (%d / %d): llmt supports only that "
+                 "head size", source.c_str(), head_dim, c.d_model, c.n_head);
+    }
   } else {
-    fail("%s: model_type \"%s\" is not supported (gpt2 or llama)", source.c_str(), type.c_str());
+    fail("%s: model_type \"%s\" is not supported (gpt2, llama or mistral)", source.c_str(), type.c_str());
   }
   if (j.contains("bos_token_id") && j.at("bos_token_id").is_number_integer()) c.bos_token_id = j.at("bos_token_id");
   if (j.contains("eos_token_id") && j.at("eos_token_id").is_number_integer()) c.eos_token_id = j.at("eos_token_id");
@@ -265,8 +338,9 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
          {"attn_pdrop", decimal(c.attn_pdrop)},
          {"tie_word_embeddings", true}};
   } else {
-    j = {{"architectures", {"LlamaForCausalLM"}},
-         {"model_type", "llama"},
+    const bool mistral = c.model_type == "mistral";
+    j = {{"architectures", {mistral ? "MistralForCausalLM" : "LlamaForCausalLM"}},
+         {"model_type", mistral ? "mistral" : "llama"},
          {"vocab_size", c.vocab_size},
          {"max_position_embeddings", c.max_seq_len},
          {"hidden_size", c.d_model},
@@ -282,6 +356,18 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
          {"mlp_bias", false},
          {"attention_dropout", decimal(c.attn_pdrop)},
          {"tie_word_embeddings", c.tied_embeddings}};
+    if (!c.rope_scaling.empty()) {  // both spellings, as for rope_theta
+      nlohmann::json rs = {{"rope_type", c.rope_scaling}, {"factor", c.rope_factor}};
+      if (c.rope_scaling == "llama3") {
+        rs["low_freq_factor"] = c.rope_low_freq_factor;
+        rs["high_freq_factor"] = c.rope_high_freq_factor;
+      }
+      if (c.rope_original_max > 0) rs["original_max_position_embeddings"] = c.rope_original_max;
+      j["rope_scaling"] = rs;
+      rs["rope_theta"] = c.rope_theta;
+      j["rope_parameters"] = rs;
+    }
+    if (mistral) j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
   }
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;

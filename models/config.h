@@ -22,6 +22,13 @@ struct ModelConfig {
   int d_ff = 0;          // 4 * n_embd (n_inner) / intermediate_size
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;      // LLaMA only
+  // rope_scaling (transformers 5: rope_parameters), LLaMA only: "" none, "linear", "llama3", or
+  // "dynamic" (NTK, which changes nothing up to the original context: llmt trains only within it)
+  std::string rope_scaling;
+  float rope_factor = 1.0f, rope_low_freq_factor = 1.0f, rope_high_freq_factor = 4.0f;
+  int rope_original_max = 0;        // original_max_position_embeddings (llama3; dynamic: the context)
+  std::string model_type = "";      // "llama" or "mistral" for a LLaMA-architecture model ("" = llama)
+  int sliding_window = 0;           // Mistral's attention window; 0 = none. Training needs T <= window
   bool tied_embeddings = true;      // GPT-2 always; LLaMA per tie_word_embeddings
   // Dropout probabilities, where transformers applies them: GPT-2's embd_pdrop (after wte + wpe),
   // attn_pdrop (attention probabilities), resid_pdrop (each residual branch's output); LLaMA's

@@ -92,6 +92,24 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T,
   LLMT_CHECK(B > 0 && T > 0, "batch size %d and sequence length %d must be positive", B, T);
   LLMT_CHECK(T <= cfg.max_seq_len, "sequence length %d exceeds the model's context of %d tokens", T, cfg.max_seq_len);
   LLMT_CHECK(T < (1 << kDropoutPosBits), "sequence length %d: at most %d tokens", T, (1 << kDropoutPosBits) - 1);
+  // Mistral's sliding window is exact full causal attention while no sequence is longer than it
+  LLMT_CHECK(cfg.sliding_window == 0 || T <= cfg.sliding_window,
+             "sequence length %d exceeds the model's sliding_window of %d: llmt's attention has no window yet; "
+             "train with sequences of at most %d tokens", T, cfg.sliding_window, cfg.sliding_window);
+  rope_.theta = cfg.rope_theta;
+  if (cfg.rope_scaling == "linear" || cfg.rope_scaling == "llama3") {
+    rope_.scaling = cfg.rope_scaling == "linear" ? RopeSpec::linear : RopeSpec::llama3;
+    rope_.factor = cfg.rope_factor;
+    rope_.low_freq_factor = cfg.rope_low_freq_factor;
+    rope_.high_freq_factor = cfg.rope_high_freq_factor;
+    rope_.original_max = (float)cfg.rope_original_max;
+  } else if (cfg.rope_scaling == "dynamic") {
+    // dynamic NTK leaves the frequencies alone up to the original context; past it they change with
+    // the sequence length, which llmt does not implement
+    const int original = cfg.rope_original_max > 0 ? cfg.rope_original_max : cfg.max_seq_len;
+    LLMT_CHECK(T <= original, "sequence length %d exceeds the %d tokens within which dynamic rope scaling changes "
+               "nothing; llmt does not implement it beyond", T, original);
+  }
   walk_buffers(cfg, B, T, checkpointing, dt_,
                [&](const ActivationBuffer& b) {
                  void* p = be_.alloc((size_t)b.bytes());
@@ -157,7 +175,7 @@ void Transformer::block_forward(int l, Tensor w) {
   // attention sub-block: resid_mid = x + dropout(proj(attention(norm1(x))))
   norm_forward(ln1, a.ln1_mean, a.ln1_rstd, x, w, o.ln1_w, o.ln1_b);
   be_.matmul(qkv, ln1, P(w, o.qkv_w, {QKV, C}), P(w, o.qkv_b, {QKV}), N, QKV, C, false, true, false);
-  if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, cfg_.rope_theta);
+  if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_);
   be_.attention_forward(attn_out, lse, qkv, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop));
   if (out_drop_attn.active()) {
     Tensor branch = rows(dropped_, C);
@@ -232,7 +250,7 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   if (gpt2) be_.bias_backward(P(g, o.attn_proj_b, {C}), dbranch, N, C);
   be_.matmul(dattn, dbranch, P(w, o.attn_proj_w, {C, Q}), Tensor(), N, Q, C, false, false, false);
   be_.attention_backward(dqkv, dattn, qkv, attn_out, lse, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop));
-  if (!gpt2) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, cfg_.rope_theta);
+  if (!gpt2) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_);
   be_.matmul(P(g, o.qkv_w, {QKV, C}), dqkv, ln1, Tensor(), QKV, C, N, true, false, true);
   if (gpt2) be_.bias_backward(P(g, o.qkv_b, {QKV}), dqkv, N, QKV);
   be_.matmul(dnorm, dqkv, P(w, o.qkv_w, {QKV, C}), Tensor(), N, C, QKV, false, false, false);

@@ -99,6 +99,7 @@ class Transformer {
   int B_, T_max_;   // capacity
   int cur_T_ = 0;   // the current batch's sequence length
   bool checkpointing_;
+  RopeSpec rope_;  // the model's RoPE frequencies (theta and rope_scaling)
   std::vector<void*> allocations_;
   bool have_grad_ = false;
   const TrainPass* train_ = nullptr;  // the current training pass (dropout), or null

@@ -24,6 +24,7 @@
 //  - Backward ops that accumulate let gradients from several paths (residual stream, tied
 //    embeddings, micro-batches) meet in one buffer without extra copies.
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -50,6 +51,17 @@ struct Dropout {
   uint64_t key = 0;
   int64_t row0 = 0;   // global sequence index of the batch's row 0
   bool active() const { return p > 0.0f; }
+};
+
+// RoPE's frequencies: inv_freq[i] = theta^(-2i/hs), then rope_scaling as transformers computes it
+// (modeling_rope_utils): linear divides every frequency by factor; llama3 divides the low
+// frequencies (wavelength above original_max / low_freq_factor) by factor, keeps the high ones
+// (below original_max / high_freq_factor) and blends in between. See rope_inv_freq below.
+struct RopeSpec {
+  enum Scaling { none = 0, linear = 1, llama3 = 2 };
+  float theta = 10000.0f;
+  int scaling = none;
+  float factor = 1.0f, low_freq_factor = 1.0f, high_freq_factor = 4.0f, original_max = 8192.0f;
 };
 
 class Backend {
@@ -124,9 +136,10 @@ class Backend {
   // ---- attention (act, lse f32) ----
   // qkv rows are [q (NH*hs) | k (NKV*hs) | v (NKV*hs)] for each of the B*T tokens.
   // RoPE in place on the q and k parts, Hugging Face rotate_half layout, positions 0..T-1,
-  // inv_freq[i] = theta^(-2i/hs). rope_backward applies the inverse rotation to dq and dk in place.
-  virtual void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, float theta) = 0;
-  virtual void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, float theta) = 0;
+  // inv_freq[i] = rope_inv_freq(rope, i, hs). rope_backward applies the inverse rotation to dq and
+  // dk in place.
+  virtual void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) = 0;
+  virtual void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) = 0;
   // Causal self-attention with grouped-query heads (head h reads kv head h / (NH/NKV)), scale 1/sqrt(hs),
   // dropout on the probabilities as `drop` says (its row index counts sequences). out[B*T, NH*hs] (=);
   // lse[B,NH,T] (=) keeps each query row's log-sum-exp of the scaled scores: all that backward needs
@@ -203,6 +216,21 @@ LLMT_HOST_DEVICE inline uint32_t dropout_bits(uint64_t key, int64_t row, int64_t
 }
 LLMT_HOST_DEVICE inline bool dropout_keep(uint64_t key, int64_t row, int64_t e, float p) {
   return (double)dropout_bits(key, row, e) >= (double)p * 16777216.0;
+}
+
+// RoPE frequency i of a head of hs channels, in fp32 step for step as transformers computes it
+// (_compute_default / _linear_scaling / _llama3_parameters), so the same angles come out everywhere.
+LLMT_HOST_DEVICE inline float rope_inv_freq(const RopeSpec& r, int i, int hs) {
+  const float f = 1.0f / powf(r.theta, (float)(2 * i) / (float)hs);
+  if (r.scaling == RopeSpec::linear) return f / r.factor;
+  if (r.scaling != RopeSpec::llama3) return f;
+  const float wavelen = 6.2831853071795862f / f;  // 2 pi / inv_freq
+  const float low_freq_wavelen = r.original_max / r.low_freq_factor;
+  const float high_freq_wavelen = r.original_max / r.high_freq_factor;
+  if (wavelen > low_freq_wavelen) return f / r.factor;  // long wavelengths: scaled
+  if (wavelen < high_freq_wavelen) return f;            // short ones: kept
+  const float smooth = (r.original_max / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  return (1.0f - smooth) * f / r.factor + smooth * f;
 }
 
 }  // namespace llmt

@@ -63,11 +63,11 @@ void ProfilingBackend::swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate
 void ProfilingBackend::dropout(Tensor x, int B, int T, int C, const Dropout& d) {
   timed("activations", [&] { in_->dropout(x, B, T, C, d); });
 }
-void ProfilingBackend::rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, float theta) {
-  timed("attention", [&] { in_->rope_forward(qkv, B, T, NH, NKV, hs, theta); });
+void ProfilingBackend::rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) {
+  timed("attention", [&] { in_->rope_forward(qkv, B, T, NH, NKV, hs, rope); });
 }
-void ProfilingBackend::rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, float theta) {
-  timed("attention", [&] { in_->rope_backward(dqkv, B, T, NH, NKV, hs, theta); });
+void ProfilingBackend::rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) {
+  timed("attention", [&] { in_->rope_backward(dqkv, B, T, NH, NKV, hs, rope); });
 }
 void ProfilingBackend::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
                                          const Dropout& drop) {

@@ -50,8 +50,8 @@ class ProfilingBackend : public Backend {
   void swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I) override;
   void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) override;
   void dropout(Tensor x, int B, int T, int C, const Dropout& d) override;
-  void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, float theta) override;
-  void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, float theta) override;
+  void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override;
+  void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override;
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
                          const Dropout& drop) override;
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH, int NKV,

@@ -460,12 +460,12 @@ class CpuBackend : public Backend {
 
   // ---- attention ----
   // cos/sin of pos * inv_freq[i] for pos < T, i < hs/2, computed in fp32 the way transformers does.
-  static void rope_table(std::vector<float>& cs, std::vector<float>& sn, int T, int hs, float theta) {
+  static void rope_table(std::vector<float>& cs, std::vector<float>& sn, int T, int hs, const RopeSpec& rope) {
     int half = hs / 2;
     cs.resize((size_t)T * half);
     sn.resize((size_t)T * half);
     for (int i = 0; i < half; i++) {
-      float inv_freq = 1.0f / std::pow(theta, (float)(2 * i) / (float)hs);
+      const float inv_freq = rope_inv_freq(rope, i, hs);
       for (int t = 0; t < T; t++) {
         float angle = (float)t * inv_freq;
         cs[(size_t)t * half + i] = (float)std::cos((double)angle);
@@ -475,11 +475,11 @@ class CpuBackend : public Backend {
   }
 
   // Rotates the q and k heads of every token by +angle (forward) or -angle (backward).
-  void rope_apply(Tensor qkv, int B, int T, int NH, int NKV, int hs, float theta, float sign) {
+  void rope_apply(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope, float sign) {
     LLMT_CHECK(hs % 2 == 0, "rope: head size %d is odd", hs);
     check_act(qkv, "rope", "qkv");
     std::vector<float> cs, sn;
-    rope_table(cs, sn, T, hs, theta);
+    rope_table(cs, sn, T, hs, rope);
     const int half = hs / 2;
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
     by_dtype(qkv.dtype, "rope", [&](auto tag) {
@@ -501,11 +501,11 @@ class CpuBackend : public Backend {
       }
     });
   }
-  void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, float theta) override {
-    rope_apply(qkv, B, T, NH, NKV, hs, theta, 1.0f);
+  void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
+    rope_apply(qkv, B, T, NH, NKV, hs, rope, 1.0f);
   }
-  void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, float theta) override {
-    rope_apply(dqkv, B, T, NH, NKV, hs, theta, -1.0f);  // a rotation's transpose is its inverse
+  void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
+    rope_apply(dqkv, B, T, NH, NKV, hs, rope, -1.0f);  // a rotation's transpose is its inverse
   }
 
   // Forward, one query row at a time: scores against every earlier key, their log-sum-exp, the

@@ -244,15 +244,15 @@ class CudaBackend : public Backend {
   }
 
   // ---- attention ----
-  void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, float theta) override {
+  void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
     check_act(qkv, "rope_forward", "qkv");
     by_dtype(qkv.dtype, "rope_forward",
-             [&](auto tag) { cuda::rope((decltype(tag)*)qkv.data, B, T, NH, NKV, hs, theta, 1.0f, stream_); });
+             [&](auto tag) { cuda::rope((decltype(tag)*)qkv.data, B, T, NH, NKV, hs, rope, 1.0f, stream_); });
   }
-  void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, float theta) override {
+  void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
     check_act(dqkv, "rope_backward", "dqkv");
     by_dtype(dqkv.dtype, "rope_backward",
-             [&](auto tag) { cuda::rope((decltype(tag)*)dqkv.data, B, T, NH, NKV, hs, theta, -1.0f, stream_); });
+             [&](auto tag) { cuda::rope((decltype(tag)*)dqkv.data, B, T, NH, NKV, hs, rope, -1.0f, stream_); });
   }
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
                          const Dropout& drop) override {

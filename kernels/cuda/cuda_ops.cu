@@ -235,16 +235,16 @@ __global__ void rmsnorm_backward_dw_kernel(float* dw, const T* dout, const T* x,
   dw[c] += s;
 }
 
-// ---- RoPE, rotate_half layout, angle t * theta^(-2j/hs) as transformers computes it ----
+// ---- RoPE, rotate_half layout, angle t * inv_freq[j] (rope_inv_freq) as transformers computes it ----
 template <typename T>
-__global__ void rope_kernel(T* qkv, int T_, int NH, int NKV, int hs, float theta, float sign, int64_t n) {
+__global__ void rope_kernel(T* qkv, int T_, int NH, int NKV, int hs, RopeSpec rope, float sign, int64_t n) {
   const int half = hs / 2, heads = NH + NKV;
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t row = i / ((int64_t)heads * half);
     const int h = (int)(i / half % heads), j = (int)(i % half), t = (int)(row % T_);
-    const float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)hs);
+    const float inv_freq = rope_inv_freq(rope, j, hs);
     const float angle = (float)t * inv_freq;
     const float c = (float)cos((double)angle), s = sign * (float)sin((double)angle);
     T* x = qkv + row * row_len + (int64_t)h * hs;
@@ -506,11 +506,11 @@ void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, c
 }
 
 template <typename T>
-void rope(T* qkv, int B, int T_, int NH, int NKV, int hs, float theta, float sign, Stream stream) {
+void rope(T* qkv, int B, int T_, int NH, int NKV, int hs, const RopeSpec& rope, float sign, Stream stream) {
   LLMT_CHECK(hs % 2 == 0, "cuda rope: head size %d is odd", hs);
   const int64_t n = (int64_t)B * T_ * (NH + NKV) * (hs / 2);
   if (n == 0) return;
-  LLMT_LAUNCH(rope_kernel, grid_stride_blocks(n), kBlock, 0, stream, qkv, T_, NH, NKV, hs, theta, sign, n);
+  LLMT_LAUNCH(rope_kernel, grid_stride_blocks(n), kBlock, 0, stream, qkv, T_, NH, NKV, hs, rope, sign, n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -585,7 +585,7 @@ void accumulate_mixed(Td* dst, const Ts* src, int64_t n, Stream stream) {
                                       int64_t, int, Stream);                                                         \
   template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int, float, Stream);                     \
   template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int64_t, int, Stream);   \
-  template void rope<T>(T*, int, int, int, int, int, float, float, Stream);                                          \
+  template void rope<T>(T*, int, int, int, int, int, const RopeSpec&, float, Stream);                                          \
   template void dropout<T>(T*, int, int, int, const Dropout&, Stream);                                               \
   template void attention_forward<T>(T*, float*, const T*, int, int, int, int, int, const Dropout&, Stream);         \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, float*, int, int, int, int, int,  \

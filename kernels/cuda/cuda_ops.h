@@ -47,7 +47,7 @@ void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, c
                       Stream stream);
 
 template <typename T>
-void rope(T* qkv, int B, int T_, int NH, int NKV, int hs, float theta, float sign, Stream stream);
+void rope(T* qkv, int B, int T_, int NH, int NKV, int hs, const RopeSpec& rope, float sign, Stream stream);
 template <typename T>
 void dropout(T* x, int B, int T_, int C, const Dropout& d, Stream stream);
 

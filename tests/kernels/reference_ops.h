@@ -99,9 +99,28 @@ inline DV swiglu(const DV& gu, int64_t N, int I) {
   return out;
 }
 
+// transformers' rope_scaling in double: linear divides every inv_freq by factor; llama3 divides those
+// whose wavelength 2 pi / inv_freq exceeds original / low, keeps those below original / high, and in
+// between blends (1 - s) inv_freq / factor + s inv_freq with s = (original / wavelength - low) / (high - low).
+struct RopeRef {
+  double theta = 10000.0;
+  int scaling = 0;  // 0 none, 1 linear, 2 llama3
+  double factor = 1.0, low = 1.0, high = 4.0, original = 8192.0;
+};
+inline double rope_inv_freq_ref(const RopeRef& r, int i, int hs) {
+  const double f = std::pow(r.theta, -2.0 * i / hs);
+  if (r.scaling == 1) return f / r.factor;
+  if (r.scaling != 2) return f;
+  const double wavelen = 2.0 * M_PI / f;
+  if (wavelen > r.original / r.low) return f / r.factor;
+  if (wavelen < r.original / r.high) return f;
+  const double s = (r.original / wavelen - r.low) / (r.high - r.low);
+  return (1.0 - s) * f / r.factor + s * f;
+}
+
 // RoPE, Hugging Face rotate_half layout, on the q (NH heads) and k (NKV heads) parts of each qkv row;
-// position of row (b,t) is t; inv_freq[i] = theta^(-2i/hs); v is untouched.
-inline DV rope(const DV& qkv, int B, int T, int NH, int NKV, int hs, double theta) {
+// position of row (b,t) is t; inv_freq[i] = rope_inv_freq_ref(r, i, hs); v is untouched.
+inline DV rope(const DV& qkv, int B, int T, int NH, int NKV, int hs, const RopeRef& r) {
   DV out = qkv;
   const int R = (NH + 2 * NKV) * hs, half = hs / 2;
   for (int b = 0; b < B; b++)
@@ -111,7 +130,7 @@ inline DV rope(const DV& qkv, int B, int T, int NH, int NKV, int hs, double thet
         const double* x = &qkv[base + (int64_t)h * hs];
         double* y = &out[base + (int64_t)h * hs];
         for (int i = 0; i < half; i++) {
-          double inv_freq = std::pow(theta, -2.0 * i / hs);
+          double inv_freq = rope_inv_freq_ref(r, i, hs);
           double ang = t * inv_freq, c = std::cos(ang), s = std::sin(ang);
           y[i] = x[i] * c - x[i + half] * s;
           y[i + half] = x[i + half] * c + x[i] * s;

@@ -618,15 +618,35 @@ constexpr int AB = 2, AT = 7, HS = 6;
 
 TEST_P(Ops, RopeForwardAndBackwardVsReference) {
   std::mt19937 rng(51);
+  // plain RoPE at two thetas, linear scaling, and llama3 scaling in all three of its bands: theta 500000
+  // with original 16 puts HS = 6's frequencies (wavelengths 6.3, 499, 39685) blended, scaled, scaled;
+  // theta 10 with original 64 puts them (6.3, 13.5, 29) kept, kept, blended
+  struct Case {
+    double theta;
+    int scaling;
+    double factor, low, high, original;
+  };
+  const Case cases[] = {{10000.0, 0, 1, 1, 4, 8192}, {10.0, 0, 1, 1, 4, 8192}, {10000.0, 1, 4, 1, 4, 8192},
+                        {500000.0, 2, 8, 1, 4, 16}, {10.0, 2, 32, 1, 4, 64}};
   for (AttnCfg c : {AttnCfg{4, 2}, AttnCfg{3, 3}, AttnCfg{3, 1}})
-    for (double theta : {10000.0, 10.0}) {
-      SCOPED_TRACE(::testing::Message() << "NH=" << c.NH << " NKV=" << c.NKV << " theta=" << theta);
+    for (const Case& k : cases) {
+      const double theta = k.theta;
+      llmt_ref::RopeRef ref{k.theta, k.scaling, k.factor, k.low, k.high, k.original};
+      llmt::RopeSpec spec;
+      spec.theta = (float)k.theta;
+      spec.scaling = k.scaling;
+      spec.factor = (float)k.factor;
+      spec.low_freq_factor = (float)k.low;
+      spec.high_freq_factor = (float)k.high;
+      spec.original_max = (float)k.original;
+      SCOPED_TRACE(::testing::Message() << "NH=" << c.NH << " NKV=" << c.NKV << " theta=" << theta
+                                        << " scaling=" << k.scaling << " factor=" << k.factor);
       const int R = (c.NH + 2 * c.NKV) * HS;
       const int64_t n = (int64_t)AB * AT * R;
       FV qkv = rand_act(rng, n), r = rand_act(rng, n);
-      DV want = llmt_ref::rope(to_d(qkv), AB, AT, c.NH, c.NKV, HS, theta);
+      DV want = llmt_ref::rope(to_d(qkv), AB, AT, c.NH, c.NKV, HS, ref);
       BufP Q = Buf::act(qkv);
-      be().rope_forward(Q->a({AB * AT, R}), AB, AT, c.NH, c.NKV, HS, (float)theta);
+      be().rope_forward(Q->a({AB * AT, R}), AB, AT, c.NH, c.NKV, HS, spec);
       FV got = Q->rf();
       EXPECT_TRUE(Close(got, want, fwd_tol())) << "rope_forward";
       for (int64_t row = 0; row < AB * AT; row++)
@@ -634,10 +654,10 @@ TEST_P(Ops, RopeForwardAndBackwardVsReference) {
           ASSERT_EQ(got[row * R + j], qkv[row * R + j]) << "v part changed, row " << row << " col " << j;
       // backward: dqkv = r in place; expect d/dqkv sum(rope(qkv) * r)
       DV rd = to_d(r);
-      DV g = fd_grad([&](const DV& v) { return dot(llmt_ref::rope(v, AB, AT, c.NH, c.NKV, HS, theta), rd); },
+      DV g = fd_grad([&](const DV& v) { return dot(llmt_ref::rope(v, AB, AT, c.NH, c.NKV, HS, ref), rd); },
                      to_d(qkv));
       BufP dQ = Buf::act(r);
-      be().rope_backward(dQ->a({AB * AT, R}), AB, AT, c.NH, c.NKV, HS, (float)theta);
+      be().rope_backward(dQ->a({AB * AT, R}), AB, AT, c.NH, c.NKV, HS, spec);
       EXPECT_TRUE(Close(dQ->rf(), g, grad_tol())) << "rope_backward";
     }
 }

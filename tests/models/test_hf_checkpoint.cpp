@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/core/error.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
 #include "tests/test_util.h"
@@ -181,10 +182,50 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
                                 "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
                                 "\"num_key_value_heads\": 3}");
   expect_error([&] { config_from_json_file(dir + "/gqa.json"); }, {"gqa.json", "kv heads"});
-  write_file(dir + "/rope.json", "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 32, "
-                                 "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
-                                 "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}");
-  expect_error([&] { config_from_json_file(dir + "/rope.json"); }, {"rope.json", "rope_scaling"});
+  // rope_scaling and the rest of Llama 3's and Mistral's fields: what llmt cannot compute exactly is
+  // refused by name (rope_scaling used to be refused whole)
+  const std::string llama = "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 32, "
+                            "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, ";
+  const std::pair<std::string, std::vector<std::string>> refused[] = {
+      {llama + "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}", {"rope_scaling", "\"yarn\""}},
+      {llama + "\"rope_parameters\": {\"rope_type\": \"longrope\", \"rope_theta\": 10000}}",
+       {"rope_parameters", "\"longrope\""}},
+      {llama + "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+               "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 16, \"beta_fast\": 32}}",
+       {"\"beta_fast\": 32 is not supported"}},
+      {llama + "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8}}", {"low_freq_factor"}},
+      {llama + "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 0.5}}", {"factor 0.5 must be at least 1"}},
+      {llama + "\"attention_bias\": true}", {"attention_bias true is not supported yet"}},
+      {llama + "\"mlp_bias\": true}", {"mlp_bias true is not supported yet"}},
+      {llama + "\"head_dim\": 16}", {"head_dim 16 is not hidden_size / num_attention_heads (32 / 4)"}},
+      {"{\"model_type\": \"mistral\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
+       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"sliding_window\": 0}",
+       {"sliding_window 0 must be positive"}},
+      {"{\"model_type\": \"qwen2\"}", {"\"qwen2\" is not supported (gpt2, llama or mistral)"}},
+  };
+  for (size_t i = 0; i < std::size(refused); i++) {
+    const std::string f = dir + strformat("/refused%zu.json", i);
+    write_file(f, refused[i].first);
+    expect_error([&] { config_from_json_file(f); }, refused[i].second);
+  }
+  // both spellings read the same, and what llmt writes back reads the same again
+  write_file(dir + "/v4.json", llama + "\"rope_theta\": 500000, \"rope_scaling\": {\"rope_type\": \"llama3\", "
+                               "\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                               "\"original_max_position_embeddings\": 16}}");
+  write_file(dir + "/v5.json", llama + "\"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 500000, "
+                               "\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                               "\"original_max_position_embeddings\": 16}}");
+  for (const char* name : {"/v4.json", "/v5.json"}) {
+    ModelConfig c = config_from_json_file(dir + name);
+    EXPECT_EQ(c.rope_scaling, "llama3") << name;
+    EXPECT_EQ(c.rope_theta, 500000.0f);
+    EXPECT_EQ(c.rope_factor, 8.0f);
+    EXPECT_EQ(c.rope_original_max, 16);
+    write_file(dir + "/back.json", config_to_hf_json(c).dump());
+    ModelConfig back = config_from_json_file(dir + "/back.json");
+    EXPECT_EQ(config_to_hf_json(back), config_to_hf_json(c));
+    EXPECT_EQ(config_to_hf_json(c)["rope_scaling"]["rope_type"], "llama3");
+  }
   expect_error([&] { config_from_preset("gpt3"); }, {"gpt3", "presets"});
 }
 
@@ -198,6 +239,14 @@ TEST(ModelConfig, PresetsMatchPublishedParameterCounts) {
   EXPECT_EQ(count("llama-7b"), 6738415616.0);
   EXPECT_EQ(count("llama2-7b"), 6738415616.0);
   EXPECT_EQ(count("llama-13b"), 13015864320.0);
+  // Llama 3.x, as the safetensors index of each Hugging Face repository gives them (total_size / 2
+  // bytes of bf16): 3 8B and 3.1 8B 8,030,261,248; 3.1 70B 70,553,706,496; 3.2 1B 1,235,814,400 and
+  // 3.2 3B 3,212,749,824 (tied embeddings)
+  EXPECT_EQ(count("llama3-8b"), 8030261248.0);
+  EXPECT_EQ(count("llama3.1-8b"), 8030261248.0);
+  EXPECT_EQ(count("llama3.1-70b"), 70553706496.0);
+  EXPECT_EQ(count("llama3.2-1b"), 1235814400.0);
+  EXPECT_EQ(count("llama3.2-3b"), 3212749824.0);
 }
 
 TEST(ModelInit, UnitsAndBlocksAreIndependentDraws) {
@@ -216,4 +265,22 @@ TEST(ModelInit, UnitsAndBlocksAreIndependentDraws) {
   std::vector<float> again((size_t)L.units[1].numel);
   init_unit_params(cfg, L.units[1], 1, 42, again.data());
   EXPECT_EQ(b0, again);  // deterministic
+}
+
+// What llmt cannot compute exactly at a training length is refused when the model is built for it:
+// a sequence beyond Mistral's sliding window, or beyond the context within which dynamic rope scaling
+// changes nothing.
+TEST(ModelConfig, LengthsBeyondWhatIsExactAreRefused) {
+  auto be = make_cpu_backend(1);
+  ModelConfig m = config_from_preset("llama-tiny");
+  m.model_type = "mistral";
+  m.sliding_window = 16;
+  EXPECT_NO_THROW(Transformer(m, *be, 1, 16, false));
+  expect_error([&] { Transformer(m, *be, 1, 17, false); }, {"sequence length 17 exceeds the model's sliding_window of 16"});
+  ModelConfig d = config_from_preset("llama-tiny");  // context 256
+  d.rope_scaling = "dynamic";
+  d.rope_factor = 2.0f;
+  d.rope_original_max = 64;
+  EXPECT_NO_THROW(Transformer(d, *be, 1, 64, false));
+  expect_error([&] { Transformer(d, *be, 1, 65, false); }, {"65 exceeds the 64 tokens", "dynamic rope scaling"});
 }

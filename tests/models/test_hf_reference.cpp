@@ -213,6 +213,11 @@ TEST(HfReference, LlamaTiedTiny) { check_model("llama_tied_tiny", DType::f32); }
 TEST(HfReference, Gpt2TinyBf16) { check_model("gpt2_tiny", DType::bf16); }
 TEST(HfReference, LlamaTinyGqaBf16) { check_model("llama_tiny", DType::bf16); }
 TEST(HfReference, LlamaTiedTinyBf16) { check_model("llama_tied_tiny", DType::bf16); }
+// Llama 3.1's llama3 rope scaling, and Mistral (its window beyond the batch's length)
+TEST(HfReference, Llama31Tiny) { check_model("llama31_tiny", DType::f32); }
+TEST(HfReference, Llama31TinyBf16) { check_model("llama31_tiny", DType::bf16); }
+TEST(HfReference, MistralTiny) { check_model("mistral_tiny", DType::f32); }
+TEST(HfReference, MistralTinyBf16) { check_model("mistral_tiny", DType::bf16); }
 // the same fixtures with the CUDA backend
 TEST(HfReferenceCuda, Gpt2Tiny) { check_model("gpt2_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, LlamaTinyGqa) { check_model("llama_tiny", DType::f32, "cuda"); }
@@ -220,3 +225,7 @@ TEST(HfReferenceCuda, LlamaTiedTiny) { check_model("llama_tied_tiny", DType::f32
 TEST(HfReferenceCuda, Gpt2TinyBf16) { check_model("gpt2_tiny", DType::bf16, "cuda"); }
 TEST(HfReferenceCuda, LlamaTinyGqaBf16) { check_model("llama_tiny", DType::bf16, "cuda"); }
 TEST(HfReferenceCuda, LlamaTiedTinyBf16) { check_model("llama_tied_tiny", DType::bf16, "cuda"); }
+TEST(HfReferenceCuda, Llama31Tiny) { check_model("llama31_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, Llama31TinyBf16) { check_model("llama31_tiny", DType::bf16, "cuda"); }
+TEST(HfReferenceCuda, MistralTiny) { check_model("mistral_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, MistralTinyBf16) { check_model("mistral_tiny", DType::bf16, "cuda"); }

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Reference numerics for llmt's model tests, made with Hugging Face transformers.
 
-Makes three tiny, randomly initialised models under tests/reference/:
+Makes tiny, randomly initialised models under tests/reference/:
   gpt2_tiny/        GPT2LMHeadModel, gelu_new, tied embeddings
   llama_tiny/       LlamaForCausalLM, grouped-query attention (4 heads, 2 kv heads), untied lm_head
   llama_tied_tiny/  the same LLaMA with tied embeddings, 4 kv heads, rope_theta 500000
+  llama31_tiny/     Llama 3.1's config shape: llama3 rope scaling (factor 8, original context 16), head_dim
+  mistral_tiny/     MistralForCausalLM, 1 kv head, sliding_window 16 (beyond the 13-token batch)
 Each directory holds the Hugging Face export (config.json, model.safetensors, float32),
 reference.safetensors: one fixed batch, its logits, loss and gradients, and the parameters after
 3 AdamW steps on that batch (see README.md for the exact contents and conventions), and
@@ -26,7 +28,8 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 B, T, VOCAB = 2, 13, 259
@@ -48,10 +51,32 @@ def llama_config(tied=False):
                        hidden_act="silu", attention_bias=False, mlp_bias=False, attention_dropout=0.0)
 
 
+def llama31_config():
+    """Llama 3.1's shape of config, tiny: llama3 rope scaling over an original context of 16, so the
+    13-token batch spans the blended band (wavelength 6.3 between 16/4 and 16/1) and the scaled ones."""
+    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                       rms_norm_eps=1e-5, rope_theta=500000.0,
+                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+                       tie_word_embeddings=False, hidden_act="silu", attention_bias=False, mlp_bias=False,
+                       attention_dropout=0.0)
+
+
+def mistral_config():
+    """Mistral: LLaMA with grouped-query attention and a sliding window at or beyond the sequence."""
+    return MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
+                         rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=16, tie_word_embeddings=False,
+                         hidden_act="silu", attention_dropout=0.0)
+
+
 MODELS = {
     "gpt2_tiny": (GPT2LMHeadModel, gpt2_config),
     "llama_tiny": (LlamaForCausalLM, lambda: llama_config(tied=False)),
     "llama_tied_tiny": (LlamaForCausalLM, lambda: llama_config(tied=True)),
+    "llama31_tiny": (LlamaForCausalLM, llama31_config),
+    "mistral_tiny": (MistralForCausalLM, mistral_config),
 }
 
 
@@ -216,6 +241,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check-llmt", metavar="PATH", help="Hugging Face export written by llmt to compare")
     ap.add_argument("--against", choices=sorted(MODELS), help="fixture model to compare --check-llmt with")
+    ap.add_argument("--only", choices=sorted(MODELS), action="append", help="make these fixtures only")
     args = ap.parse_args()
     if args.check_llmt:
         if not args.against:
@@ -223,7 +249,7 @@ def main():
         return check_llmt(args.check_llmt, args.against)
     torch.set_default_dtype(torch.float32)
     torch.set_num_threads(1)  # one fixed reduction order; seen: rare multi-threaded runs off by 2e-5
-    for name in MODELS:
+    for name in args.only or MODELS:
         ref, out_dir = make_fixture(name)
         summary(name, ref, out_dir)
         make_bf16_fixture(name)
