@@ -145,7 +145,10 @@ std::string ModelConfig::describe() const {
     s += rope_scaling == "llama3" ? strformat(", rope llama3 x%g (low %g, high %g, original %d)", rope_factor,
                                               rope_low_freq_factor, rope_high_freq_factor, rope_original_max)
                                   : strformat(", rope %s x%g", rope_scaling.c_str(), rope_factor);
-  if (model_type == "mistral") s += sliding_window > 0 ? strformat(", mistral, window %d", sliding_window) : ", mistral";
+  if (model_type == "mistral" || model_type == "qwen2") s += ", " + model_type;
+  if (sliding_window > 0) s += strformat(", window %d", sliding_window);
+  if (qkv_bias || o_bias || mlp_bias)
+    s += strformat(", biases:%s%s%s", qkv_bias ? " qkv" : "", o_bias ? " o" : "", mlp_bias ? " mlp" : "");
   if (has_dropout()) s += strformat(", dropout %g/%g/%g (embd/attn/resid)", embd_pdrop, attn_pdrop, resid_pdrop);
   return s;
 }
@@ -248,7 +251,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     c.embd_pdrop = get_optional<float>(j, "embd_pdrop", 0.1f, source);
     c.attn_pdrop = get_optional<float>(j, "attn_pdrop", 0.1f, source);
     c.resid_pdrop = get_optional<float>(j, "resid_pdrop", 0.1f, source);
-  } else if (type == "llama" || type == "mistral") {
+  } else if (type == "llama" || type == "mistral" || type == "qwen2") {
     c.arch = Arch::llama;
     c.model_type = type;
     c.vocab_size = get_required<int>(j, "vocab_size", source);
@@ -275,12 +278,17 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     c.attn_pdrop = get_optional<float>(j, "attention_dropout", 0.0f, source);
     std::string act = get_optional<std::string>(j, "hidden_act", "silu", source);
     LLMT_CHECK(act == "silu", "%s: hidden_act \"%s\" is not supported (LLaMA uses silu)", source.c_str(), act.c_str());
-    LLMT_CHECK(!get_optional<bool>(j, "attention_bias", false, source),
-               "%s: attention_bias true is not supported yet (q, k, v and o projections without biases only)",
-               source.c_str());
-    LLMT_CHECK(!get_optional<bool>(j, "mlp_bias", false, source),
-               "%s: mlp_bias true is not supported yet (gate, up and down projections without biases only)",
-               source.c_str());
+    if (type == "qwen2") {
+      c.qkv_bias = true;  // Qwen2Attention: q, k and v projections with biases, o without
+      // Qwen2's sliding window is off unless use_sliding_window says otherwise
+      if (get_optional<bool>(j, "use_sliding_window", false, source)) {
+        c.sliding_window = get_required<int>(j, "sliding_window", source);
+        LLMT_CHECK(c.sliding_window > 0, "%s: sliding_window %d must be positive", source.c_str(), c.sliding_window);
+      }
+    } else {
+      c.qkv_bias = c.o_bias = get_optional<bool>(j, "attention_bias", false, source);
+      c.mlp_bias = get_optional<bool>(j, "mlp_bias", false, source);
+    }
     if (j.contains("head_dim") && !j.at("head_dim").is_null()) {
       const int head_dim = get_required<int>(j, "head_dim", source);
       LLMT_CHECK(head_dim * c.n_head == c.d_model,
@@ -288,7 +296,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
                  "head size", source.c_str(), head_dim, c.d_model, c.n_head);
     }
   } else {
-    fail("%s: model_type \"%s\" is not supported (gpt2, llama or mistral)", source.c_str(), type.c_str());
+    fail("%s: model_type \"%s\" is not supported (gpt2, llama, mistral or qwen2)", source.c_str(), type.c_str());
   }
   if (j.contains("bos_token_id") && j.at("bos_token_id").is_number_integer()) c.bos_token_id = j.at("bos_token_id");
   if (j.contains("eos_token_id") && j.at("eos_token_id").is_number_integer()) c.eos_token_id = j.at("eos_token_id");
@@ -338,9 +346,9 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
          {"attn_pdrop", decimal(c.attn_pdrop)},
          {"tie_word_embeddings", true}};
   } else {
-    const bool mistral = c.model_type == "mistral";
-    j = {{"architectures", {mistral ? "MistralForCausalLM" : "LlamaForCausalLM"}},
-         {"model_type", mistral ? "mistral" : "llama"},
+    const bool mistral = c.model_type == "mistral", qwen2 = c.model_type == "qwen2";
+    j = {{"architectures", {mistral ? "MistralForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+         {"model_type", mistral ? "mistral" : qwen2 ? "qwen2" : "llama"},
          {"vocab_size", c.vocab_size},
          {"max_position_embeddings", c.max_seq_len},
          {"hidden_size", c.d_model},
@@ -352,8 +360,8 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
          {"rope_theta", c.rope_theta},  // read by transformers 4
          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta}}},  // transformers 5
          {"hidden_act", "silu"},
-         {"attention_bias", false},
-         {"mlp_bias", false},
+         {"attention_bias", c.qkv_bias && c.o_bias},
+         {"mlp_bias", c.mlp_bias},
          {"attention_dropout", decimal(c.attn_pdrop)},
          {"tie_word_embeddings", c.tied_embeddings}};
     if (!c.rope_scaling.empty()) {  // both spellings, as for rope_theta
@@ -368,6 +376,12 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
       j["rope_parameters"] = rs;
     }
     if (mistral) j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
+    if (qwen2) {  // Qwen2Config has no attention_bias or mlp_bias: its biases are fixed by the model
+      j.erase("attention_bias");
+      j.erase("mlp_bias");
+      j["use_sliding_window"] = c.sliding_window > 0;
+      j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
+    }
   }
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;

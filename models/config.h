@@ -27,7 +27,10 @@ struct ModelConfig {
   std::string rope_scaling;
   float rope_factor = 1.0f, rope_low_freq_factor = 1.0f, rope_high_freq_factor = 4.0f;
   int rope_original_max = 0;        // original_max_position_embeddings (llama3; dynamic: the context)
-  std::string model_type = "";      // "llama" or "mistral" for a LLaMA-architecture model ("" = llama)
+  std::string model_type = "";      // "llama", "mistral" or "qwen2" for a LLaMA-architecture model ("" = llama)
+  // LLaMA-architecture biases: q/k/v (attention_bias, and always in Qwen2), o (attention_bias), and
+  // gate/up/down (mlp_bias)
+  bool qkv_bias = false, o_bias = false, mlp_bias = false;
   int sliding_window = 0;           // Mistral's attention window; 0 = none. Training needs T <= window
   bool tied_embeddings = true;      // GPT-2 always; LLaMA per tie_word_embeddings
   // Dropout probabilities, where transformers applies them: GPT-2's embd_pdrop (after wte + wpe),

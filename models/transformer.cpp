@@ -233,26 +233,26 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   // MLP: resid[l+1] = resid_mid + dropout(mlp_act W_out^T + b_out)
   Tensor dbranch = branch_grad(kMlpOut);
   be_.matmul(P(g, o.mlp_out_w, {C, FF}), dbranch, mlp_act, Tensor(), C, FF, N, true, false, true);
-  if (gpt2) be_.bias_backward(P(g, o.mlp_out_b, {C}), dbranch, N, C);
+  if (o.mlp_out_b >= 0) be_.bias_backward(P(g, o.mlp_out_b, {C}), dbranch, N, C);
   be_.matmul(dmlp_act, dbranch, P(w, o.mlp_out_w, {C, FF}), Tensor(), N, FF, C, false, false, false);
   if (gpt2)
     be_.gelu_backward(dmlp_in, mlp_in, dmlp_act, N * FF);
   else
     be_.swiglu_backward(dmlp_in, dmlp_act, mlp_in, N, (int)FF);
   be_.matmul(P(g, o.mlp_in_w, {FI, C}), dmlp_in, ln2, Tensor(), FI, C, N, true, false, true);
-  if (gpt2) be_.bias_backward(P(g, o.mlp_in_b, {FI}), dmlp_in, N, FI);
+  if (o.mlp_in_b >= 0) be_.bias_backward(P(g, o.mlp_in_b, {FI}), dmlp_in, N, FI);
   be_.matmul(dnorm, dmlp_in, P(w, o.mlp_in_w, {FI, C}), Tensor(), N, C, FI, false, false, false);
   norm_backward(xm, a.ln2_mean, a.ln2_rstd, w, g, o.ln2_w, o.ln2_b);
 
   // attention: resid_mid = x + dropout(attn_out W_proj^T + b_proj)
   dbranch = branch_grad(kAttnOut);
   be_.matmul(P(g, o.attn_proj_w, {C, Q}), dbranch, attn_out, Tensor(), C, Q, N, true, false, true);
-  if (gpt2) be_.bias_backward(P(g, o.attn_proj_b, {C}), dbranch, N, C);
+  if (o.attn_proj_b >= 0) be_.bias_backward(P(g, o.attn_proj_b, {C}), dbranch, N, C);
   be_.matmul(dattn, dbranch, P(w, o.attn_proj_w, {C, Q}), Tensor(), N, Q, C, false, false, false);
   be_.attention_backward(dqkv, dattn, qkv, attn_out, lse, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop));
   if (!gpt2) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_);
   be_.matmul(P(g, o.qkv_w, {QKV, C}), dqkv, ln1, Tensor(), QKV, C, N, true, false, true);
-  if (gpt2) be_.bias_backward(P(g, o.qkv_b, {QKV}), dqkv, N, QKV);
+  if (o.qkv_b >= 0) be_.bias_backward(P(g, o.qkv_b, {QKV}), dqkv, N, QKV);  // after RoPE's inverse: the bias came before RoPE
   be_.matmul(dnorm, dqkv, P(w, o.qkv_w, {QKV, C}), Tensor(), N, C, QKV, false, false, false);
   norm_backward(rows(resid_[l], C), a.ln1_mean, a.ln1_rstd, w, g, o.ln1_w, o.ln1_b);
 }

@@ -195,13 +195,12 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
        {"\"beta_fast\": 32 is not supported"}},
       {llama + "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8}}", {"low_freq_factor"}},
       {llama + "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 0.5}}", {"factor 0.5 must be at least 1"}},
-      {llama + "\"attention_bias\": true}", {"attention_bias true is not supported yet"}},
-      {llama + "\"mlp_bias\": true}", {"mlp_bias true is not supported yet"}},
       {llama + "\"head_dim\": 16}", {"head_dim 16 is not hidden_size / num_attention_heads (32 / 4)"}},
       {"{\"model_type\": \"mistral\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
        "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"sliding_window\": 0}",
        {"sliding_window 0 must be positive"}},
-      {"{\"model_type\": \"qwen2\"}", {"\"qwen2\" is not supported (gpt2, llama or mistral)"}},
+      {"{\"model_type\": \"gemma\"}", {"\"gemma\" is not supported (gpt2, llama, mistral or qwen2)"}},
+      {llama + "\"attention_bias\": \"yes\"}", {"attention_bias", "must be true or false"}},
   };
   for (size_t i = 0; i < std::size(refused); i++) {
     const std::string f = dir + strformat("/refused%zu.json", i);

@@ -218,6 +218,11 @@ TEST(HfReference, Llama31Tiny) { check_model("llama31_tiny", DType::f32); }
 TEST(HfReference, Llama31TinyBf16) { check_model("llama31_tiny", DType::bf16); }
 TEST(HfReference, MistralTiny) { check_model("mistral_tiny", DType::f32); }
 TEST(HfReference, MistralTinyBf16) { check_model("mistral_tiny", DType::bf16); }
+// biases on a LLaMA: Qwen2's q/k/v, and attention_bias + mlp_bias on every projection
+TEST(HfReference, Qwen2Tiny) { check_model("qwen2_tiny", DType::f32); }
+TEST(HfReference, Qwen2TinyBf16) { check_model("qwen2_tiny", DType::bf16); }
+TEST(HfReference, LlamaBiasTiny) { check_model("llama_bias_tiny", DType::f32); }
+TEST(HfReference, LlamaBiasTinyBf16) { check_model("llama_bias_tiny", DType::bf16); }
 // the same fixtures with the CUDA backend
 TEST(HfReferenceCuda, Gpt2Tiny) { check_model("gpt2_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, LlamaTinyGqa) { check_model("llama_tiny", DType::f32, "cuda"); }
@@ -229,3 +234,7 @@ TEST(HfReferenceCuda, Llama31Tiny) { check_model("llama31_tiny", DType::f32, "cu
 TEST(HfReferenceCuda, Llama31TinyBf16) { check_model("llama31_tiny", DType::bf16, "cuda"); }
 TEST(HfReferenceCuda, MistralTiny) { check_model("mistral_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, MistralTinyBf16) { check_model("mistral_tiny", DType::bf16, "cuda"); }
+TEST(HfReferenceCuda, Qwen2Tiny) { check_model("qwen2_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, Qwen2TinyBf16) { check_model("qwen2_tiny", DType::bf16, "cuda"); }
+TEST(HfReferenceCuda, LlamaBiasTiny) { check_model("llama_bias_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, LlamaBiasTinyBf16) { check_model("llama_bias_tiny", DType::bf16, "cuda"); }

@@ -7,6 +7,8 @@ Makes tiny, randomly initialised models under tests/reference/:
   llama_tied_tiny/  the same LLaMA with tied embeddings, 4 kv heads, rope_theta 500000
   llama31_tiny/     Llama 3.1's config shape: llama3 rope scaling (factor 8, original context 16), head_dim
   mistral_tiny/     MistralForCausalLM, 1 kv head, sliding_window 16 (beyond the 13-token batch)
+  qwen2_tiny/       Qwen2ForCausalLM: q, k, v biases, tied embeddings
+  llama_bias_tiny/  LlamaForCausalLM with attention_bias and mlp_bias
 Each directory holds the Hugging Face export (config.json, model.safetensors, float32),
 reference.safetensors: one fixed batch, its logits, loss and gradients, and the parameters after
 3 AdamW steps on that batch (see README.md for the exact contents and conventions), and
@@ -29,7 +31,7 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM)
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 B, T, VOCAB = 2, 13, 259
@@ -71,12 +73,30 @@ def mistral_config():
                          hidden_act="silu", attention_dropout=0.0)
 
 
+def qwen2_config():
+    """Qwen2: LLaMA with biases on the q, k and v projections (not o), tied embeddings here."""
+    return Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+                       rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False,
+                       hidden_act="silu", attention_dropout=0.0)
+
+
+def llama_bias_config():
+    """A LLaMA config with attention_bias and mlp_bias: biases on q, k, v, o, gate, up and down."""
+    c = llama_config(tied=False)
+    c.attention_bias = True
+    c.mlp_bias = True
+    return c
+
+
 MODELS = {
     "gpt2_tiny": (GPT2LMHeadModel, gpt2_config),
     "llama_tiny": (LlamaForCausalLM, lambda: llama_config(tied=False)),
     "llama_tied_tiny": (LlamaForCausalLM, lambda: llama_config(tied=True)),
     "llama31_tiny": (LlamaForCausalLM, llama31_config),
     "mistral_tiny": (MistralForCausalLM, mistral_config),
+    "qwen2_tiny": (Qwen2ForCausalLM, qwen2_config),
+    "llama_bias_tiny": (LlamaForCausalLM, llama_bias_config),
 }
 
 
