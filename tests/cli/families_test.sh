@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Llama 3.1 (llama3 rope scaling), Mistral (sliding window), Qwen2 (q/k/v biases) and LLaMA with
+# attention_bias + mlp_bias, from their Hugging Face fixture directories, through the executable:
+# each trains, resumes bitwise from its checkpoint, and exports a directory that transformers loads
+# with the same parameters (when torch and transformers are installed; the config check always runs).
+# Usage: families_test.sh path/to/llmt SOURCE_DIR
+set -uo pipefail
+llmt=$1
+src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for i in $(seq 400); do echo "family test line $i: the quick brown fox jumps over the lazy dog"; done > "$work/corpus.txt"
+losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/.*"loss":\([^,}]*\).*"step":\([0-9]*\).*/\2 \1/' | sort -n; }
+common=(--tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --block_size 16 --per_device_train_batch_size 2
+        --learning_rate 1e-3 --logging_steps 1 --threads 1 --cache_dir none)
+have_hf=0
+python3 -c "import torch, transformers" 2> /dev/null && have_hf=1
+for family in llama31_tiny mistral_tiny qwen2_tiny llama_bias_tiny; do
+  fixture="$src/tests/reference/$family"
+  "$llmt" train "${common[@]}" --model_name_or_path "$fixture" --max_steps 4 --save_steps 2 --output_dir "$work/$family-a" \
+    > "$work/$family-a.log" 2>&1 || { echo "FAIL: $family: training"; tail "$work/$family-a.log"; exit 1; }
+  "$llmt" train "${common[@]}" --model_name_or_path "$fixture" --max_steps 4 --save_strategy no --output_dir "$work/$family-b" \
+    --resume_from_checkpoint "$work/$family-a/checkpoint-2" > "$work/$family-b.log" 2>&1 \
+    || { echo "FAIL: $family: resume"; tail "$work/$family-b.log"; exit 1; }
+  diff <(losses "$work/$family-a") <(losses "$work/$family-b") > /dev/null \
+    || { echo "FAIL: $family: resumed losses differ"; paste <(losses "$work/$family-a") <(losses "$work/$family-b"); exit 1; }
+  # what the export says about the family, as transformers needs it
+  python3 - "$work/$family-a/config.json" "$fixture/config.json" << 'PY' || exit 1
+import json, sys
+mine, theirs = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+for key in ("model_type", "architectures", "num_key_value_heads", "tie_word_embeddings"):
+    assert mine.get(key) == theirs.get(key), f"FAIL: {key}: {mine.get(key)} vs {theirs.get(key)}"
+rp = {k: v for k, v in theirs["rope_parameters"].items()}
+assert {k: float(v) if isinstance(v, (int, float)) else v for k, v in mine["rope_parameters"].items()} == \
+       {k: float(v) if isinstance(v, (int, float)) else v for k, v in rp.items()}, f"FAIL: rope {mine['rope_parameters']} vs {rp}"
+for key in ("attention_bias", "mlp_bias", "sliding_window", "use_sliding_window"):
+    if key in theirs:
+        assert mine.get(key) == theirs[key], f"FAIL: {key}: {mine.get(key)} vs {theirs[key]}"
+PY
+  note="config as transformers wrote it"
+  if [ $have_hf -eq 1 ]; then  # learning rate 0: the export must be the fixture's parameters exactly
+    "$llmt" train "${common[@]}" --model_name_or_path "$fixture" --max_steps 1 --learning_rate 0 --save_strategy no \
+      --output_dir "$work/$family-c" > "$work/$family-c.log" 2>&1 || { echo "FAIL: $family: lr 0"; exit 1; }
+    python3 "$src/tests/reference/make_fixtures.py" --check-llmt "$work/$family-c" --against "$family" \
+      > "$work/$family-check.log" 2>&1 || { echo "FAIL: $family: transformers"; tail "$work/$family-check.log"; exit 1; }
+    note="$note; transformers loads the export: $(tail -n 1 "$work/$family-check.log")"
+  fi
+  echo "$family: 4 steps, resumed from checkpoint-2 bitwise; $note"
+done
+[ $have_hf -eq 1 ] || echo "(torch and transformers are not installed: the exports were not loaded by transformers)"
+echo PASS
