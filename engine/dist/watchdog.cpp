@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -15,6 +14,10 @@
 #include "engine/core/error.h"
 
 namespace llmt {
+
+static double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 std::string peer_record_path(const std::string& dir, int rank) { return strformat("%s/rank-%d", dir.c_str(), rank); }
 
@@ -69,7 +72,7 @@ void Watchdog::write_record(uint64_t seq, int64_t step) {
   if (!f) return;  // the message will say the record is missing; nothing else depends on it
   std::fprintf(f, "llmt-progress run=%s rank=%d host=%s pid=%lld seq=%llu step=%lld time=%.3f\n",
                peers_.run_id.c_str(), rank_, peers_.host.c_str(), (long long)getpid(), (unsigned long long)seq,
-               (long long)step, (double)std::time(nullptr));
+               (long long)step, unix_seconds());
   const bool ok = std::fclose(f) == 0;
   if (ok) std::rename(tmp.c_str(), path.c_str());
 }
@@ -78,7 +81,7 @@ void Watchdog::write_record(uint64_t seq, int64_t step) {
 std::string Watchdog::who_did_not_arrive(uint64_t seq) {
   std::vector<std::string> behind;
   std::vector<int> missing;
-  const double now = (double)std::time(nullptr);
+  const double now = unix_seconds();
   for (int r = 0; r < peers_.world_size; r++) {
     if (r == rank_) continue;
     std::ifstream in(peer_record_path(peers_.dir, r));

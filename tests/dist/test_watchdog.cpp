@@ -197,10 +197,11 @@ TEST(WatchdogRecords, TheTimeoutNamesTheRankThatNeverBeganTheCollective) {
   ASSERT_TRUE(wait_for_failure(f, 5.0));
   const std::string m = f.first();
   EXPECT_NE(m.find("collective #4"), std::string::npos) << m;
-  EXPECT_NE(m.find("rank that did not arrive: 1 (noderun7 pid " + std::to_string(getpid()) +
-                   "; its last record, 0 s old, shows collective #3 begun before the first step)"),
+  // the record's age depends on the machine's pace; the rest is exact
+  EXPECT_NE(m.find("rank that did not arrive: 1 (noderun7 pid " + std::to_string(getpid()) + "; its last record, "),
             std::string::npos)
       << m;
+  EXPECT_NE(m.find(" s old, shows collective #3 begun before the first step)"), std::string::npos) << m;
   EXPECT_EQ(never.count(), 0u);
 }
 
