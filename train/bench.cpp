@@ -335,29 +335,14 @@ static std::string bench_memory_problem(const BenchArgs& a, ControlComm& world, 
   pa.bf16 = a.bf16;
   pa.reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
   const double need = make_plan(resolve_model_config(a.model), pa)["total_gib"].get<double>();
-  double have = 0;
   std::string where;
-  if (a.device == "cuda") {
-    size_t free_b = 0, total_b = 0;
-    std::unique_ptr<Backend> probe =
-        make_cuda_backend(launch.local_rank % std::max(1, cuda_device_count()), DType::f32, false);
-    probe->device_memory(&free_b, &total_b);
-    const int devices = std::max(1, cuda_device_count());
-    have = (double)free_b / (1024.0 * 1024.0 * 1024.0) / ((launch.local_size + devices - 1) / devices);
-    where = "GPU memory free per rank";
-  } else {
-    std::ifstream meminfo("/proc/meminfo");
-    for (std::string key; meminfo >> key;) {
-      double value = 0;
-      std::string unit;
-      meminfo >> value >> unit;
-      if (key == "MemAvailable:") have = value / (1024.0 * 1024.0) / launch.local_size;
-    }
-    where = "node memory available per rank";
-  }
+  std::unique_ptr<Backend> gpu;  // a device's memory is its backend's to tell
+  if (a.device == "cuda")
+    gpu = make_cuda_backend(launch.local_rank % std::max(1, cuda_device_count()), DType::f32, false);
+  const double have = memory_per_rank_gib(gpu.get(), launch.local_rank, launch.local_size, &where);
   const bool fits = have <= 0 || need <= have;
   if (world.all_reduce_sum(fits ? 0.0 : 1.0) == 0) return "";
-  return strformat("out of memory: llmt plan needs %.2f GiB per rank, %s is %.2f GiB", need, where.c_str(), have);
+  return strformat("out of memory: llmt plan needs %.2f GiB per rank, and %s", need, where.c_str());
 }
 
 void run_bench(const BenchArgs& args, ControlComm& world, const LaunchInfo& launch) {

@@ -1,9 +1,12 @@
 #include "train/plan.h"
 
 #include <algorithm>
+#include <fstream>
 #include <map>
+#include <string>
 
 #include "engine/core/error.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "models/layout.h"
 #include "models/transformer.h"
 
@@ -100,6 +103,31 @@ nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a) {
           {"comm_total_gib", (ag + rs + ar) / gib},
           {"flops_per_token", Transformer::flops_per_token(cfg, L, a.seq_len)},
           {"flops_convention", Transformer::kFlopsConvention}};
+}
+
+double memory_per_rank_gib(Backend* be, int local_rank, int local_size, std::string* where) {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  size_t free_b = 0, total_b = 0;
+  if (be && be->device_memory(&free_b, &total_b)) {
+    const int devices = std::max(1, cuda_device_count());
+    const int sharing = (local_size + devices - 1) / devices;  // ranks on this rank's GPU
+    *where = strformat("its GPU (cuda:%d) has %.2f GiB free of %.2f GiB%s", local_rank % devices, free_b / gib,
+                       total_b / gib, sharing > 1 ? strformat(", shared by %d ranks", sharing).c_str() : "");
+    return (double)free_b / gib / sharing;
+  }
+  double available_kib = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    double value = 0;
+    std::string unit;
+    meminfo >> value >> unit;
+    if (key == "MemAvailable:") available_kib = value;
+  }
+  if (available_kib <= 0) return 0.0;  // not Linux, or unreadable: nothing to compare with
+  const double per_rank = available_kib / (1024.0 * 1024.0) / local_size;
+  *where = strformat("this node has %.2f GiB available for each of its %d rank%s", per_rank, local_size,
+                     local_size == 1 ? "" : "s");
+  return per_rank;
 }
 
 std::string format_plan(const nlohmann::json& p) {

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/backend/backend.h"
 #include "engine/fsdp/fsdp.h"
 #include "models/config.h"
 
@@ -29,5 +30,11 @@ struct PlanArgs {
 // the store's collectives and the step's loss and norm scalars.
 nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a);
 std::string format_plan(const nlohmann::json& plan);
+
+// The memory one rank may use, GiB, to compare with a plan's total before allocating: its GPU's
+// free memory over the node's ranks that share the GPU when `be` draws from a device, else (or
+// with be == nullptr) the node's MemAvailable over its ranks; 0 when nothing can be read. *where
+// says which, with figures, for the message.
+double memory_per_rank_gib(Backend* be, int local_rank, int local_size, std::string* where);
 
 }  // namespace llmt

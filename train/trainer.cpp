@@ -420,31 +420,9 @@ PlanArgs Trainer::plan_args() const {
 void Trainer::check_memory_fits() {
   const nlohmann::json plan = make_plan(cfg_, plan_args());
   const double need = plan["total_gib"].get<double>();
-  const double gib = 1024.0 * 1024.0 * 1024.0;
-  double per_rank = 0;
   std::string where;
-  size_t free_b = 0, total_b = 0;
-  if (be_->device_memory(&free_b, &total_b)) {
-    const int devices = std::max(1, cuda_device_count());
-    const int sharing = (launch_.local_size + devices - 1) / devices;  // ranks on this rank's GPU
-    per_rank = (double)free_b / gib / sharing;
-    where = strformat("its GPU (cuda:%d) has %.2f GiB free of %.2f GiB%s", launch_.local_rank % devices,
-                      free_b / gib, total_b / gib,
-                      sharing > 1 ? strformat(", shared by %d ranks", sharing).c_str() : "");
-  } else {
-    double available_kib = 0;
-    std::ifstream meminfo("/proc/meminfo");
-    for (std::string key; meminfo >> key;) {
-      double value = 0;
-      std::string unit;
-      meminfo >> value >> unit;
-      if (key == "MemAvailable:") available_kib = value;
-    }
-    if (available_kib <= 0) return;  // not Linux, or unreadable: nothing to compare with
-    per_rank = available_kib / (1024.0 * 1024.0) / launch_.local_size;
-    where = strformat("this node has %.2f GiB available for each of its %d rank%s", per_rank, launch_.local_size,
-                      launch_.local_size == 1 ? "" : "s");
-  }
+  const double per_rank = memory_per_rank_gib(be_.get(), launch_.local_rank, launch_.local_size, &where);
+  if (per_rank <= 0) return;  // nothing to compare with
   LLMT_CHECK(need <= per_rank, "this run needs %.2f GiB per rank (llmt plan: %.2f persistent, %.2f gathered, %.2f "
              "activations) and %s: lower --per_device_train_batch_size or --block_size/--model_max_length, add "
              "--gradient_checkpointing True, or shard over more ranks", need, plan["persistent_gib"].get<double>(),
