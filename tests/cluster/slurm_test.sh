@@ -10,7 +10,8 @@
 #      ends CANCELLED, not requeued, no checkpoint-*.tmp-* left, every checkpoint verifies, and the
 #      same command submitted again resumes from latest and finishes with the local run's losses
 # A requeued job gets Slurm's requeue delay (BeginTime about 2 minutes on); the test moves its start
-# to now (scontrol update StartTime=now) and says so.
+# to now (scontrol update StartTime=now) and says so. In b the requeued job also gets a 5-minute limit,
+# so that one stop and one resume make the scenario, however loaded the machine.
 # Usage: slurm_test.sh path/to/llmt   (exit 77 when Slurm is not up on the test cluster)
 set -uo pipefail
 llmt=$(realpath "$1")
@@ -65,7 +66,8 @@ submit() {
     "${opts[@]}" "scripts/slurm/$script" "${common[@]}" "$@"
 }
 field() { scontrol show job -o "$1" 2> /dev/null | grep -o " $2=[^ ]*" | cut -d= -f2; }
-# wait_job JOB SECONDS: until the job has ended (not when it requeued itself); prints its final state
+# wait_job JOB SECONDS [LIMIT]: until the job has ended (not when it requeued itself); prints its final
+# state. With LIMIT (minutes), a requeued job also gets that time limit: it runs to the end this time.
 wait_job() {
   local end state reason
   end=$(( $(date +%s) + $2 ))
@@ -78,6 +80,7 @@ wait_job() {
         if [ "$reason" = BeginTime ] && [ "$(field "$1" Restarts)" -gt 0 ]; then
           echo "   (job $1 requeued; its start moved from $(field "$1" StartTime) to now)" >&2
           scontrol update JobId="$1" StartTime=now
+          [ -z "${3:-}" ] || { scontrol update JobId="$1" TimeLimit="$3"; echo "   (and its time limit set to $3 min)" >&2; }
         fi ;;
     esac
     sleep 0.5
@@ -102,7 +105,7 @@ show_run() {
 
 ref short 30
 ref b 320
-ref c 100
+ref c 60
 
 # ---- a. both scripts to completion ----
 for s in mpirun srun; do
@@ -122,7 +125,7 @@ done
 t=$(now)
 jid=$(submit b train_mpirun.sbatch --time=1 --signal=B:USR1@25 -- --max_steps 320 --save_strategy no --output_dir "$work/b")
 jobs+=("$jid")
-state=$(wait_job "$jid" 240)
+state=$(wait_job "$jid" 240 5)
 restarts=$(field "$jid" Restarts)
 if [ "$state" != COMPLETED ]; then fail "b: job $jid ended $state after $restarts restarts"; grep -E '^(==|saved|resume|signal|stopped)' "$work/b.out"
 elif [ "$restarts" -lt 1 ] || ! grep -q '^resume .*checkpoint-' "$work/b.out"; then
@@ -135,7 +138,7 @@ else fail "b: losses"; fi
 
 # ---- c. scancel --signal=USR1: a checkpoint, requeue, resume ----
 t=$(now)
-jid=$(submit c1 train_srun.sbatch --time=5 -- --max_steps 100 --save_strategy no --output_dir "$work/c1")
+jid=$(submit c1 train_srun.sbatch --time=5 -- --max_steps 60 --save_strategy no --output_dir "$work/c1")
 jobs+=("$jid")
 if ! wait_step "$work/c1.out" 30 90; then fail "c (USR1): step 30 not reached"; tail "$work/c1.out"
 else
@@ -144,15 +147,15 @@ else
   restarts=$(field "$jid" Restarts)
   if [ "$state" != COMPLETED ] || [ "$restarts" -lt 1 ]; then fail "c (USR1): job $jid ended $state after $restarts restarts"
     grep -E '^(==|saved|resume|signal|stopped)' "$work/c1.out"
-  elif same_as_ref "$work/c1" c 100; then
+  elif same_as_ref "$work/c1" c 60; then
     grep -E '^(stopped at|resume )' "$work/c1.out" | sed 's/^/   /'
-    echo "PASS: c (scancel --signal=USR1): job $jid saved, requeued, resumed from latest, COMPLETED; steps 1..100 equal the local run ($(secs "$t") s)"
+    echo "PASS: c (scancel --signal=USR1): job $jid saved, requeued, resumed from latest, COMPLETED; steps 1..60 equal the local run ($(secs "$t") s)"
   else fail "c (USR1): losses"; fi
 fi
 
 # ---- c. plain scancel (SIGTERM): cancelled with a complete checkpoint or none, never a partial one ----
 t=$(now)
-jid=$(submit c2 train_srun.sbatch --time=5 -- --max_steps 100 --save_steps 20 --output_dir "$work/c2")
+jid=$(submit c2 train_srun.sbatch --time=5 -- --max_steps 60 --save_steps 20 --output_dir "$work/c2")
 jobs+=("$jid")
 if ! wait_step "$work/c2.out" 30 90; then fail "c (TERM): step 30 not reached"; tail "$work/c2.out"
 else
@@ -173,14 +176,14 @@ else
   saved=$(ls "$work/c2" | grep '^checkpoint-' | tr '\n' ' ')
   echo "   cancelled job $jid: $state; $(grep -m 1 -E '^stopped at' "$work/c2.out" || echo 'no stop message'); checkpoints: $saved"
   # the same command again: it resumes from the newest checkpoint by itself
-  jid=$(submit c2 train_srun.sbatch --time=5 -- --max_steps 100 --save_steps 20 --output_dir "$work/c2")
+  jid=$(submit c2 train_srun.sbatch --time=5 -- --max_steps 60 --save_steps 20 --output_dir "$work/c2")
   jobs+=("$jid")
   state=$(wait_job "$jid" 120)
   if [ "$state" != COMPLETED ]; then fail "c (TERM): the resubmitted job $jid ended $state"; tail "$work/c2.out"; ok=0
   elif ! grep -q '^resume .*checkpoint-' "$work/c2.out"; then fail "c (TERM): the resubmitted job did not resume"; ok=0
-  elif ! same_as_ref "$work/c2" c 100; then ok=0; fi
+  elif ! same_as_ref "$work/c2" c 60; then ok=0; fi
   [ $ok -eq 0 ] || { grep -E '^resume ' "$work/c2.out" | sed 's/^/   /'
-    echo "PASS: c (scancel, SIGTERM): CANCELLED, no partial checkpoint, $n checkpoint(s) verify; resubmitted job $jid resumed from latest, steps 1..100 equal the local run ($(secs "$t") s)"; }
+    echo "PASS: c (scancel, SIGTERM): CANCELLED, no partial checkpoint, $n checkpoint(s) verify; resubmitted job $jid resumed from latest, steps 1..60 equal the local run ($(secs "$t") s)"; }
 fi
 
 [ $failed -eq 0 ] || { echo "FAIL: $failed scenario(s) failed (outputs in $work with LLMT_KEEP=1)"; exit 1; }
