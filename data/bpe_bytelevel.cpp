@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/error.h"
+#include "data/unicode_norm.h"
 #include "engine/core/json_text.h"
 
 namespace llmt {
@@ -183,6 +184,7 @@ class BpeTokenizer : public Tokenizer {
   std::string kind() const override { return spec_.kind; }
 
  private:
+  void split_added(const char* s, size_t n, int pass, std::vector<int32_t>& out) const;
   void encode_segment(const char* s, size_t n, std::vector<int32_t>& out) const;
   void encode_piece(const uint8_t* s, size_t n, std::vector<int32_t>& out) const;
   void merge(const uint8_t* s, size_t n, std::vector<int32_t>& out) const;
@@ -202,8 +204,15 @@ class BpeTokenizer : public Tokenizer {
       if (p.key == kEmpty) return INT_MAX;
     }
   }
-  // the longest added token that matches at text[i], or -1
-  int match_added(const char* s, size_t n, size_t i, size_t seg_start) const;
+  // Added tokens split out in one pass: [0] those with normalized=false, in the raw text; [1] those
+  // with normalized=true, in each piece of the text between [0]'s, normalized.
+  struct AddedSet {
+    bool first[256] = {};   // bytes that begin some token of the set
+    int only_first = -1;    // that byte when all begin with the same one (memchr finds it)
+    std::vector<int> by_len;  // spec_.added indices, longest content first
+  };
+  // the longest added token of `set` that matches at text[i], or -1
+  int match_added(const AddedSet& set, const char* s, size_t n, size_t i, size_t seg_start) const;
 
   BpeSpec spec_;
   uint64_t serial_;
@@ -214,9 +223,7 @@ class BpeTokenizer : public Tokenizer {
   size_t token_mask_ = 0;
   std::string pool_;                    // their bytes, back to back
   std::vector<uint8_t> is_special_;
-  bool added_first_[256] = {};          // bytes that begin some added token
-  int added_only_first_ = -1;           // that byte when all begin with the same one (memchr finds it)
-  std::vector<int> added_by_len_;       // spec_.added indices, longest content first
+  AddedSet added_[2];
 };
 
 BpeTokenizer::BpeTokenizer(BpeSpec spec) : spec_(std::move(spec)), serial_(g_serial++) {
@@ -257,18 +264,23 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec) : spec_(std::move(spec)), serial_(g_ser
   // added tokens
   is_special_.assign(V, 0);
   for (size_t k = 0; k < spec_.added.size(); k++) {
-    const BpeAddedToken& a = spec_.added[k];
+    BpeAddedToken& a = spec_.added[k];
     LLMT_CHECK(a.id >= 0 && a.id < V, "added token \"%s\" has id %d outside the vocabulary [0, %d)", a.content.c_str(),
                a.id, V);
     if (a.special) is_special_[a.id] = 1;
+    // HF matches a normalized token by its content normalized too (decoding uses spec_.tokens, not this)
+    if (a.normalized && spec_.nfc) a.content = utf8_nfc(a.content);
     if (a.content.empty()) continue;
-    added_first_[(uint8_t)a.content[0]] = true;
-    added_by_len_.push_back((int)k);
+    AddedSet& set = added_[a.normalized ? 1 : 0];
+    set.first[(uint8_t)a.content[0]] = true;
+    set.by_len.push_back((int)k);
   }
-  for (int b = 0; b < 256; b++)
-    if (added_first_[b]) added_only_first_ = added_only_first_ == -1 ? b : -2;
-  std::stable_sort(added_by_len_.begin(), added_by_len_.end(),
-                   [&](int a, int b) { return spec_.added[a].content.size() > spec_.added[b].content.size(); });
+  for (AddedSet& set : added_) {
+    for (int b = 0; b < 256; b++)
+      if (set.first[b]) set.only_first = set.only_first == -1 ? b : -2;
+    std::stable_sort(set.by_len.begin(), set.by_len.end(),
+                     [&](int a, int b) { return spec_.added[a].content.size() > spec_.added[b].content.size(); });
+  }
 }
 
 int32_t BpeTokenizer::find_token(const uint8_t* s, size_t n) const {
@@ -433,8 +445,8 @@ static bool is_word_char_at(const char* s, size_t n, size_t i) {
   return cls == kUniLetter || cls == kUniNumber || s[i] == '_';
 }
 
-int BpeTokenizer::match_added(const char* s, size_t n, size_t i, size_t seg_start) const {
-  for (int k : added_by_len_) {
+int BpeTokenizer::match_added(const AddedSet& set, const char* s, size_t n, size_t i, size_t seg_start) const {
+  for (int k : set.by_len) {
     const BpeAddedToken& a = spec_.added[k];
     size_t len = a.content.size();
     if (len > n - i || std::memcmp(s + i, a.content.data(), len) != 0) continue;
@@ -447,18 +459,33 @@ int BpeTokenizer::match_added(const char* s, size_t n, size_t i, size_t seg_star
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
-  const char* s = text.data();
-  const size_t n = text.size();
+  split_added(text.data(), text.size(), 0, out);
+  return out;
+}
+
+// Hugging Face's order: the added tokens with normalized=false are split out of the raw text (pass
+// 0); each piece between them is normalized, then the added tokens with normalized=true are split
+// out of it (pass 1); each piece left is pre-tokenized and merged. Without a normalizer the two
+// passes still differ from one over all tokens: a normalized=false token inside a normalized=true
+// one wins.
+void BpeTokenizer::split_added(const char* s, size_t n, int pass, std::vector<int32_t>& out) const {
+  auto text = [&](size_t begin, size_t end) {  // a piece between added tokens
+    if (pass == 1) return encode_segment(s + begin, end - begin, out);
+    if (!spec_.nfc) return split_added(s + begin, end - begin, 1, out);
+    std::string normal = utf8_nfc(std::string_view(s + begin, end - begin));
+    split_added(normal.data(), normal.size(), 1, out);
+  };
+  const AddedSet& set = added_[pass];
   size_t seg = 0;  // start of the text not yet encoded
-  for (size_t i = 0; i < n && !added_by_len_.empty(); i++) {
-    if (added_only_first_ >= 0) {  // skip to the next possible start
-      const void* p = std::memchr(s + i, added_only_first_, n - i);
+  for (size_t i = 0; i < n && !set.by_len.empty(); i++) {
+    if (set.only_first >= 0) {  // skip to the next possible start
+      const void* p = std::memchr(s + i, set.only_first, n - i);
       if (!p) break;
       i = (const char*)p - s;
-    } else if (!added_first_[(uint8_t)s[i]]) {
+    } else if (!set.first[(uint8_t)s[i]]) {
       continue;
     }
-    int k = match_added(s, n, i, seg);
+    int k = match_added(set, s, n, i, seg);
     if (k < 0) continue;
     const BpeAddedToken& a = spec_.added[k];
     size_t begin = i, end = i + a.content.size();
@@ -474,13 +501,12 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
         uni_class_at((const uint8_t*)s, n, end, &len);
         end += len;
       }
-    encode_segment(s + seg, begin - seg, out);
+    text(seg, begin);
     out.push_back(a.id);
     seg = end;
     i = end - 1;
   }
-  encode_segment(s + seg, n - seg, out);
-  return out;
+  text(seg, n);
 }
 
 std::string BpeTokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
@@ -685,14 +711,24 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
         a.lstrip = t.value("lstrip", false);
         a.rstrip = t.value("rstrip", false);
         a.single_word = t.value("single_word", false);
+        a.normalized = t.value("normalized", !a.special);  // (HF's AddedToken default)
         LLMT_CHECK(a.id >= 0, "%s: added token \"%s\" has a negative id", path.c_str(), a.content.c_str());
         set_added(spec, a, path);
       }
     }
-    // normalizer: none (a byte-level BPE sees the text as it is)
-    if (j.contains("normalizer") && !j["normalizer"].is_null())
-      fail("%s: normalizer \"%s\" is not supported with byte-level BPE (llmt supports none)", path.c_str(),
-           jtype(j["normalizer"]).c_str());
+    // normalizer: none, NFC (Qwen2), or a Sequence of NFCs
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+      const nlohmann::json& nz = j["normalizer"];
+      std::vector<nlohmann::json> parts;
+      if (jtype(nz) == "Sequence") parts.assign(nz.at("normalizers").begin(), nz.at("normalizers").end());
+      else parts.push_back(nz);
+      for (const auto& p : parts) {
+        if (jtype(p) != "NFC")
+          fail("%s: normalizer \"%s\" is not supported with byte-level BPE (llmt supports NFC)", path.c_str(),
+               jtype(p).c_str());
+        spec.nfc = true;
+      }
+    }
     // pre-tokenizer: ByteLevel(use_regex) alone, or Sequence[Split(regex, Isolated), ByteLevel(use_regex=false)]
     const nlohmann::json& pt = j.at("pre_tokenizer");
     std::vector<nlohmann::json> steps;

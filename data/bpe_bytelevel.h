@@ -25,6 +25,7 @@ struct BpeAddedToken {
   bool lstrip = false;      // also takes the whitespace on its left / right (HF AddedToken options)
   bool rstrip = false;
   bool single_word = false; // only where it is not inside a word
+  bool normalized = false;  // HF: matched in the normalized text (else in the raw text, before normalizing)
 };
 
 struct BpeMerge {
@@ -38,6 +39,7 @@ struct BpeSpec {
   std::vector<BpeMerge> merges;      // a pair's rank orders the merges (lower first)
   std::vector<BpeAddedToken> added;
   std::vector<int32_t> opaque_ids;   // ids never made by merging (added tokens, keys that are not byte-level)
+  bool nfc = false;                  // HF normalizer NFC (Qwen2): text is put in Unicode NFC before pre-tokenizing
   PretokPattern pattern = PretokPattern::kGpt2;
   bool add_prefix_space = false;     // HF ByteLevel(add_prefix_space): a space before each text segment
   bool ignore_merges = false;        // a piece that is itself a token is that token (tiktoken; HF ignore_merges)
