@@ -9,9 +9,11 @@
 #   c. scancel --signal=USR1 (srun script): the same by hand. Then a plain scancel (SIGTERM): the job
 #      ends CANCELLED, not requeued, no checkpoint-*.tmp-* left, every checkpoint verifies, and the
 #      same command submitted again resumes from latest and finishes with the local run's losses
-# A requeued job gets Slurm's requeue delay (BeginTime about 2 minutes on); the test moves its start
-# to now (scontrol update StartTime=now) and says so. In b the requeued job also gets a 5-minute limit,
-# so that one stop and one resume make the scenario, however loaded the machine.
+# A requeued job waits Slurm's requeue delay before it starts again: cred_expire + 1 s, 21 s on this
+# cluster (tests/cluster/slurm_up.sh; 2 minutes by default). The test never moves that start: a job
+# started sooner can find its old credential still revoked on a node, and fails. In b the requeued
+# job gets a 5-minute limit, so that one stop and one resume make the scenario, however loaded the
+# machine.
 # Usage: slurm_test.sh path/to/llmt   (exit 77 when Slurm is not up on the test cluster)
 set -uo pipefail
 llmt=$(realpath "$1")
@@ -22,6 +24,7 @@ dir=${LLMT_CLUSTER_DIR:-/tmp/${LLMT_CLUSTER_NAME:-llmt}-cluster}
 . "$dir/slurm/env.sh"
 work=$(mktemp -d /tmp/llmt-slurm-test.XXXXXX)  # on the file system every host shares
 jobs=()
+declare -A requeued  # job id -> the restart count already reported
 cleanup() {
   [ ${#jobs[@]} -eq 0 ] || scancel "${jobs[@]}" 2> /dev/null
   [ -n "${LLMT_KEEP:-}" ] || rm -rf "$work"
@@ -77,9 +80,9 @@ wait_job() {
       COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
         echo "$state"; return 0 ;;
       PENDING)
-        if [ "$reason" = BeginTime ] && [ "$(field "$1" Restarts)" -gt 0 ]; then
-          echo "   (job $1 requeued; its start moved from $(field "$1" StartTime) to now)" >&2
-          scontrol update JobId="$1" StartTime=now
+        if [ "$reason" = BeginTime ] && [ "$(field "$1" Restarts)" != "${requeued[$1]:-0}" ]; then
+          requeued[$1]=$(field "$1" Restarts)
+          echo "   (job $1 requeued; Slurm starts it again at $(field "$1" StartTime))" >&2
           [ -z "${3:-}" ] || { scontrol update JobId="$1" TimeLimit="$3"; echo "   (and its time limit set to $3 min)" >&2; }
         fi ;;
     esac

@@ -72,7 +72,11 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$m/munge.socket
+# cred_expire: a job step credential's lifetime, and also how long a requeued job waits before it
+# starts again (slurm.conf(5); default 120 s). The wait is what keeps a requeued job from starting on
+# a node that still holds its old, revoked credential ("Job credential revoked"): shorten it, never
+# skip it (scontrol update StartTime=now on a requeued job did that and failed such launches)
+AuthInfo=socket=$m/munge.socket,cred_expire=20
 StateSaveLocation=$s/state
 SlurmdSpoolDir=$s/spool/%n
 # the hosts share this machine's /tmp: PMIx's per-step directories there would collide between hosts
