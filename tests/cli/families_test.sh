@@ -47,5 +47,42 @@ PY
   fi
   echo "$family: 4 steps, resumed from checkpoint-2 bitwise; $note"
 done
+# Alpaca through each family's own tokenizer (tests/reference/tokenizers_family): the family's tiny model
+# with the tokenizer's vocabulary, random init; the export carries the tokenizer, which reads back the same.
+cat > "$work/alpaca.json" << 'EOF'
+[{"instruction": "Give three tips for staying healthy.", "input": "", "output": "Eat well, sleep, and exercise."},
+ {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
+ {"instruction": "Add the numbers.", "input": "12 and 30", "output": "42"}]
+EOF
+for pair in llama3:llama31_tiny qwen2:qwen2_tiny mistral:mistral_tiny; do
+  tok=${pair%%:*} family=${pair#*:}
+  tokdir="$src/tests/reference/tokenizers_family/$tok"
+  vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['families'][sys.argv[2]]['vocab_size'])" \
+          "$src/tests/reference/tokenizers_family/cases.json" "$tok")
+  # the family's tiny config with the tokenizer's vocabulary, room for 128 positions (Stanford's prompt
+  # alone is ~60 tokens of these tiny vocabularies), and no window shorter than that (mistral_tiny's 16
+  # would refuse 128-token sequences; Mistral v0.2+ has none either)
+  python3 - "$src/tests/reference/$family/config.json" "$vocab" "$work/$tok-config.json" << 'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["vocab_size"] = int(sys.argv[2])
+c["max_position_embeddings"] = max(c["max_position_embeddings"], 128)
+if (c.get("sliding_window") or 128) < 128:
+    c["sliding_window"] = None
+json.dump(c, open(sys.argv[3], "w"))
+PY
+  "$llmt" train --model_config "$work/$tok-config.json" --tokenizer_name_or_path "$tokdir" --data_path "$work/alpaca.json" \
+    --model_max_length 128 --per_device_train_batch_size 2 --max_steps 3 --learning_rate 1e-3 --logging_steps 1 \
+    --threads 1 --cache_dir none --save_strategy no --output_dir "$work/$tok-alpaca" > "$work/$tok-alpaca.log" 2>&1 \
+    || { echo "FAIL: $tok: Alpaca training"; tail "$work/$tok-alpaca.log"; exit 1; }
+  [ "$(losses "$work/$tok-alpaca" | wc -l)" -eq 3 ] || { echo "FAIL: $tok: expected 3 logged losses"; exit 1; }
+  for f in tokenizer.json tokenizer_config.json; do
+    cmp -s "$tokdir/$f" "$work/$tok-alpaca/$f" || { echo "FAIL: $tok: the export's $f is not the tokenizer's"; exit 1; }
+  done
+  a=$(echo "Hello world<|endoftext|>" | "$llmt" tokenize --tokenizer_name_or_path "$tokdir")
+  b=$(echo "Hello world<|endoftext|>" | "$llmt" tokenize --tokenizer_name_or_path "$work/$tok-alpaca")
+  [ -n "$a" ] && [ "$a" = "$b" ] || { echo "FAIL: $tok: the exported tokenizer encodes '$b', the original '$a'"; exit 1; }
+  echo "$tok tokenizer + $family: Alpaca, 3 steps, loss $(losses "$work/$tok-alpaca" | head -n 1 | cut -d' ' -f2) -> $(losses "$work/$tok-alpaca" | tail -n 1 | cut -d' ' -f2); the export's tokenizer encodes as the original ($a)"
+done
 [ $have_hf -eq 1 ] || echo "(torch and transformers are not installed: the exports were not loaded by transformers)"
 echo PASS

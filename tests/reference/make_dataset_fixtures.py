@@ -15,6 +15,11 @@ meta-llama/Llama-2-*-hf tokenizer.json, transformers 4), built from tests/refere
 make_sentencepiece_fixtures.py builds its score_merges form; BOS added, no EOS. Its ids are checked
 against that script's score_merges hashes and compared with the sentencepiece library's (printed, and
 recorded under "sentencepiece" in the llama2 fixtures).
+
+llama3, qwen2 and mistral are the tiny tokenizers in those families' layouts that
+make_family_tokenizers.py writes to tests/reference/tokenizers_family/ (run it first), loaded with
+AutoTokenizer.from_pretrained: Llama 3 adds <|begin_of_text|> and its Alpaca targets end in
+<|end_of_text|>; Qwen2 adds nothing and ends them in <|endoftext|>; Mistral as LLaMA-2 (<s>, </s>).
 """
 import argparse
 import json
@@ -27,7 +32,7 @@ import sentencepiece as spm
 import tokenizers
 import transformers
 from sentencepiece import sentencepiece_model_pb2
-from transformers import GPT2TokenizerFast, LlamaTokenizerFast
+from transformers import AutoTokenizer, GPT2TokenizerFast, LlamaTokenizerFast
 from transformers.tokenization_utils_base import generate_merges
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -94,7 +99,13 @@ def load_tokenizers(data):
     assert (llama.bos_token_id, llama.eos_token_id, llama.unk_token_id) == (1, 2, 0)
     assert llama("a").input_ids[0] == 1 and llama("a").input_ids[-1] != 2  # BOS added, no EOS
     assert gpt2("Hello world").input_ids == [15496, 995]
-    return {"gpt2": gpt2, "llama2": llama}
+    toks = {"gpt2": gpt2, "llama2": llama}
+    # the tiny Llama 3 / Qwen2 / Mistral tokenizers of make_family_tokenizers.py, as AutoTokenizer loads them
+    for name in ("llama3", "qwen2", "mistral"):
+        toks[name] = AutoTokenizer.from_pretrained(os.path.join(HERE, "tokenizers_family", name))
+    assert toks["llama3"]("a").input_ids[0] == toks["llama3"].bos_token_id == 1000  # <|begin_of_text|>
+    assert toks["qwen2"].bos_token_id is None and toks["qwen2"].eos_token == "<|endoftext|>"
+    return toks
 
 
 # ---- hashing ----

@@ -1,0 +1,143 @@
+// The tokenizers of Llama 3.x, Qwen2/Qwen2.5 and Mistral checkpoints, exact to Hugging Face's
+// AutoTokenizer: tiny vocabularies in those families' file layouts (tests/reference/tokenizers_family/,
+// made by tests/reference/make_family_tokenizers.py), their BOS/EOS as tokenizer_config.json sets them,
+// hard strings, and the shared corpora (skipped when the shared data folder is absent).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <nlohmann/json.hpp>
+
+#include "data/bpe_bytelevel.h"
+#include "data/tokenizer.h"
+#include "tests/data/tokenizer_corpus.h"
+#include "tests/test_util.h"
+
+using namespace llmt;
+using Ids = std::vector<int32_t>;
+using json = nlohmann::json;
+
+namespace {
+
+std::string family_dir(const std::string& name) { return llmt_test::reference_dir() + "/tokenizers_family/" + name; }
+
+const json& cases() {
+  static json* j = new json(json::parse(llmt_test::slurp(family_dir("cases.json"))));
+  return *j;
+}
+
+std::string ids_str(const Ids& ids) { return json(ids).dump(); }
+
+// The family's directory copied to a temporary one with tokenizer_config.json replaced.
+std::string with_config(const std::string& name, const std::string& config) {
+  std::string d = "/tmp/llmt_family_" + std::to_string(getpid()) + "_" + name;
+  std::string cmd = "rm -rf '" + d + "' && cp -r '" + family_dir(name) + "' '" + d + "'";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  std::ofstream(d + "/tokenizer_config.json") << config;
+  return d;
+}
+
+}  // namespace
+
+class Family : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Family, SpecialsAreAutoTokenizers) {
+  const json& fx = cases()["families"][GetParam()];
+  auto t = load_tokenizer(family_dir(GetParam()));
+  EXPECT_EQ(t->vocab_size(), fx["vocab_size"].get<int>());
+  EXPECT_EQ(t->bos_id(), fx["bos_id"].is_null() ? -1 : fx["bos_id"].get<int>());
+  EXPECT_EQ(t->eos_id(), fx["eos_id"].is_null() ? -1 : fx["eos_id"].get<int>());
+}
+
+TEST_P(Family, HardStringsMatchAutoTokenizer) {
+  const json& fx = cases()["families"][GetParam()];
+  auto t = load_tokenizer(family_dir(GetParam()));
+  int mismatches = 0;
+  for (const json& rec : fx["hard"]) {
+    std::string text = rec["text"];
+    Ids ids = t->encode(text), with = t->encode_with_specials(text);
+    if (ids != rec["ids"].get<Ids>() && mismatches++ < 5)
+      ADD_FAILURE() << json(text).dump() << "\n  llmt     " << ids_str(ids) << "\n  expected " << rec["ids"].dump();
+    if (with != rec["ids_specials"].get<Ids>() && mismatches++ < 5)
+      ADD_FAILURE() << "with specials " << json(text).dump() << "\n  llmt     " << ids_str(with) << "\n  expected "
+                    << rec["ids_specials"].dump();
+    std::string decoded = t->decode(rec["ids"].get<Ids>());
+    if (decoded != rec["decoded"].get<std::string>() && mismatches++ < 5)
+      ADD_FAILURE() << "decode of " << rec["ids"].dump() << "\n  llmt     " << json(decoded).dump()
+                    << "\n  expected " << rec["decoded"].dump();
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST_P(Family, CorporaMatchAutoTokenizer) {
+  const json& fx = cases()["families"][GetParam()];
+  auto t = load_tokenizer(family_dir(GetParam()));
+  for (const json& c : fx["corpora"]) {
+    std::string rel = c["corpus"];
+    if (!std::ifstream(llmt_test::shared_data_dir() + "/" + rel).good()) {
+      std::printf("[ SKIPPED  ] %s: not in the shared data folder\n", rel.c_str());
+      continue;
+    }
+    std::vector<std::string> texts = llmt_test::corpus_strings(rel, c["unit"]);
+    ASSERT_EQ(texts.size(), c["count"].get<size_t>()) << rel;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    size_t tokens = 0;
+    const int32_t sep = -1;
+    for (const std::string& s : texts) {
+      Ids ids = t->encode(s);
+      tokens += ids.size();
+      h = fnv1a_ids(&sep, 1, fnv1a_ids(ids.data(), ids.size(), h));
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)h);
+    std::printf("[ CORPUS   ] %-8s %-32s %6zu strings %7zu tokens\n", GetParam().c_str(), rel.c_str(), texts.size(),
+                tokens);
+    EXPECT_EQ(tokens, c["tokens"].get<size_t>()) << rel;
+    EXPECT_EQ(std::string(hex), c["fnv64"].get<std::string>()) << rel;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokenizers, Family, ::testing::Values("llama3", "qwen2", "mistral"));
+
+// Mistral ships tokenizer.model beside tokenizer.json; the .model alone tokenizes as the
+// sentencepiece library does (the two differ only around leading and repeated spaces).
+TEST(FamilyMistral, TokenizerModelIsSentencepieces) {
+  const json& fx = cases()["families"]["mistral"];
+  auto t = load_tokenizer(family_dir("mistral") + "/tokenizer.model");
+  EXPECT_EQ(t->bos_id(), 1);
+  EXPECT_EQ(t->eos_id(), 2);
+  int mismatches = 0, differ_from_json = 0;
+  for (const json& rec : fx["hard"]) {
+    Ids ids = t->encode(rec["text"].get<std::string>());
+    if (ids != rec["sentencepiece"].get<Ids>() && mismatches++ < 5)
+      ADD_FAILURE() << rec["text"].dump() << "\n  llmt     " << ids_str(ids) << "\n  expected "
+                    << rec["sentencepiece"].dump();
+    differ_from_json += ids != rec["ids"].get<Ids>();
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_GT(differ_from_json, 0);  // the fixture does tell the two apart
+}
+
+// Instruct checkpoints name another EOS in tokenizer_config.json: Alpaca targets end in it.
+TEST(FamilyConfig, InstructEosAndAddFlagsComeFromTokenizerConfig) {
+  auto llama = load_tokenizer(with_config("llama3", R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+      "tokenizer_class": "PreTrainedTokenizerFast"})"));
+  EXPECT_EQ(llama->eos_id(), 1009);  // <|eot_id|>, 128009 in the real vocabulary
+  EXPECT_EQ(llama->bos_id(), 1000);
+  EXPECT_TRUE(llama->adds_bos());
+  EXPECT_FALSE(llama->adds_eos());
+  auto qwen = load_tokenizer(with_config("qwen2", R"({"bos_token": null, "eos_token": "<|im_end|>"})"));
+  EXPECT_EQ(qwen->eos_id(), 1002);
+  EXPECT_EQ(qwen->bos_id(), -1);
+  EXPECT_FALSE(qwen->adds_bos());
+  auto mistral = load_tokenizer(with_config("mistral", R"({"add_bos_token": false, "add_eos_token": true,
+      "bos_token": "<s>", "eos_token": "</s>", "tokenizer_class": "LlamaTokenizer"})"));
+  EXPECT_FALSE(mistral->adds_bos());
+  EXPECT_TRUE(mistral->adds_eos());
+  Ids with = mistral->encode_with_specials("Hello");
+  ASSERT_FALSE(with.empty());
+  EXPECT_NE(with.front(), 1);
+  EXPECT_EQ(with.back(), 2);
+}
