@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -48,5 +49,16 @@ inline double rel_error(const float* a, const float* b, int64_t n) {
   }
   return den > 0.0 ? num / den : num;
 }
+
+// A fresh folder /tmp/llmt_<name>_<pid>, removed (with what the test put there) when it goes out of scope.
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& name) : path("/tmp/llmt_" + name + "_" + std::to_string((long)::getpid())) {
+    EXPECT_EQ(std::system(("rm -rf '" + path + "' && mkdir -p '" + path + "'").c_str()), 0);
+  }
+  ~TempDir() { (void)!std::system(("rm -rf '" + path + "'").c_str()); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
 
 }  // namespace llmt_test

@@ -73,15 +73,7 @@ std::vector<int32_t> bytes_of(const std::string& s) {
   return v;
 }
 
-// A fresh folder under /tmp, removed at the end of the test.
-struct TempDir {
-  std::string path;
-  explicit TempDir(const std::string& name)
-      : path("/tmp/llmt_test_datasets_" + std::to_string((long)::getpid()) + "_" + name) {
-    EXPECT_EQ(std::system(("rm -rf '" + path + "' && mkdir -p '" + path + "'").c_str()), 0);
-  }
-  ~TempDir() { (void)!std::system(("rm -rf '" + path + "'").c_str()); }
-};
+using llmt_test::TempDir;
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
@@ -404,7 +396,7 @@ TEST(Text, GroupsPerThousandLinesAsRunClm) {
 }
 
 TEST(Text, WikitextFilesAndSources) {
-  TempDir tmp_("wikitext");
+  TempDir tmp_("test_datasets_wikitext");
   std::string dir = tmp_.path;
   EXPECT_ERROR_HAS(wikitext_split_file(dir, "wikitext-2-raw-v1", "train"),
                    "no train split of wikitext-2-raw-v1 under --dataset_dir");
@@ -451,7 +443,7 @@ TEST(Text, WikitextFilesAndSources) {
 // ---- token cache ----
 
 TEST(TokenCache, SecondLoadSkipsTokenizationAndKeysChange) {
-  TempDir tmp_("cache");
+  TempDir tmp_("test_datasets_cache");
   std::string dir = tmp_.path;
   std::string text;
   for (int i = 0; i < 300; i++) text += "line number " + std::to_string(i) + " of the text\n";
@@ -504,7 +496,7 @@ TEST(TokenCache, SecondLoadSkipsTokenizationAndKeysChange) {
 }
 
 TEST(TokenCache, DamagedFilesAreRebuiltAndNoDirMeansNoCache) {
-  TempDir tmp_("damaged");
+  TempDir tmp_("test_datasets_damaged");
   std::string dir = tmp_.path;
   int builds = 0;
   auto build = [&](CacheStats* st) {
@@ -565,7 +557,7 @@ TEST(TokenCache, DamagedFilesAreRebuiltAndNoDirMeansNoCache) {
 // tokenizer that changed in a way its files do not show) used to load, and stopped training at the
 // embedding with a message that named no file.
 TEST(TokenCache, IdsOutsideTheVocabularyMakeTheFileUnusableAndNameIt) {
-  TempDir tmp_("vocab");
+  TempDir tmp_("test_datasets_vocab");
   const std::string path = token_cache_path(tmp_.path, "t", "k1");
   TokenDataset ds({0, 2, 5}, {1, 2, 3, 4, 7}, {-100, 2, -100, 4, 7});  // id 7 at example 1, position 2
   write_token_cache(path, "k1", ds, CacheStats());
@@ -588,7 +580,7 @@ TEST(TokenCache, IdsOutsideTheVocabularyMakeTheFileUnusableAndNameIt) {
 }
 
 TEST(TokenCache, ConcurrentStartsTokenizeOnceAndStaleLocksAreTakenOver) {
-  TempDir tmp_("concurrent");
+  TempDir tmp_("test_datasets_concurrent");
   std::string dir = tmp_.path;
   std::atomic<int> builds{0};
   auto slow_build = [&](CacheStats*) {
@@ -627,7 +619,7 @@ TEST(TokenCache, ConcurrentStartsTokenizeOnceAndStaleLocksAreTakenOver) {
 }
 
 TEST(TokenCache, SeveralProcessesWriteOnce) {
-  TempDir tmp_("processes");
+  TempDir tmp_("test_datasets_processes");
   std::string dir = tmp_.path;
   const std::string tally = dir + "/builds";
   std::vector<pid_t> kids;

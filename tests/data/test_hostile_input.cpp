@@ -3,7 +3,6 @@
 // the value back (SIGSEGV in llmt train and llmt tokenize).
 #include <gtest/gtest.h>
 
-#include <sys/stat.h>
 
 #include <cmath>
 #include <cstdint>
@@ -152,8 +151,8 @@ TEST(HostileInput, NonFiniteWeightsAsLoadedNameTheTensor) {
   for (const StTensor& x : good.tensors())
     if (x.name == name) t = &x;
   ASSERT_NE(t, nullptr);
-  const std::string dir = ::testing::TempDir() + "llmt_hostile_nan_model";
-  ::mkdir(dir.c_str(), 0755);
+  llmt_test::TempDir tmp("hostile_nan_model");
+  const std::string dir = tmp.path;
   {
     std::ifstream c(src + "/config.json");
     std::ofstream(dir + "/config.json") << c.rdbuf();

@@ -47,13 +47,6 @@ bool have_gpt2() {
 
 void spit(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
-// A fresh, empty temporary directory.
-std::string temp_dir(const std::string& name) {
-  std::string d = "/tmp/llmt_tok_" + std::to_string(getpid()) + "_" + name;
-  std::string cmd = "rm -rf '" + d + "' && mkdir -p '" + d + "'";
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
-  return d;
-}
 
 template <class F>
 std::string error_of(F f) {
@@ -129,7 +122,8 @@ struct Gpt2Set {
   Gpt2Set() {
     files = load_tokenizer(gpt2_dir());
     tiktoken = load_tokenizer(gpt2_dir() + "/gpt2.tiktoken");
-    std::string d = temp_dir("json");
+    llmt_test::TempDir tmp("tok_json");
+  const std::string& d = tmp.path;
     spit(d + "/str.json", make_tokenizer_json(false, ""));
     spit(d + "/pairs.json", make_tokenizer_json(true, ""));
     spit(d + "/llama3.json", make_tokenizer_json(false, pretok_pattern_regex(PretokPattern::kLlama3)));
@@ -273,7 +267,8 @@ TEST(BytelevelBpe, Gpt2KnownFacts) {
   }
   EXPECT_EQ(gpt2().files->kind(), "gpt2-bpe");
   // ByteLevel(add_prefix_space=true): a space before each segment between special tokens (as HF does)
-  std::string d = temp_dir("prefix");
+  llmt_test::TempDir tmp("tok_prefix");
+  const std::string& d = tmp.path;
   spit(d + "/tokenizer.json", make_tokenizer_json(false, "", true));
   EXPECT_EQ(load_tokenizer(d)->encode("a<|endoftext|>b"), (Ids{257, 50256, 275}));
   EXPECT_EQ(load_tokenizer(d)->encode(" a"), (Ids{257}));
@@ -357,7 +352,8 @@ TEST(BytelevelBpe, DecodeMatchesHfAndTiktoken) {
 
 TEST(BytelevelBpe, ConfigFilesSetBosEos) {
   SKIP_WITHOUT_GPT2();
-  std::string d = temp_dir("config");
+  llmt_test::TempDir tmp("tok_config");
+  const std::string& d = tmp.path;
   ASSERT_EQ(symlink((gpt2_dir() + "/vocab.json").c_str(), (d + "/vocab.json").c_str()), 0);
   ASSERT_EQ(symlink((gpt2_dir() + "/merges.txt").c_str(), (d + "/merges.txt").c_str()), 0);
   spit(d + "/tokenizer_config.json",
@@ -391,7 +387,8 @@ static std::string tiny_vocab_json() {
 }
 
 TEST(BytelevelBpe, TinyVocabularyLoadsAndMerges) {
-  std::string d = temp_dir("tiny");
+  llmt_test::TempDir tmp("tok_tiny");
+  const std::string& d = tmp.path;
   spit(d + "/vocab.json", tiny_vocab_json());
   spit(d + "/merges.txt", "#version: 0.2\nh e\nl l\nhe ll\n");
   auto t = load_tokenizer(d);
@@ -402,7 +399,8 @@ TEST(BytelevelBpe, TinyVocabularyLoadsAndMerges) {
 }
 
 TEST(BytelevelBpe, BadInputsGiveClearErrors) {
-  std::string d = temp_dir("bad");
+  llmt_test::TempDir tmp("tok_bad");
+  const std::string& d = tmp.path;
   EXPECT_ERROR_HAS(load_tokenizer(d), "looked for tokenizer.json, vocab.json + merges.txt, and tokenizer.model");
   EXPECT_ERROR_HAS(load_tokenizer(d + "/nope"), "does not exist");
 
@@ -466,7 +464,8 @@ TEST(BytelevelBpe, BadInputsGiveClearErrors) {
 
 // A rank file with LLaMA-3's 128000 ranks gets its pattern and its 256 special tokens.
 TEST(BytelevelBpe, Llama3RankFileLayout) {
-  std::string d = temp_dir("llama3");
+  llmt_test::TempDir tmp("tok_llama3");
+  const std::string& d = tmp.path;
   std::string text;
   auto b64 = [](const std::string& s) {
     static const char* A = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

@@ -3,7 +3,6 @@
 // made by tests/reference/make_family_tokenizers.py), their BOS/EOS as tokenizer_config.json sets them,
 // hard strings, and the shared corpora (skipped when the shared data folder is absent).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -30,13 +29,12 @@ const json& cases() {
 
 std::string ids_str(const Ids& ids) { return json(ids).dump(); }
 
-// The family's directory copied to a temporary one with tokenizer_config.json replaced.
-std::string with_config(const std::string& name, const std::string& config) {
-  std::string d = "/tmp/llmt_family_" + std::to_string(getpid()) + "_" + name;
-  std::string cmd = "rm -rf '" + d + "' && cp -r '" + family_dir(name) + "' '" + d + "'";
+// The family's directory copied into `tmp`, with tokenizer_config.json replaced; returns tmp.path.
+std::string with_config(const llmt_test::TempDir& tmp, const std::string& name, const std::string& config) {
+  std::string cmd = "cp -r '" + family_dir(name) + "/.' '" + tmp.path + "'";
   EXPECT_EQ(std::system(cmd.c_str()), 0);
-  std::ofstream(d + "/tokenizer_config.json") << config;
-  return d;
+  std::ofstream(tmp.path + "/tokenizer_config.json") << config;
+  return tmp.path;
 }
 
 }  // namespace
@@ -122,17 +120,18 @@ TEST(FamilyMistral, TokenizerModelIsSentencepieces) {
 
 // Instruct checkpoints name another EOS in tokenizer_config.json: Alpaca targets end in it.
 TEST(FamilyConfig, InstructEosAndAddFlagsComeFromTokenizerConfig) {
-  auto llama = load_tokenizer(with_config("llama3", R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+  llmt_test::TempDir llama_dir("family_llama3"), qwen_dir("family_qwen2"), mistral_dir("family_mistral");
+  auto llama = load_tokenizer(with_config(llama_dir, "llama3", R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
       "tokenizer_class": "PreTrainedTokenizerFast"})"));
   EXPECT_EQ(llama->eos_id(), 1009);  // <|eot_id|>, 128009 in the real vocabulary
   EXPECT_EQ(llama->bos_id(), 1000);
   EXPECT_TRUE(llama->adds_bos());
   EXPECT_FALSE(llama->adds_eos());
-  auto qwen = load_tokenizer(with_config("qwen2", R"({"bos_token": null, "eos_token": "<|im_end|>"})"));
+  auto qwen = load_tokenizer(with_config(qwen_dir, "qwen2", R"({"bos_token": null, "eos_token": "<|im_end|>"})"));
   EXPECT_EQ(qwen->eos_id(), 1002);
   EXPECT_EQ(qwen->bos_id(), -1);
   EXPECT_FALSE(qwen->adds_bos());
-  auto mistral = load_tokenizer(with_config("mistral", R"({"add_bos_token": false, "add_eos_token": true,
+  auto mistral = load_tokenizer(with_config(mistral_dir, "mistral", R"({"add_bos_token": false, "add_eos_token": true,
       "bos_token": "<s>", "eos_token": "</s>", "tokenizer_class": "LlamaTokenizer"})"));
   EXPECT_FALSE(mistral->adds_bos());
   EXPECT_TRUE(mistral->adds_eos());
