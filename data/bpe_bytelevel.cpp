@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/core/error.h"
 #include "data/unicode_norm.h"
+#include "engine/core/error.h"
 #include "engine/core/json_text.h"
 
 namespace llmt {

@@ -47,7 +47,6 @@ bool have_gpt2() {
 
 void spit(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
-
 template <class F>
 std::string error_of(F f) {
   try {
@@ -122,8 +121,8 @@ struct Gpt2Set {
   Gpt2Set() {
     files = load_tokenizer(gpt2_dir());
     tiktoken = load_tokenizer(gpt2_dir() + "/gpt2.tiktoken");
-    llmt_test::TempDir tmp("tok_json");
-  const std::string& d = tmp.path;
+    llmt_test::TempDir tmp("tok_json");  // the files are read before it goes
+    const std::string& d = tmp.path;
     spit(d + "/str.json", make_tokenizer_json(false, ""));
     spit(d + "/pairs.json", make_tokenizer_json(true, ""));
     spit(d + "/llama3.json", make_tokenizer_json(false, pretok_pattern_regex(PretokPattern::kLlama3)));
