@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "engine/core/crash.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/dist/launch.h"
@@ -37,6 +38,7 @@ static int report(const char* what) {
 }
 
 int main(int argc, char** argv) {
+  llmt::install_crash_report();
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     usage();
     return argc < 2 ? 2 : 0;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "engine/core/crash.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/dist/mpi_communicator.h"
@@ -84,6 +85,7 @@ LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<ControlComm>* wo
     info.launcher = info.world == 1 ? "single process" : "mpi";
   }
   log_set_rank(info.rank, info.world);
+  crash_report_set_rank(info.rank, info.world);
   if (world) *world = make_mpi_world_control();
   return info;
 }

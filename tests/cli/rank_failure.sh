@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A rank that dies mid-training, by an error or by kill -9, ends the whole job promptly with a
-# non-zero status: no rank is left waiting in a collective. Usage: rank_failure.sh path/to/llmt
+# A rank that dies mid-training, by an error, kill -9 or a crash, ends the whole job promptly with a
+# non-zero status: no rank is left waiting in a collective, and a crashing rank names itself.
+# Usage: rank_failure.sh path/to/llmt
 set -uo pipefail
 llmt=$1
 work=$(mktemp -d)
@@ -66,4 +67,23 @@ echo "SIGUSR1 while tokenizing: exit $rc"
 grep -q "stopped before the first step by a signal; nothing to save" "$work/d.log" \
   || { echo "FAIL: no 'stopped before the first step' line"; tail -20 "$work/d.log"; exit 1; }
 if ls "$work/d" | grep -q '^checkpoint-'; then echo "FAIL: a checkpoint was written before any step"; exit 1; fi
+
+# 5. a rank that crashes (SIGSEGV, here sent by kill): before it dies it names itself (rank, host,
+#    pid, the signal) and prints a backtrace whose frames name llmt's functions; the job still ends
+#    with the launcher's report of signal 11
+timeout 90 "${mpi[@]}" "${train[@]}" --output_dir "$work/e" > "$work/e.log" 2>&1 &
+job=$!
+for _ in $(seq 300); do grep -q "step .*10/" "$work/e.log" 2>/dev/null && break; sleep 0.3; done
+grep -q "step .*10/" "$work/e.log" || { echo "FAIL: training did not start"; tail "$work/e.log"; exit 1; }
+victim=$(pgrep -f "^$llmt train.*$work/e" | tail -n 1)
+kill -SEGV "$victim"
+wait $job
+rc=$?
+echo "SIGSEGV to pid $victim: exit $rc"
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "FAIL: the job did not end (rc $rc)"; tail -20 "$work/e.log"; exit 1; }
+grep -qE "^llmt rank [0-9] of 3 on $(hostname), pid $victim: fatal signal SIGSEGV \(invalid memory access\) sent by pid [0-9]+; backtrace:" \
+  "$work/e.log" || { echo "FAIL: no crash report naming pid $victim"; grep -v '^step' "$work/e.log" | tail -30; exit 1; }
+grep -A 40 "pid $victim: fatal signal" "$work/e.log" | grep -q '(_ZN4llmt' ||
+  { echo "FAIL: the backtrace names no llmt function"; grep -A 40 "fatal signal" "$work/e.log"; exit 1; }
+grep -A 3 "pid $victim: fatal signal" "$work/e.log" | sed 's/^/   /'
 echo "PASS"

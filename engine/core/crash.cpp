@@ -1,0 +1,125 @@
+#include "engine/core/crash.h"
+
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace llmt {
+
+namespace {
+
+// Formatted ahead of time: a signal handler may only write(), never printf or allocate.
+char g_who[160] = "llmt";
+size_t g_who_len = 4;
+
+void set_who(int rank, int world_size) {
+  char host[64] = {0};
+  gethostname(host, sizeof(host) - 1);
+  int n = world_size > 1 ? std::snprintf(g_who, sizeof(g_who), "llmt rank %d of %d on %s, pid %d", rank, world_size,
+                                         host, (int)getpid())
+                         : std::snprintf(g_who, sizeof(g_who), "llmt on %s, pid %d", host, (int)getpid());
+  g_who_len = n > 0 ? std::min((size_t)n, sizeof(g_who) - 1) : 0;
+}
+
+void put(const char* s, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= (size_t)w;
+  }
+}
+void put(const char* s) { put(s, std::strlen(s)); }
+
+// Hex without printf.
+void put_hex(uintptr_t v) {
+  char buf[2 + 2 * sizeof(v) + 1];
+  char* p = buf + sizeof(buf);
+  *--p = '\0';
+  do {
+    *--p = "0123456789abcdef"[v & 15];
+    v >>= 4;
+  } while (v);
+  *--p = 'x';
+  *--p = '0';
+  put(p);
+}
+
+void put_dec(long v) {
+  char buf[24];
+  char* p = buf + sizeof(buf);
+  *--p = '\0';
+  const bool negative = v < 0;
+  unsigned long u = negative ? 0ul - (unsigned long)v : (unsigned long)v;
+  do {
+    *--p = (char)('0' + u % 10);
+    u /= 10;
+  } while (u);
+  if (negative) *--p = '-';
+  put(p);
+}
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV (invalid memory access)";
+    case SIGBUS: return "SIGBUS (bus error: a mapped file shrank, or misaligned access)";
+    case SIGILL: return "SIGILL (illegal instruction: built for a newer CPU?)";
+    case SIGFPE: return "SIGFPE (arithmetic fault)";
+    case SIGABRT: return "SIGABRT (abort)";
+    default: return "a fatal signal";
+  }
+}
+
+void on_fatal_signal(int sig, siginfo_t* info, void*) {
+  put("\n");
+  put(g_who, g_who_len);
+  put(": fatal signal ");
+  put(signal_name(sig));
+  if (info && info->si_code > 0 && sig != SIGABRT) {  // raised by the kernel: the fault's address
+    put(" at address ");
+    put_hex((uintptr_t)info->si_addr);
+  } else if (info && info->si_code <= 0) {  // sent by kill(2) or raise(3)
+    put(" sent by pid ");
+    put_dec((long)info->si_pid);
+  }
+  put("; backtrace:\n");
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  // SA_RESETHAND put the default action back: the same signal again ends the process as it would
+  // have ended without this report (status, core dump).
+  raise(sig);
+}
+
+}  // namespace
+
+void install_crash_report() {
+  set_who(0, 1);
+  // backtrace() loads libgcc on its first call, which must not happen inside the handler.
+  void* warm[1];
+  backtrace(warm, 1);
+  // Its own stack, so that a stack overflow is reported too (the main thread's: the alternate stack
+  // is per thread).
+  static char alt_stack[64 * 1024];
+  stack_t ss;
+  std::memset(&ss, 0, sizeof(ss));
+  ss.ss_sp = alt_stack;
+  ss.ss_size = sizeof(alt_stack);
+  sigaltstack(&ss, nullptr);
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_sigaction = on_fatal_signal;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) sigaction(sig, &sa, nullptr);
+}
+
+void crash_report_set_rank(int rank, int world_size) { set_who(rank, world_size); }
+
+}  // namespace llmt
