@@ -96,6 +96,16 @@ wait_step() {
   while [ "$(date +%s)" -lt "$end" ]; do grep -qE "^step +$2/" "$1" 2> /dev/null && return 0; sleep 0.2; done
   return 1
 }
+# explain JOB OUT: what a failed job left, for the test's log: the end of its output (a crashed
+# task's report, srun's own errors) and what slurmctld and the slurmds logged about it, less the
+# pmix plugin's routine complaint about its already removed app directory
+explain() {
+  echo "   -- the end of $2:"
+  tail -n 40 "$2" | sed 's/^/   | /'
+  echo "   -- Slurm's logs on job $1:"
+  grep -hE "(\[$1\.|JobId=$1[^0-9])" "$dir"/slurm/log/*.log | grep -iE 'error|fail|signal|kill|revoked|fatal' |
+    grep -vE 'spmix_appdir|rmdir_recursive' | tail -n 30 | sed 's/^/   | /'
+}
 # the output's layout line, first and last loss
 show_run() {
   grep -qE "^layout 4 ranks on 2 nodes, 2 ranks per node \\($2\\)" "$1.out" ||
@@ -118,7 +128,7 @@ for s in mpirun srun; do
   jobs+=("$jid")
   state=$(wait_job "$jid" 120)
   rc=$(field "$jid" ExitCode)
-  if [ "$state" != COMPLETED ]; then fail "a ($s): job $jid ended $state (exit $rc)"; tail -20 "$work/a-$s.out"
+  if [ "$state" != COMPLETED ]; then fail "a ($s): job $jid ended $state (exit $rc)"; explain "$jid" "$work/a-$s.out"
   elif show_run "$work/a-$s" "$s" && same_as_ref "$work/a-$s" short 30; then
     echo "PASS: a ($s): job $jid COMPLETED (exit $rc) on $(field "$jid" NodeList), 30 steps equal the local run ($(secs "$t") s)"
   else fail "a ($s)"; fi
@@ -130,7 +140,7 @@ jid=$(submit b train_mpirun.sbatch --time=1 --signal=B:USR1@25 -- --max_steps 32
 jobs+=("$jid")
 state=$(wait_job "$jid" 240 5)
 restarts=$(field "$jid" Restarts)
-if [ "$state" != COMPLETED ]; then fail "b: job $jid ended $state after $restarts restarts"; grep -E '^(==|saved|resume|signal|stopped)' "$work/b.out"
+if [ "$state" != COMPLETED ]; then fail "b: job $jid ended $state after $restarts restarts"; explain "$jid" "$work/b.out"
 elif [ "$restarts" -lt 1 ] || ! grep -q '^resume .*checkpoint-' "$work/b.out"; then
   fail "b: the job was not stopped by its time limit and resumed (restarts $restarts; the training outlasted the 1-minute limit?)"
   grep -E '^(==|saved|resume|signal|stopped)' "$work/b.out"
@@ -140,21 +150,34 @@ elif same_as_ref "$work/b" b 320; then
 else fail "b: losses"; fi
 
 # ---- c. scancel --signal=USR1: a checkpoint, requeue, resume ----
-t=$(now)
-jid=$(submit c1 train_srun.sbatch --time=5 -- --max_steps 60 --save_strategy no --output_dir "$work/c1")
-jobs+=("$jid")
-if ! wait_step "$work/c1.out" 30 90; then fail "c (USR1): step 30 not reached"; tail "$work/c1.out"
-else
+# One retry, only when the requeued job's training step died of a signal before it resumed (exit
+# 139, SIGSEGV, seen once in CI and never here: docs/cluster.md). The restarted step reuses the step
+# id, and with it the PMIx namespace and server directory (slurm.pmix.<job>.1) of the step the
+# signal stopped. The failed attempt's output (with llmt's crash report, when the crash is llmt's)
+# is printed either way.
+for attempt in 1 2; do
+  t=$(now)
+  rm -rf "$work/c1" "$work/run-c1" "$work/c1.out"
+  jid=$(submit c1 train_srun.sbatch --time=5 -- --max_steps 60 --save_strategy no --output_dir "$work/c1")
+  jobs+=("$jid")
+  if ! wait_step "$work/c1.out" 30 90; then fail "c (USR1): step 30 not reached"; tail "$work/c1.out"; break; fi
   scancel --signal=USR1 "$jid"
   state=$(wait_job "$jid" 150)
-  restarts=$(field "$jid" Restarts)
-  if [ "$state" != COMPLETED ] || [ "$restarts" -lt 1 ]; then fail "c (USR1): job $jid ended $state after $restarts restarts"
-    grep -E '^(==|saved|resume|signal|stopped)' "$work/c1.out"
+  restarts=$(field "$jid" Restarts) rc=$(field "$jid" ExitCode)
+  if [ "$state" = FAILED ] && [[ "$rc" =~ ^1[3-5][0-9]:0$ ]] && [ "$restarts" -ge 1 ] && [ $attempt -eq 1 ] &&
+    ! grep -q '^resume ' "$work/c1.out"; then
+    echo "RETRY: c (USR1): the requeued job $jid died of a signal (exit $rc) before it resumed; what it left:"
+    explain "$jid" "$work/c1.out"
+    continue
+  fi
+  if [ "$state" != COMPLETED ] || [ "$restarts" -lt 1 ]; then fail "c (USR1): job $jid ended $state (exit $rc) after $restarts restarts"
+    explain "$jid" "$work/c1.out"
   elif same_as_ref "$work/c1" c 60; then
     grep -E '^(stopped at|resume )' "$work/c1.out" | sed 's/^/   /'
     echo "PASS: c (scancel --signal=USR1): job $jid saved, requeued, resumed from latest, COMPLETED; steps 1..60 equal the local run ($(secs "$t") s)"
   else fail "c (USR1): losses"; fi
-fi
+  break
+done
 
 # ---- c. plain scancel (SIGTERM): cancelled with a complete checkpoint or none, never a partial one ----
 t=$(now)
@@ -182,7 +205,7 @@ else
   jid=$(submit c2 train_srun.sbatch --time=5 -- --max_steps 60 --save_steps 20 --output_dir "$work/c2")
   jobs+=("$jid")
   state=$(wait_job "$jid" 120)
-  if [ "$state" != COMPLETED ]; then fail "c (TERM): the resubmitted job $jid ended $state"; tail "$work/c2.out"; ok=0
+  if [ "$state" != COMPLETED ]; then fail "c (TERM): the resubmitted job $jid ended $state"; explain "$jid" "$work/c2.out"; ok=0
   elif ! grep -q '^resume .*checkpoint-' "$work/c2.out"; then fail "c (TERM): the resubmitted job did not resume"; ok=0
   elif ! same_as_ref "$work/c2" c 60; then ok=0; fi
   [ $ok -eq 0 ] || { grep -E '^resume ' "$work/c2.out" | sed 's/^/   /'
