@@ -50,11 +50,15 @@ inline double rel_error(const float* a, const float* b, int64_t n) {
   return den > 0.0 ? num / den : num;
 }
 
-// A fresh folder /tmp/llmt_<name>_<pid>, removed (with what the test put there) when it goes out of scope.
+// A fresh folder /tmp/llmt_<name>_XXXXXX (mkdtemp: one test may hold several), removed with what the
+// test put there when it goes out of scope.
 struct TempDir {
   std::string path;
-  explicit TempDir(const std::string& name) : path("/tmp/llmt_" + name + "_" + std::to_string((long)::getpid())) {
-    EXPECT_EQ(std::system(("rm -rf '" + path + "' && mkdir -p '" + path + "'").c_str()), 0);
+  explicit TempDir(const std::string& name) {
+    std::string tmpl = "/tmp/llmt_" + name + "_XXXXXX";
+    const char* made = ::mkdtemp(tmpl.data());
+    EXPECT_NE(made, nullptr) << "mkdtemp " << tmpl;
+    path = made ? made : tmpl;
   }
   ~TempDir() { (void)!std::system(("rm -rf '" + path + "'").c_str()); }
   TempDir(const TempDir&) = delete;

@@ -20,6 +20,7 @@
 
 #include "engine/core/error.h"
 #include "engine/dist/watchdog.h"
+#include "tests/test_util.h"
 
 using namespace llmt;
 
@@ -160,13 +161,6 @@ TEST(Watchdog, WithoutAProcessWatchdogTheHooksDoNothing) {
 // ---- which ranks did not arrive: the progress records ----
 namespace {
 
-std::string make_temp_dir() {
-  char tmpl[] = "/tmp/llmt_watchdog_XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  return d ? d : "";
-}
-
 PeerRecords records(const std::string& dir, int world, const std::string& run = "run7") {
   PeerRecords p;
   p.dir = dir;
@@ -184,7 +178,8 @@ void run_collectives(Watchdog& w, int n) {
 }  // namespace
 
 TEST(WatchdogRecords, TheTimeoutNamesTheRankThatNeverBeganTheCollective) {
-  const std::string dir = make_temp_dir();
+  llmt_test::TempDir tmp("watchdog");
+  const std::string& dir = tmp.path;
   Failures never;  // rank 1 keeps up until collective #3, then stops issuing any
   Watchdog w1(0.8, 1, never.fn(), 0.01, records(dir, 2));
   run_collectives(w1, 3);
@@ -206,7 +201,8 @@ TEST(WatchdogRecords, TheTimeoutNamesTheRankThatNeverBeganTheCollective) {
 }
 
 TEST(WatchdogRecords, EveryRankArrivedMeansTheCollectiveItselfIsStuck) {
-  const std::string dir = make_temp_dir();
+  llmt_test::TempDir tmp("watchdog");
+  const std::string& dir = tmp.path;
   Failures never;
   Watchdog w1(0.8, 1, never.fn(), 0.01, records(dir, 2));
   w1.set_step(5);
@@ -221,7 +217,8 @@ TEST(WatchdogRecords, EveryRankArrivedMeansTheCollectiveItselfIsStuck) {
 }
 
 TEST(WatchdogRecords, MissingAndStaleRecordsAreSaidToBeMissing) {
-  const std::string dir = make_temp_dir();
+  llmt_test::TempDir tmp("watchdog");
+  const std::string& dir = tmp.path;
   auto write = [&](int rank, const char* text) {
     FILE* f = std::fopen(peer_record_path(dir, rank).c_str(), "w");
     ASSERT_NE(f, nullptr);
@@ -242,7 +239,8 @@ TEST(WatchdogRecords, MissingAndStaleRecordsAreSaidToBeMissing) {
 }
 
 TEST(WatchdogRecords, ARecordSaysWhatTheRankBeganAndAFinishedRunRemovesIt) {
-  const std::string dir = make_temp_dir();
+  llmt_test::TempDir tmp("watchdog");
+  const std::string& dir = tmp.path;
   {
     Failures f;
     Watchdog w(0.4, 3, f.fn(), 0.01, records(dir, 4));

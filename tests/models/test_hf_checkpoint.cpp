@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <vector>
 
 #include "engine/core/error.h"
@@ -16,12 +17,6 @@ using namespace llmt;
 
 namespace {
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/llmt_hfck_XXXXXX";
-  const char* d = mkdtemp(tmpl);
-  EXPECT_TRUE(d);
-  return d;
-}
 
 void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
@@ -53,7 +48,8 @@ TEST(HfCheckpoint, SaveAndReloadIsLosslessForEveryFixture) {
     ModelConfig cfg = config_from_json_file(src + "/config.json");
     ModelLayout L = make_layout(cfg);
     auto units = load_all(src, cfg, L);
-    std::string out = temp_dir();
+    llmt_test::TempDir out_tmp("hfck");
+    std::string out = out_tmp.path;
     save_hf_model(out, cfg, L, ptrs(units), "F32");
     ModelConfig cfg2 = config_from_json_file(out + "/config.json");
     EXPECT_EQ(cfg2.describe(), cfg.describe()) << name;
@@ -61,7 +57,8 @@ TEST(HfCheckpoint, SaveAndReloadIsLosslessForEveryFixture) {
     for (size_t u = 0; u < units.size(); u++) EXPECT_EQ(units[u], again[u]) << name << " unit " << u;
 
     // and split into shards: the same tensors come back
-    std::string sharded = temp_dir();
+    llmt_test::TempDir sharded_tmp("hfck");
+    std::string sharded = sharded_tmp.path;
     save_hf_model(sharded, cfg, L, ptrs(units), "F32", 20000);
     struct stat st;
     EXPECT_EQ(stat((sharded + "/model.safetensors.index.json").c_str(), &st), 0);
@@ -75,7 +72,8 @@ TEST(HfCheckpoint, Bf16SaveRoundsToNearestEven) {
   ModelConfig cfg = config_from_json_file(src + "/config.json");
   ModelLayout L = make_layout(cfg);
   auto units = load_all(src, cfg, L);
-  std::string out = temp_dir();
+  llmt_test::TempDir out_tmp("hfck");
+  std::string out = out_tmp.path;
   save_hf_model(out, cfg, L, ptrs(units), "BF16");
   auto again = load_all(out, cfg, L);
   for (size_t u = 0; u < units.size(); u++)
@@ -91,8 +89,10 @@ TEST(HfCheckpoint, MissingUnexpectedMisshapenTensorsAreNamed) {
   SafetensorsFile good(src + "/model.safetensors");
 
   // rewrite the file with one tensor changed, dropped or added
+  std::vector<std::unique_ptr<llmt_test::TempDir>> dirs;  // removed when the test ends
   auto rewrite = [&](const std::string& drop, const std::string& add, std::vector<int64_t> add_shape) {
-    std::string dir = temp_dir();
+    dirs.push_back(std::make_unique<llmt_test::TempDir>("hfck"));
+    const std::string dir = dirs.back()->path;
     std::vector<StEntry> entries;
     for (const StTensor& t : good.tensors())
       if (t.name != drop) entries.push_back({t.name, t.dtype, t.shape, good.data(t)});
@@ -110,7 +110,8 @@ TEST(HfCheckpoint, MissingUnexpectedMisshapenTensorsAreNamed) {
   std::string d3 = rewrite("transformer.ln_f.bias", "transformer.ln_f.bias", {31});
   expect_error([&] { SafetensorsCheckpoint c(d3); check_hf_tensors(c, cfg, L, d3); },
                {"model.safetensors", "transformer.ln_f.bias", "[31]", "[32]"});
-  std::string d4 = temp_dir();
+  llmt_test::TempDir d4_tmp("hfck");
+  std::string d4 = d4_tmp.path;
   {
     std::vector<StEntry> entries;
     std::vector<int32_t> ints(32 * 32, 1);
@@ -130,7 +131,8 @@ TEST(HfCheckpoint, OfficialGpt2NamesWithoutPrefixAndBuffersLoad) {
   ModelLayout L = make_layout(cfg);
   auto units = load_all(src, cfg, L);
   SafetensorsFile good(src + "/model.safetensors");
-  std::string dir = temp_dir();
+  llmt_test::TempDir dir_tmp("hfck");
+  std::string dir = dir_tmp.path;
   std::vector<StEntry> entries;
   for (const StTensor& t : good.tensors()) entries.push_back({t.name.substr(12), t.dtype, t.shape, good.data(t)});
   std::vector<float> mask(13 * 13, 1.0f), masked(1, -1e4f);
@@ -144,7 +146,8 @@ TEST(HfCheckpoint, OfficialGpt2NamesWithoutPrefixAndBuffersLoad) {
 }
 
 TEST(ModelConfig, BadConfigsAreClearErrors) {
-  std::string dir = temp_dir();
+  llmt_test::TempDir dir_tmp("hfck");
+  std::string dir = dir_tmp.path;
   expect_error([&] { config_from_json_file(dir + "/nope.json"); }, {"nope.json", "cannot open"});
   write_file(dir + "/bad.json", "{\"model_type\": \"gpt2\", ");
   expect_error([&] { config_from_json_file(dir + "/bad.json"); }, {"bad.json", "malformed JSON"});

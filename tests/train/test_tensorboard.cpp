@@ -31,7 +31,8 @@ void write_bytes(const std::string& path, const std::string& bytes) {
 }  // namespace
 
 TEST(TensorBoard, ScalarsReadBackExactly) {
-  const std::string dir = ::testing::TempDir() + "llmt_tb/runs/a";
+  llmt_test::TempDir tmp("tb");
+  const std::string dir = tmp.path + "/runs/a";
   std::string path;
   {
     TensorBoardWriter w(dir);
@@ -59,7 +60,8 @@ TEST(TensorBoard, ScalarsReadBackExactly) {
 // The framing's checksum is CRC-32C, masked as TFRecord masks it: a known vector, then damage.
 TEST(TensorBoard, DamagedFilesAreErrorsNamingTheOffset) {
   EXPECT_EQ(crc32c(0, "123456789", 9), 0xE3069283u);  // the CRC-32C check value (RFC 3720)
-  const std::string dir = ::testing::TempDir() + "llmt_tb/runs/b";
+  llmt_test::TempDir tmp("tb");
+  const std::string dir = tmp.path + "/runs/b";
   std::string path;
   {
     TensorBoardWriter w(dir);
