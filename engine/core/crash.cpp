@@ -92,8 +92,11 @@ void on_fatal_signal(int sig, siginfo_t* info, void*) {
   void* frames[64];
   const int n = backtrace(frames, 64);
   backtrace_symbols_fd(frames, n, STDERR_FILENO);
-  // SA_RESETHAND put the default action back: the same signal again ends the process as it would
-  // have ended without this report (status, core dump).
+  // The default action back, then the same signal again: the process ends as it would have ended
+  // without this report (status, core dump). Set here, not only by SA_RESETHAND: another handler
+  // that chains to this one (the SIMT emulator's) calls it as a function, and raising under that
+  // handler's own disposition reported the crash again and again.
+  signal(sig, SIG_DFL);
   raise(sig);
 }
 
