@@ -8,11 +8,10 @@ set -uo pipefail
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for i in $(seq 3000); do echo "line $i of a corpus that only needs to be long enough"; done > "$work/corpus.txt"
-for prog in "$1" "$2"; do
-  name=$(basename "$prog")
-  device=cpu
-  [ "$name" = llmt_simt ] && device=cuda
-  timeout 120 "$prog" train --device $device --model_config gpt2-tiny --tokenizer_name_or_path bytes \
+for run in "$1 cpu" "$2 cuda"; do  # llmt on the CPU; llmt_simt with its emulated GPU
+  read -r prog device <<< "$run"
+  name=$(basename "$prog")-$device
+  timeout -k 5 60 "$prog" train --device $device --model_config gpt2-tiny --tokenizer_name_or_path bytes \
     --train_file "$work/corpus.txt" --block_size 64 --per_device_train_batch_size 2 --max_steps 100000 \
     --logging_steps 1 --save_strategy no --threads 1 --output_dir "$work/$name" > "$work/$name.log" 2>&1 &
   pid=$!
