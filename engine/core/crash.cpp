@@ -35,35 +35,29 @@ void put(const char* s, size_t n) {
     n -= (size_t)w;
   }
 }
-void put(const char* s) { put(s, std::strlen(s)); }
 
-// Hex without printf.
-void put_hex(uintptr_t v) {
-  char buf[2 + 2 * sizeof(v) + 1];
-  char* p = buf + sizeof(buf);
-  *--p = '\0';
-  do {
-    *--p = "0123456789abcdef"[v & 15];
-    v >>= 4;
-  } while (v);
-  *--p = 'x';
-  *--p = '0';
-  put(p);
-}
-
-void put_dec(long v) {
-  char buf[24];
-  char* p = buf + sizeof(buf);
-  *--p = '\0';
-  const bool negative = v < 0;
-  unsigned long u = negative ? 0ul - (unsigned long)v : (unsigned long)v;
-  do {
-    *--p = (char)('0' + u % 10);
-    u /= 10;
-  } while (u);
-  if (negative) *--p = '-';
-  put(p);
-}
+// The report's first line, built whole and written with one write(): a launcher that merges the
+// ranks' output (mpirun, srun) then never splits it with another rank's line.
+struct Line {
+  char text[512];
+  size_t len = 0;
+  void add(const char* s, size_t n) {
+    n = std::min(n, sizeof(text) - len);
+    std::memcpy(text + len, s, n);
+    len += n;
+  }
+  void add(const char* s) { add(s, std::strlen(s)); }
+  void add_number(unsigned long v, unsigned base) {  // no printf in a signal handler
+    char buf[24];
+    char* p = buf + sizeof(buf);
+    do {
+      *--p = "0123456789abcdef"[v % base];
+      v /= base;
+    } while (v);
+    if (base == 16) add("0x");
+    add(p, (size_t)(buf + sizeof(buf) - p));
+  }
+};
 
 const char* signal_name(int sig) {
   switch (sig) {
@@ -77,18 +71,20 @@ const char* signal_name(int sig) {
 }
 
 void on_fatal_signal(int sig, siginfo_t* info, void*) {
-  put("\n");
-  put(g_who, g_who_len);
-  put(": fatal signal ");
-  put(signal_name(sig));
+  Line line;
+  line.add("\n");
+  line.add(g_who, g_who_len);
+  line.add(": fatal signal ");
+  line.add(signal_name(sig));
   if (info && info->si_code > 0 && sig != SIGABRT) {  // raised by the kernel: the fault's address
-    put(" at address ");
-    put_hex((uintptr_t)info->si_addr);
+    line.add(" at address ");
+    line.add_number((unsigned long)(uintptr_t)info->si_addr, 16);
   } else if (info && info->si_code <= 0) {  // sent by kill(2) or raise(3)
-    put(" sent by pid ");
-    put_dec((long)info->si_pid);
+    line.add(" sent by pid ");
+    line.add_number((unsigned long)info->si_pid, 10);
   }
-  put("; backtrace:\n");
+  line.add("; backtrace:\n");
+  put(line.text, line.len);
   void* frames[64];
   const int n = backtrace(frames, 64);
   backtrace_symbols_fd(frames, n, STDERR_FILENO);
