@@ -61,7 +61,7 @@ for delay in 0.2 0.9 1.6; do
     > "$work/k.log" 2>&1 &
   job=$!
   # wait for the first checkpoint (however slow the machine), then kill somewhere in the saves that follow
-  for _ in $(seq 600); do ls "$d" 2> /dev/null | grep -q '^checkpoint-' && break; sleep 0.1; done
+  for _ in $(seq 600); do ls "$d" 2> /dev/null | grep -qE '^checkpoint-[0-9]+$' && break; sleep 0.1; done
   sleep "$delay"
   pkill -9 -f "^$llmt train.*$d" ; wait $job 2> /dev/null
   n=0
