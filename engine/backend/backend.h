@@ -105,7 +105,8 @@ class Backend {
   // ---- embeddings ----
   // out[B*T,C] (act) = wte[token] (+ wpe[t] when wpe.data != nullptr). Token ids must lie in [0, V).
   virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C, int V) = 0;
-  // dwte[token] (f32) += dout (act); dwpe[t] (f32) += dout (when dwpe.data != nullptr)
+  // dwte[token] (f32, [V, C]) += dout (act); dwpe[t] (f32) += dout (when dwpe.data != nullptr). A token id
+  // outside [0, V) is an error (thrown, or reported at the next synchronize) and writes nothing outside dwte.
   virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) = 0;
 
   // ---- norms ----

@@ -215,6 +215,12 @@ class CpuBackend : public Backend {
     float* dpe = dwpe.data ? dwpe.f32() : nullptr;
     const int32_t* tok = tokens.i32();
     check_act(dout, "embedding_backward", "dout");
+    LLMT_CHECK(dwte.ndim == 2 && dwte.shape[1] == C, "cpu embedding_backward: dwte is %s, expected [V, %d]",
+               dwte.shape_str().c_str(), C);
+    for (int64_t i = 0; i < (int64_t)B * T; i++)  // before anything is written
+      LLMT_CHECK(tok[i] >= 0 && tok[i] < dwte.shape[0],
+                 "embedding: token id %d at position %lld is outside the vocabulary [0, %lld)", tok[i], (long long)i,
+                 (long long)dwte.shape[0]);
     by_dtype(dout.dtype, "embedding_backward", [&](auto tag) {
       using A = decltype(tag);
       const A* d = (const A*)dout.data;

@@ -173,9 +173,11 @@ class CudaBackend : public Backend {
   }
   void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) override {
     check_act(dout, "embedding_backward", "dout");
+    LLMT_CHECK(dwte.ndim == 2 && dwte.shape[1] == C, "cuda embedding_backward: dwte is %s, expected [V, %d]",
+               dwte.shape_str().c_str(), C);
     by_dtype(dout.dtype, "embedding_backward", [&](auto tag) {
       cuda::embedding_backward(dwte.f32(), dwpe.data ? dwpe.f32() : nullptr, (const decltype(tag)*)dout.data,
-                               tokens.i32(), B, T, C, stream_);
+                               tokens.i32(), B, T, C, (int)dwte.shape[0], err_, stream_);
     });
   }
 

@@ -132,14 +132,18 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T*
 }
 
 // One thread per channel walks every row: two tokens with one id add in row order, never race.
+// A bad id is reported and its row skipped: the forward's report of it is read only at the next
+// synchronize, after this backward of the same step has run.
 template <typename T>
 __global__ void embedding_backward_kernel(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int64_t N,
-                                          int T_, int C) {
+                                          int T_, int C, int V, int* err) {
   const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= C) return;
   for (int64_t row = 0; row < N; row++) {
     const float d = to_f32(dout[row * C + c]);
-    dwte[(int64_t)tokens[row] * C + c] += d;
+    const int tok = tokens[row];
+    if (tok >= 0 && tok < V) dwte[(int64_t)tok * C + c] += d;
+    else if (c == 0) report(err, kErrToken, tok, row, V);
     if (dwpe) dwpe[(row % T_) * C + c] += d;
   }
 }
@@ -462,11 +466,11 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe
 }
 
 template <typename T>
-void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_, int C,
-                        Stream stream) {
+void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_, int C, int V,
+                        int* err, Stream stream) {
   if (C == 0) return;
   LLMT_LAUNCH(embedding_backward_kernel, blocks_for(C, kBlock), kBlock, 0, stream, dwte, dwpe, dout, tokens,
-              (int64_t)B * T_, T_, C);
+              (int64_t)B * T_, T_, C, V, err);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -579,7 +583,7 @@ void accumulate_mixed(Td* dst, const Ts* src, int64_t n, Stream stream) {
   template void matmul<T, T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool, bool, bool, Stream); \
   template void bias_backward<T>(float*, const T*, int64_t, int64_t, Stream);                                        \
   template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int, int, int*, Stream);      \
-  template void embedding_backward<T>(float*, float*, const T*, const int32_t*, int, int, int, Stream);              \
+  template void embedding_backward<T>(float*, float*, const T*, const int32_t*, int, int, int, int, int*, Stream);  \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int, float, Stream); \
   template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, const float*,   \
                                       int64_t, int, Stream);                                                         \

@@ -31,8 +31,8 @@ template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_, int C, int V, int* err,
                        Stream stream);
 template <typename T>
-void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_, int C,
-                        Stream stream);
+void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_, int C, int V,
+                        int* err, Stream stream);
 
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* x, const T* w, const T* b, int64_t N, int C, float eps,

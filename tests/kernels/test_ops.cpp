@@ -411,6 +411,34 @@ TEST_P(Ops, EmbeddingTokenOutOfRangeThrows) {
   }
 }
 
+// The backward with a bad id: on a device the forward's report of it is read only at the next
+// synchronize, after the backward of the same step has run, so the backward must not write through
+// it. dwte sits between two guard regions of V rows each, which must stay zero.
+TEST_P(Ops, EmbeddingBackwardTokenOutOfRangeThrowsAndWritesNothingOutside) {
+  std::mt19937 rng(24);
+  FV r = rand_act(rng, B_ * T_ * C_);
+  BufP R = Buf::act(r);
+  for (int bad : {V_, V_ + 1, 2 * V_ - 1, -1, -V_}) {
+    IV tok = make_tokens(rng);
+    tok[B_ * T_ / 2] = bad;
+    Buf Tok(tok), Big(FV(3 * V_ * C_, 0.0f));
+    Tensor dwte = Big.f32({3 * V_, C_}).view(V_ * C_, {V_, C_});
+    EXPECT_THROW(
+        {
+          be().embedding_backward(dwte, Tensor(nullptr, DType::f32, {T_, C_}), R->a({B_ * T_, C_}),
+                                  Tok.i32({B_, T_}), B_, T_, C_);
+          be().synchronize();
+        },
+        llmt::Error)
+        << "token id " << bad << " with V=" << V_;
+    FV after = Big.read<float>();
+    for (int64_t i = 0; i < V_ * C_; i++) {
+      ASSERT_EQ(after[i], 0.0f) << "token id " << bad << ": wrote below dwte at element " << i;
+      ASSERT_EQ(after[2 * V_ * C_ + i], 0.0f) << "token id " << bad << ": wrote above dwte at element " << i;
+    }
+  }
+}
+
 // ======================= norms =======================
 
 constexpr int64_t NN = 14;  // rows
