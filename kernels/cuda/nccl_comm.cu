@@ -85,12 +85,32 @@ void issued(ncclComm_t comm, ncclResult_t r, const char* what, double timeout_s)
   if (r != ncclSuccess) fail("NCCL %s failed: %s", what, nccl_error(comm, r).c_str());
 }
 
+// Makes `device` current on the calling thread, once per thread and device.
+void use_device(int device) {
+  static thread_local int current = -1;
+  if (current != device && cudaSetDevice(device) == cudaSuccess) current = device;
+}
+
 struct Event {
   cudaEvent_t e = nullptr;
+  int device = 0;                     // the backend's, current when the event is made
   std::atomic<bool> recorded{false};  // the watchdog may poll before the collective is issued
-  Event() { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
-  ~Event() { (void)cudaEventDestroy(e); }
-  bool done() const { return recorded && cudaEventQuery(e) == cudaSuccess; }
+  Event() {
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  // Both may run on the watchdog's thread, whose current device is 0 until it is told otherwise: a
+  // call from there on another device's event would make a context (hundreds of MiB) on GPU 0 for
+  // every rank of the node.
+  ~Event() {
+    use_device(device);
+    (void)cudaEventDestroy(e);
+  }
+  bool done() const {
+    if (!recorded) return false;
+    use_device(device);
+    return cudaEventQuery(e) == cudaSuccess;
+  }
 };
 
 class NcclRequest : public CommRequest {

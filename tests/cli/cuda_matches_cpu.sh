@@ -2,8 +2,9 @@
 # --device cuda through the whole program, under mpirun, as the CPU backend does: two ranks, full
 # shard, gradient accumulation, in fp32 and bf16, with the data collectives over MPI (staged) and
 # over NCCL, against the same run on the CPU (losses and gradient norms at every step within a
-# bound), and the CUDA run twice gives bitwise the same losses and weights. In ctest the CUDA program is llmt_simt (the SIMT emulator); on a GPU,
-# scripts/gpu_selftest.sh passes the real llmt.
+# bound), and the CUDA run twice gives bitwise the same losses and weights. The NCCL runs put each
+# rank on a device of its own (two emulated devices). In ctest the CUDA program is llmt_simt (the
+# SIMT emulator); on a GPU, scripts/gpu_selftest.sh passes the real llmt.
 # Usage: cuda_matches_cpu.sh path/to/llmt-for-cpu path/to/llmt-for-cuda [nccl|no-nccl]
 #   no-nccl: skip the NCCL runs (one GPU: NCCL refuses two ranks on one device)
 set -euo pipefail
@@ -38,7 +39,10 @@ for prec in f32 bf16; do
   run "$gpu" cuda "$work/cuda_$prec" "${flags[@]}" --ddp_backend mpi
   grep -q "^gpu    rank 1: cuda:" "$work/cuda_$prec.log" || { echo "FAIL: no per-rank GPU line"; cat "$work/cuda_$prec.log"; exit 1; }
   if [ ${#comms[@]} -eq 2 ]; then
-    run "$gpu" cuda "$work/nccl_$prec" "${flags[@]}" --ddp_backend nccl
+    # two emulated GPUs, one per rank: a CUDA call made on a rank's other device (the watchdog's thread
+    # polling events without cudaSetDevice: a context on GPU 0 for every rank) stops the emulator
+    LLMT_SIMT_DEVICES=2 run "$gpu" cuda "$work/nccl_$prec" "${flags[@]}" --ddp_backend nccl
+    grep -q "^gpu    rank 1: cuda:1" "$work/nccl_$prec.log" || { echo "FAIL: rank 1 is not on device 1"; cat "$work/nccl_$prec.log"; exit 1; }
     grep -q "^comm   data collectives over NCCL" "$work/nccl_$prec.log" || { echo "FAIL: no NCCL line"; cat "$work/nccl_$prec.log"; exit 1; }
     # the transport report from every rank's NCCL log (NCCL_DEBUG_FILE), gathered on rank 0
     grep -q "^nccl   rank 1 .*NCCL " "$work/nccl_$prec.log" && grep -q "^nccl     within a node: " "$work/nccl_$prec.log" \

@@ -9,6 +9,7 @@
 
 #include <boost/context/fiber.hpp>
 #include <boost/context/pooled_fixedsize_stack.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -505,13 +506,34 @@ const char* cudaGetErrorString(cudaError_t err) {
   }
   return "unknown error";
 }
+// Devices: LLMT_SIMT_DEVICES of them (default 1, at most 8), all backed by the same host memory,
+// and a current device per thread as the runtime keeps one (0 until the thread sets another). What
+// the emulator checks with it is which device a thread's calls act on: an event belongs to the
+// device current when it was made, and recording, querying or waiting for it from a thread whose
+// current device is another stops the program. On a GPU the query works but makes a context on the
+// thread's device (device 0 for a thread that never chose one): every rank of a node would hold
+// memory on GPU 0 (docs/design.md, "The watchdog").
+static int simt_device_count() {
+  static const int n = [] {
+    const char* v = std::getenv("LLMT_SIMT_DEVICES");
+    const int d = v && *v ? std::atoi(v) : 1;
+    return d >= 1 && d <= 8 ? d : 1;
+  }();
+  return n;
+}
+static thread_local int t_current_device = 0;
+
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = t_current_device;
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : (g_last_error = cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= simt_device_count()) return g_last_error = cudaErrorInvalidDevice;
+  t_current_device = device;
+  return cudaSuccess;
+}
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = simt_device_count();
   return cudaSuccess;
 }
 // A small "device": few SMs keep grids (and so fibers) few.
@@ -520,7 +542,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return g_last_error = cudaErrorInvalidDevice;
+  if (device < 0 || device >= simt_device_count()) return g_last_error = cudaErrorInvalidDevice;
   std::memset(prop, 0, sizeof(*prop));
   std::strncpy(prop->name, "llmt SIMT emulator (CPU)", sizeof(prop->name) - 1);
   prop->multiProcessorCount = 2;
@@ -545,12 +567,37 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaSt
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+struct CUevent_st {
+  int device;  // current when the event was made
+};
+// Stops the program when `e` belongs to another device than the calling thread's current one.
+static void check_event_device(cudaEvent_t e, const char* call) {
+  if (!e || e->device == t_current_device) return;
+  std::fprintf(stderr,
+               "simt: %s of an event of device %d from a thread whose current device is %d. On a GPU this makes a "
+               "context on device %d (call cudaSetDevice(%d) on this thread first).\n",
+               call, e->device, t_current_device, t_current_device, e->device);
+  std::abort();
+}
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = nullptr;
+  *e = new CUevent_st{t_current_device};
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  check_event_device(e, "cudaEventQuery");
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  check_event_device(e, "cudaEventDestroy");
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  check_event_device(e, "cudaEventRecord");
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  check_event_device(e, "cudaEventSynchronize");
+  return cudaSuccess;
+}

@@ -13,7 +13,10 @@
 //    block) and dynamic shared memory through LLMT_DYNAMIC_SHARED; float, double and integer atomics;
 //    the fast-math intrinsics; threadIdx, blockIdx, blockDim, gridDim;
 //  - the CUDA runtime calls the project uses, on host memory: device pointers are host pointers,
-//    streams run in order (a launch runs to completion before it returns), events are trivial.
+//    streams run in order (a launch runs to completion before it returns), events complete at once;
+//  - several devices (LLMT_SIMT_DEVICES, default 1) over the one host memory, a current device per
+//    thread, and events that belong to the device current when they were made: touching one from a
+//    thread whose current device is another stops the program (on a GPU it makes a context there).
 //
 // Races it cannot see: fibers of a block run one at a time and switch only at barriers and warp
 // operations, so a missing __syncthreads between a write to shared memory and another thread's
@@ -246,7 +249,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 
 cudaError_t cudaEventCreate(cudaEvent_t* e);
 enum { cudaEventDefault = 0, cudaEventDisableTiming = 2 };
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
-cudaError_t cudaEventQuery(cudaEvent_t e);  // always cudaSuccess: work is done when it returns
+cudaError_t cudaEventQuery(cudaEvent_t e);  // cudaSuccess: work is done when it returns
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
