@@ -44,6 +44,7 @@ BenchArgs parse_bench_args(Flags& f) {
   a.bf16 = f.get_bool("bf16", false);
   a.mixed_precision_reduce = f.get_string("mixed_precision_reduce", a.mixed_precision_reduce);
   a.dropout = f.get_double("dropout", a.dropout);
+  a.ops = f.get_bool("ops", false);
   parse_reduce_dtype(a.mixed_precision_reduce);
   LLMT_CHECK(a.batch > 0 && a.seq_len > 1 && a.steps > 0 && a.warmup >= 0,
              "llmt bench: batch, seq_len and steps must be positive and warmup not negative");
@@ -129,7 +130,7 @@ static double stream_gb_per_s(int threads) {
 
 // The matmul library's peak here: the median GFLOP/s of square M = N = K = 2048 products in the
 // compute dtype on this rank's threads (every rank at once, so ranks sharing a node share its cores).
-static double cpu_matmul_peak_gflops(Backend& be, ControlComm& world) {
+double measured_matmul_peak_gflops(Backend& be, ControlComm& world) {
   const int64_t n = 2048;
   const DType t = be.compute_dtype();
   BackendBuffer a(be, t, {n, n}), b(be, t, {n, n}), c(be, t, {n, n});
@@ -301,7 +302,7 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
     // MFU on a CPU: against the matmul library's measured peak in this dtype on this rank's threads
     const std::string key = dtype_name(be.compute_dtype());
     if (!cpu_peak.count(key)) {
-      cpu_peak[key] = cpu_matmul_peak_gflops(be, world);
+      cpu_peak[key] = measured_matmul_peak_gflops(be, world);
       if (world.rank() == 0)
         std::fprintf(stderr, "bench  matmul peak here: %.1f GFLOP/s per rank (%s, %d threads, %s; 2048^3 products, "
                      "median of 5)\n", cpu_peak[key], key.c_str(), be.threads(), cpu_library_version().c_str());
@@ -346,6 +347,11 @@ static std::string bench_memory_problem(const BenchArgs& a, ControlComm& world, 
 }
 
 void run_bench(const BenchArgs& args, ControlComm& world, const LaunchInfo& launch) {
+  if (args.ops) {
+    LLMT_CHECK(args.sweeps.empty() && args.results.empty(), "llmt bench --ops: takes neither --sweep nor --results "
+               "(its JSON lines go to stdout)");
+    return run_op_bench(args, world, launch);
+  }
   // what ran, once for every line
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/dist/launch.h"
 #include "train/flags.h"
 
@@ -28,6 +29,7 @@ struct BenchArgs {
   bool tf32 = false;  // fp32 matmuls on TF32 tensor cores (cuda)
   std::string mixed_precision_reduce = "float32";
   double dropout = -1.0;        // >= 0: every dropout probability of the model set to this
+  bool ops = false;             // the step's main ops alone (train/op_bench.cpp) instead of whole steps
   std::vector<std::string> sweeps;  // "KEY=V1,V2,...", outermost first
   std::string results;              // append each point's JSON line here ("" = stdout only)
 };
@@ -39,5 +41,13 @@ std::vector<std::vector<std::pair<std::string, std::string>>> bench_points(const
 
 BenchArgs parse_bench_args(Flags& flags);
 void run_bench(const BenchArgs& args, ControlComm& world, const LaunchInfo& launch);
+// --ops: every matmul of a block and the LM head (forward and both backward products) and attention
+// forward and backward at the model's shapes for --per_device_train_batch_size and --seq_len, each
+// timed alone (median of --steps after --warmup); one JSON line per op with TFLOP/s and the fraction
+// of the device's peak. Every rank runs them on its own device; rank 0 prints.
+void run_op_bench(const BenchArgs& args, ControlComm& world, const LaunchInfo& launch);
+// The matmul library's measured peak in `be`'s compute dtype: the median GFLOP/s of 2048^3 products
+// (every rank of `world` at once, so ranks sharing a node share its cores).
+double measured_matmul_peak_gflops(Backend& be, ControlComm& world);
 
 }  // namespace llmt

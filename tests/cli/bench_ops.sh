@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# llmt bench --ops: attention forward and backward and the three products of each of a block's
+# matmuls and the LM head, one JSON line each, on the CPU and on the CUDA backend (in ctest the
+# emulator, whose device has no known peak). Not a speed test: no figure is compared with anything.
+# Usage: bench_ops.sh path/to/llmt path/to/llmt_simt
+set -uo pipefail
+llmt=$1
+simt=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+args=(bench --ops True --model llama-tiny --seq_len 16 --per_device_train_batch_size 2 --steps 2 --warmup 1 --threads 1)
+OMP_NUM_THREADS=1 "$llmt" "${args[@]}" --bf16 True > "$work/cpu.jsonl" 2> "$work/cpu.err" ||
+  { echo "FAIL: llmt bench --ops on the cpu"; cat "$work/cpu.err"; exit 1; }
+OMP_NUM_THREADS=1 "$simt" "${args[@]}" --device cuda > "$work/cuda.jsonl" 2> "$work/cuda.err" ||
+  { echo "FAIL: llmt_simt bench --ops --device cuda"; cat "$work/cuda.err"; exit 1; }
+python3 - "$work/cpu.jsonl" "$work/cuda.jsonl" << 'PY' || exit 1
+import json, sys
+names = ["attention.forward", "attention.backward"] + [f"{m}.{p}" for m in ("qkv", "attn_proj", "mlp_in", "mlp_out", "lm_head")
+                                                       for p in ("forward", "backward_input", "backward_weight")]
+for path, device, dtype in ((sys.argv[1], "cpu", "bf16"), (sys.argv[2], "cuda", "f32")):
+    lines = [json.loads(l) for l in open(path)]
+    assert [l["name"] for l in lines] == names, f"FAIL: {device}: ops {[l['name'] for l in lines]}"
+    for l in lines:
+        assert l["device"] == device and l["compute_dtype"] == dtype and l["ms_median"] > 0 and l["tflops"] > 0, f"FAIL: {l}"
+        if l["op"] == "matmul":
+            assert abs(l["gflop"] * 1e9 - 2 * l["M"] * l["N"] * l["K"]) < 1, f"FAIL: FLOPs of {l}"
+    qkv = lines[2]
+    assert (qkv["M"], qkv["N"], qkv["K"]) == (32, 64 + 2 * 2 * 16, 64), f"FAIL: the qkv shape {qkv}"
+    if device == "cpu":
+        assert all(0 < l["fraction_of_peak"] for l in lines), "FAIL: no fraction of the measured peak"
+    else:
+        assert all(l["peak_tflops"] == 0 and l["fraction_of_peak"] is None for l in lines), "FAIL: the emulator has a peak"
+    print(f"{device}: {len(lines)} ops, attention backward {lines[1]['ms_median']:.3f} ms")
+PY
+echo PASS
