@@ -6,7 +6,8 @@
 #           (so the other machine's glibc version does not matter)
 #   lib/    every shared library they load except the CUDA ones (cudart, cuBLASLt, NCCL: the other
 #           machine's toolkit and its Python nvidia-* packages provide those), and Open MPI's components
-#   env.sh  what to source there: the library path, and Open MPI as an isolated singleton (no mpirun)
+#   env.sh  what to source there (scripts/gpu_env.sh): where the machine's CUDA libraries are, and Open
+#           MPI as an isolated singleton (no mpirun)
 # scripts/gpu_selftest.sh --bundle unpacks and uses it. .gpu/ is ignored by git and carried by the
 # device tool (`carry: [".gpu"]`).
 set -euo pipefail
@@ -40,27 +41,12 @@ for p in "${progs[@]}"; do
   cat > "$stage/bin/$p" <<EOF
 #!/usr/bin/env bash
 here="\$(cd "\$(dirname "\${BASH_SOURCE[0]}")/.." && pwd)"
-exec "\$here/lib/ld-linux.so" --library-path "\$here/lib:\${LLMT_CUDA_LIBS:-}" "\$here/real/$p" "\$@"
+# the bundle's libraries first, then env.sh's LLMT_CUDA_LIBS (driver, toolkit, wheels, LD_LIBRARY_PATH)
+exec "\$here/lib/ld-linux.so" --library-path "\$here/lib\${LLMT_CUDA_LIBS:+:\$LLMT_CUDA_LIBS}" "\$here/real/$p" "\$@"
 EOF
   chmod +x "$stage/bin/$p"
 done
-cat > "$stage/env.sh" <<'EOF'
-# Sourced by scripts/gpu_selftest.sh --bundle on the GPU machine.
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# CUDA 13's libraries: the toolkit's, and NCCL from the Python nvidia-nccl package when the toolkit has none
-cuda_libs=/usr/local/cuda/lib64:/usr/local/cuda/lib
-for pkg in nccl cublas cuda_runtime; do
-  d=$(python3 -c "import nvidia.$pkg, os; print(os.path.join(list(nvidia.$pkg.__path__)[0], 'lib'))" 2>/dev/null) &&
-    cuda_libs=$cuda_libs:$d
-done
-export LLMT_CUDA_LIBS=$cuda_libs
-export OMPI_MCA_ess_singleton_isolated=1          # MPI_Init without mpirun or orted
-export OMPI_MCA_mca_base_component_path="$here/lib/openmpi"
-export OPAL_PREFIX="$here" OMPI_MCA_mca_base_param_files=/dev/null
-export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_coll=^hcoll OMPI_MCA_mtl=^ofi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-echo "bundle: $here; CUDA libraries from $cuda_libs"
-EOF
+cp scripts/gpu_env.sh "$stage/env.sh"
 mkdir -p .gpu
 tar -cJf .gpu/bundle.tar.xz -C "$stage" .
 echo "gpu_bundle: .gpu/bundle.tar.xz, $(du -h .gpu/bundle.tar.xz | cut -f1) ($(ls "$stage/lib" | wc -l) libraries)"
