@@ -26,6 +26,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/mma_probe.h"
 
 namespace llmt {
 namespace {
@@ -431,6 +432,70 @@ TEST_F(CudaOps, SumSquares) {
   const double before = dout.download()[0];
   EXPECT_EQ(gpu(0, 0, true), before);
   EXPECT_EQ(gpu(0, 0, false), 0.0);
+}
+
+// ---- tensor cores (kernels/cuda/mma.cuh): the PTX ISA's fragment layouts ----
+// The same tests run on the emulator (ctest) and on silicon (the GPU self-test's layout step), so a
+// layout the emulator got wrong is caught by the hardware. Products of bf16 values are exact in f32;
+// the bound allows for the order (and width) of the tensor core's sum of 16 products and c.
+
+// a[16 x 16], b[16 x 8] bf16 values; c[16 x 8]; d = a @ b + c in double.
+std::vector<double> mma_reference(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& c,
+                                  std::vector<double>* scale) {
+  std::vector<double> d(128);
+  scale->assign(128, 0.0);
+  for (int i = 0; i < 16; i++)
+    for (int j = 0; j < 8; j++) {
+      double s = c[i * 8 + j], m = std::fabs(c[i * 8 + j]);
+      for (int k = 0; k < 16; k++) {
+        s += (double)a[i * 16 + k] * b[k * 8 + j];
+        m += std::fabs((double)a[i * 16 + k] * b[k * 8 + j]);
+      }
+      d[(size_t)(i * 8 + j)] = s;
+      (*scale)[(size_t)(i * 8 + j)] = m;
+    }
+  return d;
+}
+
+TEST_F(CudaOps, MmaM16n8k16Bf16FragmentsMatchProduct) {
+  for (int rep = 0; rep < 4; rep++) {
+    const std::vector<float> a = uniform_bf16_values(256), b = uniform_bf16_values(128), c = uniform(128);
+    DeviceBuf<uint16_t> da(to_bf16(a)), db(to_bf16(b));
+    DeviceBuf<float> dc(c), dd(128);
+    std::vector<double> scale;
+    const std::vector<double> want = mma_reference(a, b, c, &scale);
+    for (int how = 0; how < 2; how++) {
+      SCOPED_TRACE(how == 0 ? "fragments from the layout formulas" : "fragments by ldmatrix (x4, x2.trans)");
+      if (how == 0) cuda::mma_probe_fragments(dd.get(), da.get(), db.get(), dc.get());
+      else cuda::mma_probe_ldmatrix(dd.get(), da.get(), db.get(), dc.get());
+      const std::vector<float> got = dd.download();
+      for (int i = 0; i < 128; i++)
+        ASSERT_LE(std::fabs(got[(size_t)i] - want[(size_t)i]), 4e-6 * scale[(size_t)i] + 1e-30)
+            << "D[" << i / 8 << "][" << i % 8 << "]: got " << got[(size_t)i] << ", want " << want[(size_t)i];
+    }
+  }
+}
+
+TEST_F(CudaOps, LdmatrixX1X2X4AndTransGiveTheDocumentedElements) {
+  // element (j, r, c) of the n matrices holds a distinct id, so each register names what it loaded
+  std::vector<uint16_t> m(4 * 64);
+  for (int i = 0; i < 4 * 64; i++) m[(size_t)i] = (uint16_t)(0x1000 + i);
+  DeviceBuf<uint16_t> dm(m);
+  DeviceBuf<uint32_t> dout(32 * 4);
+  for (int n : {1, 2, 4})
+    for (bool trans : {false, true}) {
+      SCOPED_TRACE("x" + std::to_string(n) + (trans ? ".trans" : ""));
+      cuda::ldmatrix_probe(dout.get(), dm.get(), n, trans);
+      const std::vector<uint32_t> got = dout.download();
+      for (int l = 0; l < 32; l++)
+        for (int j = 0; j < n; j++)
+          for (int e = 0; e < 2; e++) {
+            const int r = trans ? 2 * (l % 4) + e : l / 4, c = trans ? l / 4 : 2 * (l % 4) + e;
+            const uint16_t want = m[(size_t)(j * 64 + r * 8 + c)];
+            const uint16_t have = (uint16_t)(got[(size_t)(l * 4 + j)] >> (16 * e));
+            ASSERT_EQ(have, want) << "lane " << l << " register " << j << " half " << e;
+          }
+    }
 }
 
 }  // namespace

@@ -4,3 +4,4 @@
 #include "kernels/cuda/cuda_ops.cu"
 #include "kernels/cuda/cuda_backend.cu"
 #include "kernels/cuda/nccl_comm.cu"
+#include "kernels/cuda/mma_probe.cu"

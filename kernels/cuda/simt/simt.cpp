@@ -275,6 +275,62 @@ uint64_t exchange(unsigned mask, uint64_t bits, int src) {
   const uint64_t* got = warp_meet(mask, bits);
   return src >= 0 && src < kWarp && ((mask >> src) & 1u) ? got[src] : bits;
 }
+// The 32 lanes' values of one 64-bit deposit each, as every lane of a full warp sees them.
+static void gather_warp(uint64_t bits, uint64_t all[kWarp]) {
+  std::memcpy(all, warp_meet(0xffffffffu, bits), sizeof(uint64_t) * kWarp);
+}
+static float bf16_bits_to_f32(uint32_t h) {
+  const uint32_t u = (h & 0xffffu) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+  uint64_t a01[kWarp], a23[kWarp], b01[kWarp];
+  gather_warp((uint64_t)a[0] | (uint64_t)a[1] << 32, a01);
+  gather_warp((uint64_t)a[2] | (uint64_t)a[3] << 32, a23);
+  gather_warp((uint64_t)b[0] | (uint64_t)b[1] << 32, b01);
+  float A[16][16], B[16][8];
+  for (int l = 0; l < kWarp; l++) {  // every lane's registers back into the matrices
+    const int g = l / 4, t = l % 4;
+    const uint32_t ar[4] = {(uint32_t)a01[l], (uint32_t)(a01[l] >> 32), (uint32_t)a23[l], (uint32_t)(a23[l] >> 32)};
+    const uint32_t br[2] = {(uint32_t)b01[l], (uint32_t)(b01[l] >> 32)};
+    for (int e = 0; e < 2; e++) {
+      A[g][2 * t + e] = bf16_bits_to_f32(ar[0] >> (16 * e));
+      A[g + 8][2 * t + e] = bf16_bits_to_f32(ar[1] >> (16 * e));
+      A[g][2 * t + 8 + e] = bf16_bits_to_f32(ar[2] >> (16 * e));
+      A[g + 8][2 * t + 8 + e] = bf16_bits_to_f32(ar[3] >> (16 * e));
+      B[2 * t + e][g] = bf16_bits_to_f32(br[0] >> (16 * e));
+      B[2 * t + 8 + e][g] = bf16_bits_to_f32(br[1] >> (16 * e));
+    }
+  }
+  const int l = lane(), g = l / 4, t = l % 4;
+  for (int i = 0; i < 4; i++) {  // this lane's part of D, where its c sits
+    const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+    float acc = c[i];
+    for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
+    d[i] = acc;
+  }
+}
+
+void ldmatrix(uint32_t* r, int n, bool trans, const void* row) {
+  if (n != 1 && n != 2 && n != 4) throw Error(strformat("simt: ldmatrix of %d matrices (1, 2 or 4)", n));
+  uint64_t rows[kWarp];
+  gather_warp((uint64_t)(uintptr_t)row, rows);
+  const int l = lane();
+  for (int j = 0; j < n; j++) {
+    uint32_t v = 0;
+    for (int e = 0; e < 2; e++) {
+      // matrix j's rows come from lanes 8j..8j+7; each row is 8 b16 elements
+      const int r_ = trans ? 2 * (l % 4) + e : l / 4, c_ = trans ? l / 4 : 2 * (l % 4) + e;
+      const uint16_t* p = (const uint16_t*)(uintptr_t)rows[8 * j + r_];
+      v |= (uint32_t)p[c_] << (16 * e);
+    }
+    r[j] = v;
+  }
+}
+
 unsigned ballot(unsigned mask, bool pred) {
   const uint64_t* got = warp_meet(mask, pred ? 1 : 0);
   unsigned r = 0;

@@ -9,6 +9,8 @@
 //    __syncwarp meet at a barrier of just the lanes in their mask, so divergent warp code and early
 //    returns behave as on a GPU (a lane that exited while named in a mask is an error, as is a
 //    barrier that can never complete);
+//  - the tensor-core operations of kernels/cuda/mma.cuh (mma.sync m16n8k16 bf16, ldmatrix) as
+//    warp-collective operations in the PTX ISA's fragment layouts;
 //  - static __shared__ arrays (one per block: thread_local storage of the OS thread running the
 //    block) and dynamic shared memory through LLMT_DYNAMIC_SHARED; float, double and integer atomics;
 //    the fast-math intrinsics; threadIdx, blockIdx, blockDim, gridDim;
@@ -38,6 +40,7 @@
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __shared__ static thread_local
+#define __align__(n) __attribute__((aligned(n)))
 
 struct dim3 {
   unsigned x, y, z;
@@ -59,6 +62,12 @@ uint64_t exchange(unsigned mask, uint64_t bits, int src);
 unsigned ballot(unsigned mask, bool pred);
 void syncwarp(unsigned mask);
 void* dynamic_shared();
+// The tensor-core operations of kernels/cuda/mma.cuh as warp-collective operations of all 32 lanes,
+// in the PTX ISA's fragment layouts (described there): mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+// (products exact in f32, summed in k order onto c), and ldmatrix.sync.aligned.m8n8.x{n}[.trans].b16
+// from the row addresses the lanes give.
+void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+void ldmatrix(uint32_t* r, int n, bool trans, const void* row);
 // Runs `body` as a grid of blocks of threads; returns when every thread has finished.
 void launch(const char* name, dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body);
 
