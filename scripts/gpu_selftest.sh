@@ -29,12 +29,12 @@ STEPS=(
   "tensor-core fragment layouts (mma.sync, ldmatrix) on silicon|15|step_layouts"
   "op suite and fixtures on the GPU, cuBLASLt matmuls|45|step_ops_cublaslt"
   "op suite on the GPU, plain matmul kernel|30|step_ops_native"
-  "compute-sanitizer memcheck: the CUDA op cases|40|step_memcheck"
-  "compute-sanitizer racecheck + synccheck: attention, reductions, loss|50|step_racecheck"
+  "compute-sanitizer memcheck: the CUDA op cases|35|step_memcheck"
+  "compute-sanitizer racecheck + synccheck: attention, reductions, loss|45|step_racecheck"
   "determinism: one bf16 training run twice, bitwise|25|step_determinism"
   "bench: GPT-2 124M, bf16, B=16 T=1024, no dropout|55|step_bench_gpt2"
   "bench: LLaMA 1.2B, bf16, B=4 T=2048|105|step_bench_llama"
-  "ops: attention and each matmul shape alone, both models|40|step_ops_bench"
+  "ops: attention (flash, plain) and each matmul shape alone, both models|50|step_ops_bench"
 )
 MAX_TOTAL_S=420  # 7 minutes: a 540 s run leaves two for the machine's start-up work and the unpacking
 
@@ -187,12 +187,14 @@ bench() {
 step_bench_gpt2() { bench --model gpt2 --seq_len 1024 --per_device_train_batch_size 16; }
 step_bench_llama() { bench --model "$(llama1b)" --seq_len 2048 --per_device_train_batch_size 4; }
 step_ops_bench() {
-  local m
-  for m in "gpt2 --seq_len 1024 --per_device_train_batch_size 16" \
-           "$(llama1b) --seq_len 2048 --per_device_train_batch_size 4"; do
-    # shellcheck disable=SC2086
-    "$BIN/llmt" bench --ops True --device cuda --bf16 True --steps 5 --warmup 1 --model $m >> "$OPS" ||
-      echo "ops bench failed: $m"
+  local m impl
+  for impl in flash plain; do
+    for m in "gpt2 --seq_len 1024 --per_device_train_batch_size 16" \
+             "$(llama1b) --seq_len 2048 --per_device_train_batch_size 4"; do
+      # shellcheck disable=SC2086
+      LLMT_ATTENTION=$impl "$BIN/llmt" bench --ops True --device cuda --bf16 True --steps 5 --warmup 1 --model $m \
+        >> "$OPS" || echo "ops bench failed: LLMT_ATTENTION=$impl $m"
+    done
   done
   return 0
 }

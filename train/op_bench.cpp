@@ -111,9 +111,8 @@ void run_op_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& laun
                                         NKV, hs);
     const Dropout none;
     const double fwd = 2.0 * B * NH * (double)T * T * hs;
-    const char* impl = std::getenv("LLMT_ATTENTION");
     nlohmann::json j = {{"op", "attention"}, {"heads", NH}, {"kv_heads", NKV}, {"head_size", hs}, {"causal", true},
-                        {"implementation", impl && *impl ? impl : "default"}};
+                        {"implementation", cuda ? cuda_attention_kernels(act, hs) : std::string("cpu")}};
     double ms = time_ms(*be, warmup, reps, [&] {
       be->attention_forward(out.tensor(), lse.tensor(), qkv.tensor(), B, T, NH, NKV, hs, none);
     });

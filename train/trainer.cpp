@@ -351,6 +351,8 @@ void Trainer::describe_gpus() {
   for (int r = 0; r < W_; r++)
     log_info("gpu    rank %d: %s%s", r, all.data() + (size_t)r * sizeof(line),
              std::string(cuda_build_kind()) == "simt" ? " [the SIMT emulator: CUDA kernels on the CPU]" : "");
+  log_info("gpu    attention: %s",
+           cuda_attention_kernels(a_.bf16 ? DType::bf16 : DType::f32, cfg_.head_size()).c_str());
 }
 
 void Trainer::load_data() {

@@ -14,9 +14,11 @@
 #include <type_traits>
 
 #include "engine/core/error.h"
+#include "engine/core/log.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/flash_attention.h"
 #ifndef LLMT_SIMT
 #include "kernels/cuda/cublaslt_matmul.h"
 #endif
@@ -260,6 +262,16 @@ class CudaBackend : public Backend {
                          const Dropout& drop) override {
     check_act(out, "attention_forward", "out");
     check_act(qkv, "attention_forward", "qkv");
+    if (qkv.dtype == DType::bf16 && cuda::attention_impl() == cuda::AttentionImpl::flash) {
+      if (cuda::flash_attention_fits(hs))
+        return cuda::flash_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), B, T, NH, NKV, hs, drop, stream_);
+      const char* asked = std::getenv("LLMT_ATTENTION");
+      static bool warned = false;
+      if (asked && *asked && !warned) {
+        warned = true;
+        log_warn("LLMT_ATTENTION=flash: head size %d runs the plain attention kernel (flash takes 64 or 128)", hs);
+      }
+    }
     by_dtype(qkv.dtype, "attention_forward", [&](auto tag) {
       using A = decltype(tag);
       cuda::attention_forward((A*)out.data, lse.f32(), (const A*)qkv.data, B, T, NH, NKV, hs, drop, stream_);
@@ -430,6 +442,13 @@ std::string cuda_device_description(int device) {
   return strformat("cuda:%d %s, %d SMs, %.1f GiB, compute capability %d.%d, driver %d.%d, runtime %d.%d", device,
                    prop.name, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
                    prop.major, prop.minor, drv / 1000, (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
+}
+
+std::string cuda_attention_kernels(DType compute, int head_size) {
+  if (compute == DType::bf16 && cuda::attention_impl() == cuda::AttentionImpl::flash &&
+      cuda::flash_attention_fits(head_size))
+    return "flash forward (tensor cores), plain backward";
+  return "plain";
 }
 
 double cuda_peak_tflops(int device, DType compute, bool tf32) {

@@ -720,6 +720,40 @@ TEST_P(Ops, AttentionForwardMatchesReference) {
     }
 }
 
+// The head sizes of real models, over several 64-row tiles with a ragged last one: on a GPU in bf16
+// these run the tensor-core kernel (kernels/cuda/flash_attention.cu), elsewhere the plain one. Its
+// backward (the plain kernel, from the lse this forward kept) against the same forward's reference.
+TEST_P(Ops, AttentionForwardHeadSizes64And128OverTiles) {
+  std::mt19937 rng(54);
+  struct Case {
+    int B, T, NH, NKV, hs;
+  };
+  for (Case c : {Case{2, 130, 4, 2, 64}, Case{1, 70, 2, 1, 128}, Case{1, 64, 2, 2, 64}})
+    for (float p : {0.0f, 0.25f}) {
+      SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.NKV
+                                        << " hs=" << c.hs << " dropout " << p);
+      const int R = (c.NH + 2 * c.NKV) * c.hs;
+      const int64_t rows = (int64_t)c.B * c.T;
+      llmt::Dropout d{p, 91, 2};
+      FV qkv = rand_act(rng, (size_t)(rows * R), -1.5f, 1.5f);
+      FV g1 = rand_act(rng, (size_t)(rows * c.NH * c.hs), 5.f, 6.f), g2 = rand_f(rng, (size_t)c.B * c.NH * c.T, 5.f, 6.f);
+      BufP Q = Buf::act(qkv), Out = Buf::act(g1);
+      Buf Lse(g2);
+      be().attention_forward(Out->a({rows, c.NH * c.hs}), Lse.f32({c.B, c.NH, c.T}), Q->a({rows, R}), c.B, c.T, c.NH,
+                             c.NKV, c.hs, d);
+      DV lse;
+      DV want = llmt_ref::attention(to_d(qkv), c.B, c.T, c.NH, c.NKV, c.hs, &lse, attn_drop(d));
+      EXPECT_TRUE(Close(Out->rf(), want, fwd_tol())) << "out (=)";
+      EXPECT_TRUE(Close(Lse.rf(), lse, tol::kF32OpForward + (is_bf16() ? tol::kBf16OpForward / 4 : 0.0)))
+          << "lse (=): the log-sum-exp of each row's scaled scores";
+      // bitwise repeatable
+      FV first = Out->rf();
+      be().attention_forward(Out->a({rows, c.NH * c.hs}), Lse.f32({c.B, c.NH, c.T}), Q->a({rows, R}), c.B, c.T, c.NH,
+                             c.NKV, c.hs, d);
+      EXPECT_EQ(Out->rf(), first) << "a second forward differs";
+    }
+}
+
 TEST_P(Ops, AttentionBackwardVsFiniteDifferencesMhaGqaDropout) {
   std::mt19937 rng(53);
   for (AttnCfg c : {AttnCfg{3, 3}, AttnCfg{4, 2}, AttnCfg{3, 1}})

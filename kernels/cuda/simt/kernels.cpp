@@ -5,3 +5,4 @@
 #include "kernels/cuda/cuda_backend.cu"
 #include "kernels/cuda/nccl_comm.cu"
 #include "kernels/cuda/mma_probe.cu"
+#include "kernels/cuda/flash_attention.cu"

@@ -1,0 +1,25 @@
+// Attention on tensor cores (flash_attention.cu): the forward of causal self-attention in bf16 at
+// head size 64 or 128, FlashAttention-2's way; the plain kernels of cuda_ops.cu do the rest and are
+// the reference it is checked against. A plain C++ header.
+#pragma once
+#include <cstdint>
+
+#include "engine/backend/backend.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace llmt {
+namespace cuda {
+
+// LLMT_ATTENTION: flash (the default: used where it fits, bf16 and head size 64 or 128) or plain
+// (always the plain kernels). Read once; anything else is an error naming the value.
+enum class AttentionImpl { flash, plain };
+AttentionImpl attention_impl();
+bool flash_attention_fits(int hs);
+
+// As attention_forward (cuda_ops.h) for bf16 tensors: out[B*T, NH*hs], lse[B, NH, T] from qkv rows
+// [q | k | v], scale 1/sqrt(hs), dropout on the probabilities as the Backend op says.
+void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T_, int NH, int NKV, int hs,
+                             const Dropout& drop, Stream stream);
+
+}  // namespace cuda
+}  // namespace llmt
