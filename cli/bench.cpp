@@ -33,7 +33,7 @@ int cli_bench(const std::vector<std::string>& args) {
   BenchArgs a = parse_bench_args(flags);
   flags.finish();
   std::unique_ptr<ControlComm> world;
-  LaunchInfo launch = init_launch(nullptr, nullptr, &world);
+  LaunchInfo launch = init_launch(nullptr, nullptr, &world, "bench");
   run_bench(a, *world, launch);
   return 0;
 }

@@ -21,7 +21,7 @@ int cli_export(const std::vector<std::string>& args) {
   f.finish();
   LLMT_CHECK(dtype == "F32" || dtype == "BF16", "llmt export: --dtype must be F32 or BF16, got %s", dtype.c_str());
   std::unique_ptr<ControlComm> world;
-  init_launch(nullptr, nullptr, &world);
+  init_launch(nullptr, nullptr, &world, "export");
   run_export(args[0], args[1], dtype, *world);
   return 0;
 }

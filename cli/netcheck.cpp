@@ -100,7 +100,7 @@ int cli_netcheck(const std::vector<std::string>& args) {
   }
 
   std::unique_ptr<ControlComm> world;
-  LaunchInfo launch = init_launch(nullptr, nullptr, &world);
+  LaunchInfo launch = init_launch(nullptr, nullptr, &world, "netcheck");
   if (bench) {
     if (launch.world == 1) log_info("netcheck --bench: one rank: nothing crosses a network (run it under mpirun)");
     std::unique_ptr<DataComm> data = make_mpi_data_comm(*world);

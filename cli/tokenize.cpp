@@ -1,9 +1,13 @@
 // llmt tokenize: text to ids (one output line per input line) or back, and a one-thread speed
 // measurement of encoding a file (scripts/bench_tokenizers.py runs it beside tiktoken and HF).
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -36,11 +40,18 @@ static std::string json_escape(const std::string& s) {
 // `llmt tokenize` reads stdin), `repeats` times each after one warm-up run; one JSON line.
 static void bench(const Tokenizer& tok, const std::string& path, const std::string& tok_path, double load_s,
                   int repeats) {
+  // A directory opens as a stream and reads as nothing: that would be measured as 0 bytes.
+  struct stat st;
+  LLMT_CHECK(::stat(path.c_str(), &st) == 0, "llmt tokenize --bench %s: %s", path.c_str(), std::strerror(errno));
+  LLMT_CHECK(!S_ISDIR(st.st_mode), "llmt tokenize --bench %s: is a directory; give a text file to encode", path.c_str());
   std::ifstream f(path, std::ios::binary);
   LLMT_CHECK(f.good(), "llmt tokenize --bench: cannot open %s", path.c_str());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string text = ss.str();
+  std::string text;
+  char buf[1 << 16];
+  while (f.read(buf, sizeof(buf)) || f.gcount() > 0) text.append(buf, (size_t)f.gcount());
+  LLMT_CHECK(!f.bad(), "llmt tokenize --bench %s: read error after %zu bytes: %s", path.c_str(), text.size(),
+             std::strerror(errno));
+  LLMT_CHECK(!text.empty(), "llmt tokenize --bench %s: the file is empty; there is nothing to measure", path.c_str());
   std::vector<std::string_view> lines;
   for (size_t pos = 0; pos < text.size();) {
     size_t e = text.find('\n', pos);

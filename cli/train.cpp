@@ -26,7 +26,7 @@ int cli_train(const std::vector<std::string>& args) {
   TrainArgs a = parse_train_args(flags);
   flags.finish();
   std::unique_ptr<ControlComm> world;
-  LaunchInfo launch = init_launch(nullptr, nullptr, &world);
+  LaunchInfo launch = init_launch(nullptr, nullptr, &world, "train", a.ddp_timeout);
   run_training(a, *world, launch);
   return 0;
 }

@@ -45,17 +45,29 @@ done
 [ $check_only -eq 1 ] || [ $# -gt 0 ] || die "no program given: scripts/launch.sh --hostfile H -- llmt train ..."
 
 # ---- the hostfile ----
-hosts=() host_slots=() host_lines=()
+# Read as Open MPI 4.1 reads it, and refused where it would refuse or misread it. mpirun gets the
+# normalised text (one 'host slots=N [max_slots=M]' line per node) whenever the file is not already
+# plain: Open MPI itself fails on a CRLF line end or a UTF-8 byte-order mark.
+hosts=() host_slots=() host_lines=() normal=""
+declare -A host_line=()  # lower-cased name -> its line: host names ignore case, as Open MPI's do
+needs_copy=0
+decimal() { [[ $2 =~ ^[0-9]{1,6}$ ]] || die "$where: $1=$2 is not a number of slots (decimal, at most 999999)"; }
 lineno=0
 while IFS= read -r raw || [ -n "$raw" ]; do
   lineno=$((lineno + 1))
-  raw=${raw%$'\r'}  # a hostfile saved with CRLF line ends (its \r is invisible in any message)
+  if [ $lineno -eq 1 ] && [ "${raw:0:3}" = $'\xef\xbb\xbf' ]; then raw=${raw:3}; needs_copy=1; fi  # a UTF-8 BOM
+  if [ "${raw%$'\r'}" != "$raw" ]; then raw=${raw%$'\r'}; needs_copy=1; fi  # CRLF (the \r is invisible in messages)
   line=${raw%%#*}
-  read -r -a words <<< "$line" || true
+  set -f; words=($line); set +f  # split on blanks, no globbing (a here-string per line costs a temporary file)
   [ ${#words[@]} -gt 0 ] || continue
   where="$hostfile line $lineno"
   host=${words[0]}
   [[ $host != *=* ]] || die "$where: '$raw' starts with '$host'; a line is 'host slots=N'"
+  if [[ $host == *:* ]]; then
+    die "$where: '$host' is an IPv6 address; Open MPI 4.1's hostfile takes host names and IPv4 addresses (give the node's name)"
+  fi
+  [[ $host =~ ^[A-Za-z0-9.-]+$ ]] ||
+    die "$where: host '$host' has a character Open MPI 4.1 refuses in a node name (letters, digits, '.' and '-' only)"
   slots="" max_slots=""
   for w in "${words[@]:1}"; do
     case "$w" in
@@ -67,7 +79,6 @@ while IFS= read -r raw || [ -n "$raw" ]; do
   done
   [ -n "$slots" ] || die "$where: $host has no slots=N (give the ranks per node, one per GPU)"
   # decimal, as Open MPI reads it (bash would take 010 for 8 and fail on 08); at most 6 digits
-  decimal() { [[ $2 =~ ^[0-9]{1,6}$ ]] || die "$where: $1=$2 is not a number of slots (decimal, at most 999999)"; }
   decimal slots "$slots"
   slots=$((10#$slots))
   [ "$slots" -gt 0 ] || die "$where: $host has zero slots"
@@ -76,10 +87,12 @@ while IFS= read -r raw || [ -n "$raw" ]; do
     max_slots=$((10#$max_slots))
     [ "$max_slots" -ge "$slots" ] || die "$where: max_slots=$max_slots is below slots=$slots"
   fi
-  for i in "${!hosts[@]}"; do
-    [ "${hosts[$i]}" != "$host" ] || die "$where: $host is already on line ${host_lines[$i]} (one line per node)"
-  done
+  key=${host,,}
+  [ -z "${host_line[$key]:-}" ] ||
+    die "$where: $host is already on line ${host_line[$key]} (one line per node; host names ignore case)"
+  host_line[$key]=$lineno
   hosts+=("$host") host_slots+=("$slots") host_lines+=("$lineno")
+  normal+="$host slots=$slots${max_slots:+ max_slots=$max_slots}"$'\n'
 done < "$hostfile"
 [ ${#hosts[@]} -gt 0 ] || die "$hostfile names no host"
 ppn=${host_slots[0]}
@@ -145,7 +158,18 @@ env_value() {  # the value a rank will see: the env file's, else this shell's
 # ---- the command ----
 cmd=("${MPIRUN:-mpirun}")
 [ "$(id -u)" -ne 0 ] || cmd+=(--allow-run-as-root)
-cmd+=(--hostfile "$hostfile" -np "$np" --map-by "ppr:$ppn:node" --bind-to "$bind")
+mpi_hostfile=$hostfile
+if [ $needs_copy -eq 1 ]; then
+  # The normalised copy, on a descriptor mpirun inherits: the file itself is gone before mpirun
+  # starts, so nothing is left behind after exec.
+  copy=$(mktemp "${TMPDIR:-/tmp}/llmt-hostfile.XXXXXX") || die "cannot write a normalised copy of $hostfile"
+  printf '%s' "$normal" > "$copy"
+  exec 9< "$copy"
+  rm -f "$copy"
+  mpi_hostfile=/dev/fd/9
+  echo "$prog: note: $hostfile has CRLF line ends or a byte-order mark, which Open MPI 4.1 cannot read; mpirun gets a normalised copy on $mpi_hostfile" >&2
+fi
+cmd+=(--hostfile "$mpi_hostfile" -np "$np" --map-by "ppr:$ppn:node" --bind-to "$bind")
 
 # NCCL_SOCKET_IFNAME in NCCL's syntax ('^' excludes, '=' means exact names, else prefixes) to Open MPI's
 # interface lists, which take exact names: prefixes expand over this node's interfaces.

@@ -256,6 +256,46 @@ const std::vector<TrainFlag>& train_flags() {
 #undef DATA_UNSET
 #undef IGNORED
 
+ConfigFields train_config_fields(const TrainArgs& a) {
+  auto d = [](double v) { return strformat("%.17g", v); };  // exact: 1e-3 and 0.001 are one value
+  auto b = [](bool v) { return std::string(v ? "True" : "False"); };
+  auto i = [](int64_t v) { return std::to_string(v); };
+  const DataArgs& x = a.data;
+  // Left out, because a rank may differ there without harm: --threads and
+  // --preprocessing_num_workers (its own cores), --cache_dir and --overwrite_cache (a node-local
+  // token cache); each rank's data is compared by its content after loading (Trainer::load_data).
+  return {
+      {"--device", a.device}, {"--ddp_backend", a.ddp_backend}, {"--ddp_timeout", d(a.ddp_timeout)},
+      {"--model_name_or_path", a.model_name_or_path}, {"--model_config", a.model_config},
+      {"--tokenizer_name_or_path", a.tokenizer_name_or_path}, {"--data_path", x.data_path},
+      {"--dataset_name", x.dataset_name}, {"--dataset_config_name", x.dataset_config_name},
+      {"--dataset_dir", x.dataset_dir}, {"--train_file", x.train_file}, {"--validation_file", x.validation_file},
+      {"--block_size", i(x.block_size)}, {"--model_max_length", i(x.model_max_length)},
+      {"--alpaca_instruction_field", x.instruction_field}, {"--alpaca_input_field", x.input_field},
+      {"--alpaca_output_field", x.output_field}, {"--validation_split_percentage", i(x.validation_split_percentage)},
+      {"--output_dir", a.output_dir}, {"--max_steps", i(a.max_steps)}, {"--num_train_epochs", d(a.num_train_epochs)},
+      {"--per_device_train_batch_size", i(a.per_device_train_batch_size)},
+      {"--per_device_eval_batch_size", i(a.per_device_eval_batch_size)},
+      {"--gradient_accumulation_steps", i(a.gradient_accumulation_steps)}, {"--learning_rate", d(a.learning_rate)},
+      {"--weight_decay", d(a.weight_decay)}, {"--adam_beta1", d(a.adam_beta1)}, {"--adam_beta2", d(a.adam_beta2)},
+      {"--adam_epsilon", d(a.adam_epsilon)}, {"--max_grad_norm", d(a.max_grad_norm)},
+      {"--lr_scheduler_type", a.lr_scheduler_type}, {"--lr_scheduler_kwargs", a.lr_scheduler_kwargs},
+      {"--optim", a.optim}, {"--warmup_ratio", d(a.warmup_ratio)}, {"--warmup_steps", i(a.warmup_steps)},
+      {"--logging_steps", i(a.logging_steps)}, {"--logging_strategy", a.logging_strategy},
+      {"--logging_first_step", b(a.logging_first_step)}, {"--throughput_warmup_steps", i(a.throughput_warmup_steps)},
+      {"--report_to tensorboard", b(a.report_tensorboard)}, {"--logging_dir", a.logging_dir}, {"--fsdp", a.fsdp},
+      {"--fsdp_transformer_layer_cls_to_wrap", a.fsdp_transformer_layer_cls_to_wrap},
+      {"--hybrid_shard_group_size", i(a.hybrid_shard_group_size)},
+      {"--gradient_checkpointing", b(a.gradient_checkpointing)}, {"--do_eval", b(a.do_eval)},
+      {"--evaluation_strategy", a.evaluation_strategy}, {"--eval_steps", i(a.eval_steps)},
+      {"--save_strategy", a.save_strategy}, {"--save_steps", i(a.save_steps)},
+      {"--save_total_limit", i(a.save_total_limit)}, {"--resume_from_checkpoint", a.resume_from_checkpoint},
+      {"--overwrite_output_dir", b(a.overwrite_output_dir)}, {"--save_only_model", b(a.save_only_model)},
+      {"--seed", std::to_string(a.seed)}, {"--bf16", b(a.bf16)}, {"--tf32", b(a.tf32)},
+      {"--mixed_precision_reduce", a.mixed_precision_reduce},
+  };
+}
+
 TrainArgs parse_train_args(Flags& f) {
   TrainArgs a;
   for (const TrainFlag& flag : train_flags()) flag.read(f, flag.name, a);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "engine/dist/agree.h"
 #include "engine/core/tensor.h"
 #include "train/flags.h"
 
@@ -71,6 +72,10 @@ struct TrainFlag {
   std::string (*show)(const TrainArgs& args);  // its value, to print the default (nullptr: none worth printing)
 };
 const std::vector<TrainFlag>& train_flags();
+
+// The resolved values every rank must share, for check_ranks_agree (engine/dist/agree.h): each
+// member of TrainArgs except the few a rank may set for itself (threads, tokenizing workers, cache).
+ConfigFields train_config_fields(const TrainArgs& args);
 
 // Reads every train flag from `flags` and checks the values (then flags.finish() rejects the rest).
 TrainArgs parse_train_args(Flags& flags);

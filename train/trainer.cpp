@@ -27,9 +27,11 @@
 #include "engine/backend/backend.h"
 #include "engine/ckpt/checkpoint.h"
 #include "engine/ckpt/train_state.h"
+#include "engine/core/crc32c.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 #include "engine/core/log.h"
+#include "engine/dist/agree.h"
 #include "engine/dist/mpi_communicator.h"
 #include "engine/dist/nccl_log.h"
 #include "engine/dist/watchdog.h"
@@ -243,8 +245,25 @@ void Trainer::prepare_output_dir() {
   world_.barrier();
 }
 
+// What one rank's dataset is, by content: ranks whose files differ under one path (a node-local copy)
+// would train on different data without a word.
+static std::string dataset_identity(const TokenDataset& d) {
+  if (d.empty()) return "none";
+  const int64_t n = d.size(), tokens = d.total_tokens();
+  uint32_t crc = crc32c(0, d.offsets_data(), (size_t)(n + 1) * sizeof(int64_t));
+  crc = crc32c(crc, d.ids_data(), (size_t)tokens * sizeof(int32_t));
+  if (!d.labels_are_ids()) crc = crc32c(crc, d.labels_data(), (size_t)tokens * sizeof(int32_t));
+  return strformat("%lld examples, %lld tokens, CRC-32C %08x", (long long)n, (long long)tokens, crc);
+}
+
 void Trainer::build_model() {
   cfg_ = resolve_model_config(!a_.model_name_or_path.empty() ? a_.model_name_or_path : a_.model_config);
+  {  // the same flags may still name different files on different nodes
+    ConfigFields model;
+    const nlohmann::json hf = config_to_hf_json(cfg_);
+    for (auto it = hf.begin(); it != hf.end(); ++it) model.emplace_back("config.json " + it.key(), it.value().dump());
+    check_ranks_agree(world_, "model configuration", model);
+  }
   if (!a_.fsdp_transformer_layer_cls_to_wrap.empty()) {
     const char* want = cfg_.arch == Arch::gpt2 ? "GPT2Block" : "LlamaDecoderLayer";
     LLMT_CHECK(a_.fsdp_transformer_layer_cls_to_wrap == want, "--fsdp_transformer_layer_cls_to_wrap %s: a %s model's "
@@ -369,12 +388,17 @@ void Trainer::load_data() {
                da.model_max_length, cfg_.max_seq_len);
     da.model_max_length = cfg_.max_seq_len;
   }
+  test_stop_point("data", world_.rank());
   train_ = load_train_dataset(da, *tok_, world_.rank(), W_);
   if (a_.do_eval || a_.evaluation_strategy != "no") {
     eval_ = load_eval_dataset(da, *tok_, world_.rank(), W_);
     LLMT_CHECK(!eval_.empty(), "--do_eval / --evaluation_strategy: there is no evaluation data (--validation_file, or "
                                "a dataset with a validation split)");
   }
+  check_ranks_agree(world_, "data",
+                    {{"tokenizer", strformat("%s, %d ids", tok_->kind().c_str(), tok_->vocab_size())},
+                     {"train data", dataset_identity(train_)},
+                     {"evaluation data", dataset_identity(eval_)}});
   pad_id_ = default_pad_id(*tok_);
   B_ = a_.per_device_train_batch_size;
   T_ = (int)std::min<int64_t>(train_.max_length(), cfg_.max_seq_len);
@@ -441,6 +465,7 @@ void Trainer::load_parameters() {
     LLMT_CHECK(world_.rank() / launch_.local_size == launch_.node,
                "hybrid_shard shards within a node, so each node's ranks must be consecutive (mpirun's default "
                "--map-by slot, or ppr:N:node); rank %d sits on node %d", world_.rank(), launch_.node);
+  test_stop_point("store", world_.rank());
   store_ = std::make_unique<FsdpStore>(*be_, L, strategy_, *data_, local_size_, reduce_dtype_);
   std::unique_ptr<SafetensorsCheckpoint> ckpt;
   if (!a_.model_name_or_path.empty()) {
@@ -843,7 +868,19 @@ void install_stop_handlers() {
 }
 
 void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch) {
-  // Watches every collective from here on: a dead or stopped rank ends the job in --ddp_timeout.
+  // init_launch started the watchdog before MPI_Init (a caller that did not gets one here): a dead or
+  // stopped rank ends the job in --ddp_timeout.
+  const bool own_watchdog = !watchdog_running();
+  if (own_watchdog) watchdog_start(a.ddp_timeout, world.rank());
+  struct StopWatchdog {
+    bool own;
+    ~StopWatchdog() {
+      watchdog_clear_peers();  // a finished run leaves no progress records
+      if (own) watchdog_stop();
+    }
+  } stop_watchdog{own_watchdog};  // after the Trainer and its communicators are gone
+  // Every rank must run the same job: a flag that differs would hang, abort inside MPI or train wrong.
+  check_ranks_agree(world, "train configuration", train_config_fields(a));
   // Progress records go under the output directory, which every node shares; the run id (rank 0's
   // clock and pid) tells this run's records from a crashed earlier run's.
   // Each run has a folder of its own, so a second run refused by the output_dir lock never touches
@@ -859,10 +896,7 @@ void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& laun
   ::mkdir(a.output_dir.c_str(), 0755);  // the trainer reports a bad output_dir itself; then there are no records
   ::mkdir(records.c_str(), 0755);
   if (::mkdir(peers.dir.c_str(), 0755) != 0 && errno != EEXIST) peers.dir.clear();
-  watchdog_start(a.ddp_timeout, world.rank(), peers);
-  struct StopWatchdog {
-    ~StopWatchdog() { watchdog_stop(); }
-  } stop_watchdog;  // after the Trainer and its communicators are gone
+  watchdog_set_peers(peers);
   Trainer t(a, world, launch);
   t.run();
 }

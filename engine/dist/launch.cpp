@@ -12,7 +12,9 @@
 #include "engine/core/crash.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
+#include "engine/dist/agree.h"
 #include "engine/dist/mpi_communicator.h"
+#include "engine/dist/watchdog.h"
 
 namespace llmt {
 
@@ -33,35 +35,64 @@ int launcher_rank_from_env() {
   return -1;
 }
 
-LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<ControlComm>* world) {
+// MPI's calls here, each watched: a rank stopped or dead before it arrives ends the job in timeout_s.
+static void watched(const char* what, int rc) {
+  if (rc != MPI_SUCCESS) fail("MPI %s failed during start-up (error %d)", what, rc);
+}
+
+LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<ControlComm>* world, const std::string& command,
+                       double timeout_s) {
   LaunchInfo info;
   if (!g_initialized) {
+    // The watchdog first: MPI_Init itself waits for every rank (the launcher's rendezvous).
+    if (!watchdog_running()) watchdog_start(timeout_s, std::max(0, launcher_rank_from_env()));
+    test_stop_point("init", launcher_rank_from_env());
     int provided = 0;
-    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    {
+      WatchScope watch("MPI_Init (every rank meets the launcher)");
+      watched("init", MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    }
     // Errors come back as return codes, so they can be reported with context.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     g_initialized = true;
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &info.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &info.world);
+  watchdog_set_rank(info.rank);
 
   // ranks sharing this node's memory
   MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &local);
+  {
+    WatchScope watch(strformat("comm_split_type (the ranks of each node) over %d ranks (mpi)", info.world));
+    watched("comm_split_type", MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &local));
+  }
   MPI_Comm_rank(local, &info.local_rank);
   MPI_Comm_size(local, &info.local_size);
   // nodes: the local rank 0s, numbered in rank order
   MPI_Comm leaders;
-  MPI_Comm_split(MPI_COMM_WORLD, info.local_rank == 0 ? 0 : MPI_UNDEFINED, info.rank, &leaders);
+  {
+    WatchScope watch(strformat("comm_split (one rank per node) over %d ranks (mpi)", info.world));
+    watched("comm_split", MPI_Comm_split(MPI_COMM_WORLD, info.local_rank == 0 ? 0 : MPI_UNDEFINED, info.rank, &leaders));
+  }
   int node = 0, num_nodes = 0;
   if (leaders != MPI_COMM_NULL) {
     MPI_Comm_rank(leaders, &node);
     MPI_Comm_size(leaders, &num_nodes);
+    WatchScope watch("comm_free of the node leaders' communicator (mpi)");
     MPI_Comm_free(&leaders);
   }
-  MPI_Bcast(&node, 1, MPI_INT, 0, local);
-  MPI_Comm_free(&local);
-  MPI_Allreduce(MPI_IN_PLACE, &num_nodes, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  {
+    WatchScope watch(strformat("broadcast of the node number over %d ranks of a node (mpi)", info.local_size));
+    watched("broadcast", MPI_Bcast(&node, 1, MPI_INT, 0, local));
+  }
+  {
+    WatchScope watch("comm_free of a node's communicator (mpi)");
+    MPI_Comm_free(&local);
+  }
+  {
+    WatchScope watch(strformat("all_reduce of the node count over %d ranks (mpi)", info.world));
+    watched("all_reduce", MPI_Allreduce(MPI_IN_PLACE, &num_nodes, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  }
   info.node = node;
   info.num_nodes = num_nodes;
 
@@ -86,7 +117,10 @@ LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<ControlComm>* wo
   }
   log_set_rank(info.rank, info.world);
   crash_report_set_rank(info.rank, info.world);
-  if (world) *world = make_mpi_world_control();
+  std::unique_ptr<ControlComm> control = make_mpi_world_control();
+  // the first collective every subcommand issues alike: the rest would not match across commands
+  check_ranks_agree(*control, "command", {{"command", command.empty() ? "(a test program)" : "llmt " + command}});
+  if (world) *world = std::move(control);
   return info;
 }
 
@@ -107,7 +141,11 @@ void finalize_launch() {
   if (!g_initialized) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (!finalized) {
+    WatchScope watch("MPI_Finalize (every rank takes part)");
+    MPI_Finalize();
+  }
+  watchdog_stop();
 }
 
 void abort_job(int code) {

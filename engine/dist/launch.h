@@ -20,14 +20,20 @@ struct LaunchInfo {
 
 // Initialises MPI (once); returns the layout and the world's control communicator. Throws on an
 // inconsistent layout (e.g. the launcher's local rank disagrees with MPI's).
-LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<ControlComm>* world);
+// The collective watchdog starts first, before MPI_Init, with `timeout_s` (--ddp_timeout), so a rank
+// that never arrives ends the job from MPI's own start-up on; finalize_launch stops it. Then the
+// ranks check that they all run the same `command` (the subcommand): ranks running different ones
+// would otherwise wait forever in collectives that never match.
+constexpr double kDefaultCollectiveTimeout = 1800;  // seconds: the Hugging Face Trainer's ddp_timeout
+LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<ControlComm>* world, const std::string& command = "",
+                       double timeout_s = kDefaultCollectiveTimeout);
 // CPU threads a rank should use by default: the cores this process may run on (the launcher's
 // binding: Open MPI binds each of 1-2 ranks to one core), and at most the node's cores shared
 // evenly among its ranks.
 int default_threads_per_rank(const LaunchInfo& info);
 // A one-line description of the layout for rank 0 to print.
 std::string describe_layout(const LaunchInfo& info, const std::string& device);
-// Ends MPI cleanly (every rank).
+// Ends MPI cleanly (every rank; MPI_Finalize is watched), then stops the watchdog.
 void finalize_launch();
 // Ends the whole job from one failing rank: every rank exits non-zero promptly.
 [[noreturn]] void abort_job(int code);

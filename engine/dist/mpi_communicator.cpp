@@ -109,7 +109,10 @@ class MpiDataComm : public DataComm {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
-  ~MpiDataComm() override { MPI_Comm_free(&comm_); }
+  ~MpiDataComm() override {
+    WatchScope watch(strformat("comm_free over %d ranks (mpi)", size_));
+    MPI_Comm_free(&comm_);
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
@@ -148,6 +151,7 @@ class MpiDataComm : public DataComm {
 
   std::unique_ptr<DataComm> split(int color, int key) override {
     MPI_Comm sub;
+    WatchScope watch(strformat("comm_split over %d ranks (mpi)", size_));
     check(MPI_Comm_split(comm_, color, key, &sub), "comm_split");
     return std::make_unique<MpiDataComm>(sub);
   }
@@ -164,7 +168,9 @@ class MpiControlComm : public ControlComm {
     MPI_Comm_size(comm_, &size_);
   }
   ~MpiControlComm() override {
-    if (owned_) MPI_Comm_free(&comm_);
+    if (!owned_) return;
+    WatchScope watch(strformat("comm_free over %d ranks (mpi control)", size_));
+    MPI_Comm_free(&comm_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -190,6 +196,7 @@ class MpiControlComm : public ControlComm {
   }
   std::unique_ptr<ControlComm> split(int color, int key) override {
     MPI_Comm sub;
+    WatchScope watch(strformat("comm_split over %d ranks (mpi control)", size_));
     check(MPI_Comm_split(comm_, color, key, &sub), "comm_split");
     return std::make_unique<MpiControlComm>(sub, true);
   }
@@ -211,7 +218,10 @@ std::unique_ptr<DataComm> make_mpi_data_comm(ControlComm& control) {
   void* h = control.native_handle();
   LLMT_CHECK(h, "an MPI data communicator needs an MPI control communicator");
   MPI_Comm dup;
-  check(MPI_Comm_dup(*(MPI_Comm*)h, &dup), "comm_dup");
+  {
+    WatchScope watch(strformat("comm_dup over %d ranks (mpi)", control.size()));
+    check(MPI_Comm_dup(*(MPI_Comm*)h, &dup), "comm_dup");
+  }
   return std::make_unique<MpiDataComm>(dup);
 }
 

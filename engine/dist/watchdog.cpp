@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -59,26 +61,56 @@ Watchdog::Watchdog(double timeout_s, int rank, FailFn on_fail, double poll_s, Pe
       peers_(std::move(peers)),
       on_fail_(std::move(on_fail)) {
   LLMT_CHECK(timeout_s > 0, "--ddp_timeout must be positive, got %g", timeout_s);
-  if (!peers_.dir.empty()) write_record(0, -1);  // "began nothing yet", before any collective
+  if (!peers_.dir.empty()) {  // "began nothing yet", before any collective
+    write_record(peers_, rank_, 0, -1);
+    recorded_seq_ = 0;
+    recorded_at_ = std::chrono::steady_clock::now();
+  }
   thread_ = std::thread([this] { run(); });
 }
 
+void Watchdog::set_rank(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rank_ = rank;
+}
+
+void Watchdog::set_peers(PeerRecords peers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  peers_ = std::move(peers);
+  // what this rank began so far: every rank issued the same collectives up to here
+  if (!peers_.dir.empty()) {
+    write_record(peers_, rank_, seq_, step_);
+    recorded_seq_ = seq_;
+    recorded_at_ = std::chrono::steady_clock::now();
+  }
+}
+
+void Watchdog::clear_peers() {
+  std::unique_lock<std::mutex> lock(mu_);
+  written_.wait(lock, [this] { return !writing_; });  // no record is rewritten after it is removed
+  if (peers_.dir.empty()) return;
+  // the last rank out removes the run's folder, and .llmt-progress when it is empty
+  std::remove(peer_record_path(peers_.dir, rank_).c_str());
+  ::rmdir(peers_.dir.c_str());
+  const size_t slash = peers_.dir.rfind('/');
+  if (slash != std::string::npos) ::rmdir(peers_.dir.substr(0, slash).c_str());
+  peers_ = PeerRecords{};
+}
+
 // Written whole to a temporary and renamed, so a reader never sees half a record.
-void Watchdog::write_record(uint64_t seq, int64_t step) {
-  recorded_seq_ = seq;
-  recorded_at_ = std::chrono::steady_clock::now();
-  const std::string path = peer_record_path(peers_.dir, rank_), tmp = path + ".tmp";
+void Watchdog::write_record(const PeerRecords& peers, int rank, uint64_t seq, int64_t step) {
+  const std::string path = peer_record_path(peers.dir, rank), tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) return;  // the message will say the record is missing; nothing else depends on it
   std::fprintf(f, "llmt-progress run=%s rank=%d host=%s pid=%lld seq=%llu step=%lld time=%.3f\n",
-               peers_.run_id.c_str(), rank_, peers_.host.c_str(), (long long)getpid(), (unsigned long long)seq,
+               peers.run_id.c_str(), rank, peers.host.c_str(), (long long)getpid(), (unsigned long long)seq,
                (long long)step, unix_seconds());
   const bool ok = std::fclose(f) == 0;
   if (ok) std::rename(tmp.c_str(), path.c_str());
 }
 
 // The ranks whose records show they never began collective #seq, for the timeout message.
-std::string Watchdog::who_did_not_arrive(uint64_t seq) {
+std::string Watchdog::who_did_not_arrive(const PeerRecords& peers_, int rank_, uint64_t seq, bool paused) {
   std::vector<std::string> behind;
   std::vector<int> missing;
   const double now = unix_seconds();
@@ -119,7 +151,7 @@ std::string Watchdog::who_did_not_arrive(uint64_t seq) {
                      "file system every node shares?)",
                      missing.size() == 1 ? "" : "s", list(ranks).c_str(), peers_.dir.c_str());
   }
-  if (behind.empty() && missing.empty())
+  if (behind.empty() && missing.empty() && !paused)
     out += strformat("; every rank began it (records under %s): the collective itself is stuck (network, NCCL)",
                      peers_.dir.c_str());
   return out;
@@ -132,12 +164,7 @@ Watchdog::~Watchdog() {
   }
   cv_.notify_all();
   thread_.join();
-  if (!peers_.dir.empty()) {  // a finished run leaves no records behind (the last rank out removes the folder)
-    std::remove(peer_record_path(peers_.dir, rank_).c_str());
-    ::rmdir(peers_.dir.c_str());
-    const size_t slash = peers_.dir.rfind('/');
-    if (slash != std::string::npos) ::rmdir(peers_.dir.substr(0, slash).c_str());  // .llmt-progress, when empty
-  }
+  clear_peers();  // a finished run leaves no records behind
 }
 
 uint64_t Watchdog::begin(const std::string& what, std::function<bool()> done) {
@@ -176,9 +203,20 @@ size_t Watchdog::in_flight() {
 
 void Watchdog::run() {
   std::unique_lock<std::mutex> lock(mu_);
+  // A gap this long between two polls means the process was not running (SIGSTOP, a frozen node or
+  // VM): a loaded machine delays a wake-up by milliseconds, not seconds.
+  const double pause_gap_s = std::max(1.0, 5 * poll_s_);
+  auto last_wake = std::chrono::steady_clock::now();
   while (!stop_ && !failed_) {
     cv_.wait_for(lock, std::chrono::duration<double>(poll_s_), [this] { return stop_; });
     if (stop_) break;
+    const auto woke = std::chrono::steady_clock::now();
+    const double gap = std::chrono::duration<double>(woke - last_wake).count();
+    last_wake = woke;
+    if (gap > pause_gap_s) {
+      paused_s_ = gap - poll_s_;
+      resumed_at_ = woke;
+    }
     std::string reason;
     // Probes and done() run under the lock: begin/end wait a poll's work at most, and an entry's
     // done() never runs after end() removed it.
@@ -188,6 +226,7 @@ void Watchdog::run() {
     }
     const auto now = std::chrono::steady_clock::now();
     uint64_t stuck_seq = 0;
+    std::string pause_note;
     for (auto it = entries_.begin(); reason.empty() && it != entries_.end();) {
       Entry& e = it->second;
       if (e.done && e.done()) {
@@ -202,6 +241,13 @@ void Watchdog::run() {
                            e.step < 0 ? "before the first step" : strformat("step %lld", (long long)e.step).c_str(),
                            timeout_s_);
         stuck_seq = e.seq;
+        // Stopped while it waited, or shortly before it began (the peers gave up meanwhile): the
+        // timeout is this rank's own doing, whatever the records say.
+        if (paused_s_ > 0 && resumed_at_ + std::chrono::duration<double>(timeout_s_) >= e.start)
+          pause_note = strformat("; this rank itself was not running for %.0f s until %.0f s ago (stopped with "
+                                 "SIGSTOP, or its node or VM froze): the other ranks have likely timed out waiting "
+                                 "for it and ended",
+                                 paused_s_, std::chrono::duration<double>(now - resumed_at_).count());
       }
       ++it;
     }
@@ -210,16 +256,26 @@ void Watchdog::run() {
           std::chrono::duration<double>(now - recorded_at_).count() >= record_every_s_) {
         const uint64_t seq = seq_;
         const int64_t step = step_;
+        const PeerRecords peers = peers_;
+        const int rank = rank_;
+        recorded_seq_ = seq;
+        recorded_at_ = now;
+        writing_ = true;
         lock.unlock();  // file I/O must not hold up begin() and end()
-        write_record(seq, step);
+        write_record(peers, rank, seq, step);
         lock.lock();
+        writing_ = false;
+        written_.notify_all();
       }
       continue;
     }
     failed_ = true;
+    const PeerRecords peers = peers_;
+    const int rank = rank_;
     lock.unlock();
-    if (stuck_seq && !peers_.dir.empty()) reason += who_did_not_arrive(stuck_seq);
-    on_fail_(strformat("rank %d: %s", rank_, reason.c_str()));
+    if (stuck_seq && !peers.dir.empty()) reason += who_did_not_arrive(peers, rank, stuck_seq, !pause_note.empty());
+    reason += pause_note;
+    on_fail_(strformat("rank %d: %s", rank, reason.c_str()));
     return;
   }
 }
@@ -259,6 +315,18 @@ void watchdog_start(double timeout_s, int rank, PeerRecords peers) {
   g_watchdog = std::make_unique<Watchdog>(timeout_s, rank, fail_process, 0, std::move(peers));
 }
 
+void watchdog_set_rank(int rank) {
+  if (Watchdog* w = current()) w->set_rank(rank);
+}
+
+void watchdog_set_peers(PeerRecords peers) {
+  if (Watchdog* w = current()) w->set_peers(std::move(peers));
+}
+
+void watchdog_clear_peers() {
+  if (Watchdog* w = current()) w->clear_peers();
+}
+
 void watchdog_stop() {
   std::unique_ptr<Watchdog> w;
   {
@@ -289,6 +357,16 @@ void watchdog_remove_error_probe(uint64_t id) {
 
 void watchdog_set_step(int64_t step) {
   if (Watchdog* w = current()) w->set_step(step);
+}
+
+void test_stop_point(const char* where, int rank) {
+  const char* spec = std::getenv("LLMT_TEST_STOP");
+  if (!spec) return;
+  const char* colon = std::strchr(spec, ':');
+  if (!colon || std::atoi(spec) != rank || std::strcmp(colon + 1, where) != 0) return;
+  std::fprintf(stderr, "rank %d: LLMT_TEST_STOP: stopping itself at %s (pid %lld)\n", rank, where, (long long)getpid());
+  std::fflush(stderr);
+  ::raise(SIGSTOP);
 }
 
 uint64_t watchdog_add_abort_hook(std::function<void()> hook) {

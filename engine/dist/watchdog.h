@@ -9,8 +9,16 @@
 // sees a rank exit without MPI_Finalize and ends the others, and their own watchdogs do the same if
 // they are stuck too, so every rank exits non-zero in about one timeout.
 //
-// The process-wide watchdog is started by the trainer (watchdog_start); without one, watchdog_begin
-// and the rest do nothing, so tools and tests that never start it pay nothing.
+// The process-wide watchdog is started by init_launch before MPI_Init (watchdog_start), so MPI's own
+// start-up, communicator creation and everything after are watched, and stopped by finalize_launch
+// after MPI_Finalize; without one, watchdog_begin and the rest do nothing, so tools and tests that
+// never start it pay nothing. The trainer adds the progress records below once it knows its output
+// directory (watchdog_set_peers), and removes them when the run is over (watchdog_clear_peers).
+//
+// A rank that was itself stopped (SIGSTOP, a frozen node or VM) sees its in-flight collective run
+// past the timeout the moment it resumes, with every peer's record at or past it: the watchdog's
+// thread notices the gap in its own polling, and the message says this rank was not running, not that
+// the collective is stuck.
 //
 // Which ranks did not arrive: a rank cannot ask a stopped peer anything, so each rank leaves a
 // record of its progress where the others can read it: one small file per rank under
@@ -60,6 +68,9 @@ class Watchdog {
   // abort hooks and exits. Tests pass their own.
   using FailFn = std::function<void(const std::string& message)>;
   Watchdog(double timeout_s, int rank, FailFn on_fail, double poll_s = 0, PeerRecords peers = {});
+  void set_rank(int rank);             // once MPI knows it (the watchdog starts before MPI_Init)
+  void set_peers(PeerRecords peers);   // start keeping this rank's progress record
+  void clear_peers();                  // remove it (a finished run leaves no records)
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -84,14 +95,19 @@ class Watchdog {
     std::function<bool()> done;
   };
   void run();
-  void write_record(uint64_t seq, int64_t step);
-  std::string who_did_not_arrive(uint64_t seq);
+  void write_record(const PeerRecords& peers, int rank, uint64_t seq, int64_t step);
+  std::string who_did_not_arrive(const PeerRecords& peers, int rank, uint64_t seq, bool paused);
 
   const double timeout_s_, poll_s_, record_every_s_;
-  const int rank_;
-  const PeerRecords peers_;
-  uint64_t recorded_seq_ = ~0ull;  // what our record last said (only the watchdog's thread uses it)
+  int rank_;           // guarded by mu_, as peers_ is
+  PeerRecords peers_;
+  // the longest gap in the thread's own polling that shows this process was not running, and when it ended
+  double paused_s_ = 0;
+  std::chrono::steady_clock::time_point resumed_at_;
+  uint64_t recorded_seq_ = ~0ull;  // what our record last said
   std::chrono::steady_clock::time_point recorded_at_;
+  bool writing_ = false;  // the thread is writing a record with mu_ released
+  std::condition_variable written_;
   FailFn on_fail_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -104,7 +120,10 @@ class Watchdog {
 };
 
 // ---- the process-wide watchdog ----
-void watchdog_start(double timeout_s, int rank, PeerRecords peers = {});  // once, after MPI is up
+void watchdog_start(double timeout_s, int rank, PeerRecords peers = {});  // once (init_launch, before MPI_Init)
+void watchdog_set_rank(int rank);
+void watchdog_set_peers(PeerRecords peers);
+void watchdog_clear_peers();
 void watchdog_stop();
 bool watchdog_running();
 uint64_t watchdog_begin(const std::string& what, std::function<bool()> done = nullptr);  // 0 when none runs
@@ -115,6 +134,11 @@ void watchdog_set_step(int64_t step);
 // Run before the process exits on a failure (each communicator adds its abort); the id removes it.
 uint64_t watchdog_add_abort_hook(std::function<void()> hook);
 void watchdog_remove_abort_hook(uint64_t id);
+
+// For the tests: LLMT_TEST_STOP=RANK:WHERE makes that rank stop itself (SIGSTOP, as a hung node would)
+// when it reaches the point named WHERE ("init": before MPI_Init; "data": before tokenizing; "store":
+// before the FSDP store splits its communicators).
+void test_stop_point(const char* where, int rank);
 
 // Registers a blocking collective for the scope it lives in.
 class WatchScope {

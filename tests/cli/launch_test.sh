@@ -112,6 +112,28 @@ expect_error "unknown word" "token line 1: 'cpus=4' is not understood" -- run ba
 # on 08 with an octal error), repeated keys an error, absurd counts refused, each naming the line
 printf 'n1 slots=2\r\nn2 slots=2\r\n' > crlf
 expect "CRLF hostfile" "crlf: 2 host(s) x 2 slots = 4 ranks" -- run bash "$launch" --hostfile crlf --check
+# what Open MPI 4.1 refuses or misreads is refused here, naming the line; host names ignore case (Open MPI
+# calls n1 and N1 one node given twice); a byte-order mark is dropped (and mpirun gets the clean copy, part 5)
+printf 'n1 slots=2\n::1 slots=2\n' > ipv6
+expect_error "IPv6 address" "ipv6 line 2: '::1' is an IPv6 address" -- run bash "$launch" --hostfile ipv6 --check
+printf 'n_1 slots=2\n' > underscore
+expect_error "underscore in a host name" "underscore line 1: host 'n_1' has a character Open MPI 4.1 refuses" \
+  -- run bash "$launch" --hostfile underscore --check
+printf 'n1 slots=2\nn2 slots=2\nN1 slots=2\n' > case
+expect_error "host names ignore case" "case line 3: N1 is already on line 1" -- run bash "$launch" --hostfile case --check
+printf '\xef\xbb\xbfn1 slots=2\r\nn2 slots=2\r\n' > bom
+expect "UTF-8 BOM and CRLF" "bom: 2 host(s) x 2 slots = 4 ranks" -- run bash "$launch" --hostfile bom --check
+expect "a normalised copy goes to mpirun" \
+  "mpirun$root --hostfile /dev/fd/9 -np 4 --map-by ppr:2:node --bind-to numa -x LLMT_FROM=home -x PATH llmt" \
+  -- run bash "$launch" --hostfile bom --dry-run -- llmt
+grep -q "bom has CRLF line ends or a byte-order mark" "$work/stderr" ||
+  { echo "FAIL the normalised-copy note is missing"; failures=$((failures + 1)); }
+# the duplicate check is linear: 5000 hosts took minutes when each line was compared with every other
+for i in $(seq 5000); do echo "node$i slots=8"; done > many
+start=$(date +%s)
+expect "5000 hosts" "many: 5000 host(s) x 8 slots = 40000 ranks" -- run bash "$launch" --hostfile many --check
+took=$(( $(date +%s) - start ))
+[ $took -le 15 ] || { echo "FAIL 5000 hosts took ${took}s"; failures=$((failures + 1)); }
 printf 'n1 slots=08\nn2 slots=8\n' > octal8
 expect "slots=08 is eight" "octal8: 2 host(s) x 8 slots = 16 ranks" -- run bash "$launch" --hostfile octal8 --check
 printf 'n1 slots=010\n' > octal10
@@ -140,6 +162,15 @@ if [ "$(echo "$out" | grep -c ': reached me$')" -eq 2 ]; then
   echo "ok   real launch: both ranks see LLMT_PROBE"
 else
   echo "FAIL real launch"; echo "$out" | sed 's/^/  /'; failures=$((failures + 1))
+fi
+# a hostfile with a byte-order mark and CRLF line ends, which mpirun alone refuses ("parse error")
+printf '\xef\xbb\xbflocalhost slots=2\r\n' > local-bom
+out=$(run OMPI_MCA_mpi_yield_when_idle=1 bash "$launch" --hostfile local-bom -- \
+      bash -c 'echo "rank $OMPI_COMM_WORLD_RANK up"' 2>&1)
+if [ "$(echo "$out" | grep -c '^rank [01] up$')" -eq 2 ]; then
+  echo "ok   real launch from a BOM + CRLF hostfile"
+else
+  echo "FAIL real launch from a BOM + CRLF hostfile"; echo "$out" | sed 's/^/  /'; failures=$((failures + 1))
 fi
 if [ -n "$llmt" ]; then
   out=$(run OMPI_MCA_mpi_yield_when_idle=1 bash "$launch" --hostfile local -- "$llmt" netcheck --write-env "$work/out.env" 2>&1)

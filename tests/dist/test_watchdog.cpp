@@ -10,11 +10,14 @@
 #include <string>
 #include <thread>
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -261,6 +264,75 @@ TEST(WatchdogRecords, ARecordSaysWhatTheRankBeganAndAFinishedRunRemovesIt) {
   struct stat st;
   EXPECT_NE(stat(peer_record_path(dir, 3).c_str(), &st), 0) << "the record outlived its run";
   EXPECT_NE(stat(dir.c_str(), &st), 0) << "the empty records folder was left behind";
+}
+
+TEST(WatchdogRecords, RecordsAddedAfterTheStartSayWhatWasBegunAndGoWhenCleared) {
+  // init_launch starts the watchdog before MPI_Init; the trainer adds the records later
+  llmt_test::TempDir tmp("watchdog");
+  const std::string& dir = tmp.path;
+  Failures f;
+  Watchdog w(0.4, -1, f.fn(), 0.01);
+  w.set_rank(2);
+  run_collectives(w, 6);
+  w.set_peers(records(dir, 4));
+  std::ifstream in(peer_record_path(dir, 2));
+  std::stringstream text;
+  text << in.rdbuf();
+  PeerRecord r;
+  ASSERT_TRUE(parse_peer_record(text.str(), &r)) << text.str();
+  EXPECT_EQ(r.seq, 6u);
+  w.clear_peers();
+  struct stat st;
+  EXPECT_NE(stat(peer_record_path(dir, 2).c_str(), &st), 0) << "clear_peers left the record";
+  EXPECT_NE(stat(dir.c_str(), &st), 0) << "clear_peers left the empty folder";
+}
+
+// A rank stopped (SIGSTOP) while in a collective finds it past the timeout the moment it resumes, and
+// every peer's record at or past it: it must say it was stopped, not that the collective is stuck.
+TEST(WatchdogRecords, AResumedRankSaysItWasStoppedNotThatTheCollectiveIsStuck) {
+  llmt_test::TempDir tmp("watchdog");
+  const std::string dir = tmp.path;
+  // rank 0 began #5 too (its record, as the stopped rank finds it on resuming)
+  {
+    FILE* f = std::fopen(peer_record_path(dir, 0).c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "llmt-progress run=run7 rank=0 host=a pid=1 seq=5 step=3 time=%.3f\n", (double)std::time(nullptr));
+    std::fclose(f);
+  }
+  int ready[2], report[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(report), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // rank 1, in a process of its own that the test can stop
+    Watchdog w(1.0, 1,
+               [&](const std::string& m) {
+                 (void)!write(report[1], m.data(), m.size());
+                 _exit(0);
+               },
+               0.05, records(dir, 2));
+    w.set_step(3);
+    run_collectives(w, 4);
+    w.begin("all_gather of 64 f32 over 2 ranks (mpi)");  // #5
+    (void)!write(ready[1], "r", 1);
+    for (;;) pause();
+  }
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  kill(child, SIGSTOP);
+  sleep_s(2.5);  // longer than the timeout: the peers would have given up
+  kill(child, SIGCONT);
+  std::string m;
+  char buf[4096];
+  for (ssize_t n; (n = read(report[0], buf, sizeof(buf))) > 0;) {
+    m.append(buf, (size_t)n);
+    break;  // one write holds the whole message
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_NE(m.find("collective #5, step 3) did not finish within 1 s"), std::string::npos) << m;
+  EXPECT_NE(m.find("this rank itself was not running for "), std::string::npos) << m;
+  EXPECT_EQ(m.find("every rank began it"), std::string::npos) << m;
 }
 
 TEST(WatchdogRecords, ParserRejectsWhatItCannotTrust) {
