@@ -113,6 +113,10 @@ T get_required(const nlohmann::json& j, const char* key, const std::string& sour
   } else if constexpr (std::is_floating_point_v<T>) {
     LLMT_CHECK(v.is_number() && std::isfinite(v.get<double>()), "%s: \"%s\" must be a finite number, got %s",
                source.c_str(), key, held.c_str());
+    // a float field holds what a float can (a rope factor of 1e300 became inf)
+    LLMT_CHECK(std::fabs(v.get<double>()) <= (double)std::numeric_limits<T>::max(),
+               "%s: \"%s\" is %s, beyond the range of a %s", source.c_str(), key, held.c_str(),
+               sizeof(T) == 4 ? "float" : "double");
     return (T)v.get<double>();
   } else {
     LLMT_CHECK(v.is_string(), "%s: \"%s\" must be a string, got %s", source.c_str(), key, held.c_str());
@@ -186,6 +190,10 @@ void validate_config(const ModelConfig& c, const std::string& source) {
   LLMT_CHECK(c.arch == Arch::gpt2 || c.head_size() % 2 == 0, "%s: RoPE needs an even head size, got %d",
              source.c_str(), c.head_size());
   LLMT_CHECK(c.norm_eps > 0.0f, "%s: the norm epsilon must be positive", source.c_str());
+  // theta^(-2i/hs): 0 gives inf and a negative theta NaN, at the first step, where it looked like the
+  // learning rate's fault
+  LLMT_CHECK(c.arch == Arch::gpt2 || (std::isfinite(c.rope_theta) && c.rope_theta > 0.0f),
+             "%s: rope_theta must be a positive number, got %g", source.c_str(), c.rope_theta);
   for (float p : {c.embd_pdrop, c.attn_pdrop, c.resid_pdrop})
     LLMT_CHECK(p >= 0.0f && p < 1.0f, "%s: a dropout probability must lie in [0, 1), got %g", source.c_str(), p);
   LLMT_CHECK(c.arch == Arch::gpt2 || (c.embd_pdrop == 0.0f && c.resid_pdrop == 0.0f),
@@ -263,12 +271,29 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     c.d_ff = get_required<int>(j, "intermediate_size", source);
     c.norm_eps = get_optional<float>(j, "rms_norm_eps", 1e-6f, source);
     c.rope_theta = get_optional<float>(j, "rope_theta", 10000.0f, source);
-    // transformers 4 writes rope_scaling ({"rope_type" or "type": ...} or null) beside rope_theta;
-    // transformers 5 writes rope_parameters, which holds rope_theta too
+    // transformers 4 reads rope_scaling ({"rope_type" or "type": ...} or null) beside rope_theta;
+    // transformers 5 reads rope_parameters, which holds rope_theta too. A file with both (llmt's own
+    // exports) is read both ways, and the two must agree: each is checked, and none is ignored.
     const bool v5 = j.contains("rope_parameters") && !j.at("rope_parameters").is_null();
     const bool v4 = j.contains("rope_scaling") && !j.at("rope_scaling").is_null();
-    if (v5 || v4) read_rope_scaling(j.at(v5 ? "rope_parameters" : "rope_scaling"),
-                                    source + (v5 ? " rope_parameters" : " rope_scaling"), c);
+    ModelConfig from_v4 = c;
+    if (v4) read_rope_scaling(j.at("rope_scaling"), source + " rope_scaling", from_v4);
+    if (v5) read_rope_scaling(j.at("rope_parameters"), source + " rope_parameters", c);
+    else c = from_v4;
+    if (v5 && v4) {
+      LLMT_CHECK(c.rope_scaling == from_v4.rope_scaling && c.rope_factor == from_v4.rope_factor &&
+                     c.rope_low_freq_factor == from_v4.rope_low_freq_factor &&
+                     c.rope_high_freq_factor == from_v4.rope_high_freq_factor &&
+                     c.rope_original_max == from_v4.rope_original_max,
+                 "%s: rope_scaling (%s) and rope_parameters (%s) disagree: transformers 4 reads the first, "
+                 "transformers 5 the second; make them equal or remove one", source.c_str(),
+                 clip_for_message(j.at("rope_scaling").dump(), 200).c_str(),
+                 clip_for_message(j.at("rope_parameters").dump(), 200).c_str());
+    }
+    if (v5 && j.contains("rope_theta") && !j.at("rope_theta").is_null())
+      LLMT_CHECK(c.rope_theta == from_v4.rope_theta, "%s: rope_theta %g and rope_parameters.rope_theta %g disagree: "
+                 "transformers 4 reads the first, transformers 5 the second", source.c_str(), from_v4.rope_theta,
+                 c.rope_theta);
     if (type == "mistral" && j.contains("sliding_window") && !j.at("sliding_window").is_null()) {
       c.sliding_window = get_required<int>(j, "sliding_window", source);
       LLMT_CHECK(c.sliding_window > 0, "%s: sliding_window %d must be positive (or null)", source.c_str(),

@@ -231,6 +231,51 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
   expect_error([&] { config_from_preset("gpt3"); }, {"gpt3", "presets"});
 }
 
+// Issue 23: rope_scaling was ignored whenever rope_parameters was present, even when invalid; a factor
+// of 1e300 became inf ("xinf"); rope_theta 0 or negative gave NaN at the first step.
+TEST(ModelConfig, RopeFieldsAreCheckedWhicheverSpellingTheyUse) {
+  llmt_test::TempDir dir_tmp("hfck");
+  std::string dir = dir_tmp.path;
+  const std::string llama = "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 32, "
+                            "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, ";
+  const std::string l3 = "\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                         "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16";
+  const std::pair<std::string, std::vector<std::string>> refused[] = {
+      {llama + "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000}, "
+               "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}",
+       {"rope_scaling", "\"yarn\" is not supported"}},
+      {llama + "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000}, "
+               "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 4}}",
+       {"rope_scaling", "rope_parameters", "disagree"}},
+      {llama + "\"rope_parameters\": {" + l3 + ", \"rope_theta\": 500000}, \"rope_scaling\": {\"rope_type\": "
+               "\"llama3\", \"factor\": 4.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+               "\"original_max_position_embeddings\": 16}}",
+       {"disagree"}},
+      {llama + "\"rope_theta\": 10000, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000}}",
+       {"rope_theta 10000 and rope_parameters.rope_theta 500000 disagree"}},
+      {llama + "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 1e300}}",
+       {"rope_scaling", "\"factor\" is 1e+300, beyond the range of a float"}},
+      {llama + "\"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 1e300, \"rope_theta\": 10000}}",
+       {"rope_parameters", "\"factor\" is 1e+300"}},
+      {llama + "\"rope_theta\": 0}", {"rope_theta must be a positive number, got 0"}},
+      {llama + "\"rope_theta\": -10000}", {"rope_theta must be a positive number, got -10000"}},
+      {llama + "\"rope_theta\": 1e39}", {"\"rope_theta\" is 1e+39, beyond the range of a float"}},
+      {llama + "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 0}}", {"rope_theta must be a positive"}},
+  };
+  for (size_t i = 0; i < std::size(refused); i++) {
+    const std::string f = dir + strformat("/refused%zu.json", i);
+    write_file(f, refused[i].first);
+    expect_error([&] { config_from_json_file(f); }, refused[i].second);
+  }
+  // both spellings present and equal (what llmt exports) read as one
+  write_file(dir + "/both.json", llama + "\"rope_theta\": 500000, \"rope_scaling\": {" + l3 +
+                                     "}, \"rope_parameters\": {" + l3 + ", \"rope_theta\": 500000}}");
+  ModelConfig c = config_from_json_file(dir + "/both.json");
+  EXPECT_EQ(c.rope_scaling, "llama3");
+  EXPECT_EQ(c.rope_factor, 8.0f);
+  EXPECT_EQ(c.rope_theta, 500000.0f);
+}
+
 TEST(ModelConfig, PresetsMatchPublishedParameterCounts) {
   // Published sizes: GPT-2 124M / 355M / 774M / 1.5B (tied head), LLaMA-7B 6.74B, LLaMA-13B 13.0B.
   auto count = [](const char* name) { return (double)make_layout(config_from_preset(name)).total_numel; };
