@@ -323,8 +323,11 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
   } else {
     fail("%s: model_type \"%s\" is not supported (gpt2, llama, mistral or qwen2)", source.c_str(), type.c_str());
   }
-  if (j.contains("bos_token_id") && j.at("bos_token_id").is_number_integer()) c.bos_token_id = j.at("bos_token_id");
-  if (j.contains("eos_token_id") && j.at("eos_token_id").is_number_integer()) c.eos_token_id = j.at("eos_token_id");
+  // (a list of eos ids, as Llama 3.1 Instruct's, is left to generation_config.json; an integer must fit)
+  if (j.contains("bos_token_id") && j.at("bos_token_id").is_number_integer())
+    c.bos_token_id = get_required<int>(j, "bos_token_id", source);
+  if (j.contains("eos_token_id") && j.at("eos_token_id").is_number_integer())
+    c.eos_token_id = get_required<int>(j, "eos_token_id", source);
   validate_config(c, source);
   return c;
 }

@@ -515,6 +515,10 @@ void Trainer::resume() {
     }
     world_.barrier();
     nlohmann::json sc = nlohmann::json::parse(st.scalars_json, nullptr, false);
+    for (const char* key : {"global_batch", "seed"})  // (sc.value would throw nlohmann's own error on a string)
+      LLMT_CHECK(!sc.is_object() || !sc.contains(key) || sc[key].is_number_integer(),
+                 "%s/state.h5: /meta/scalars \"%s\" is %s, expected an integer", ck.c_str(), key,
+                 clip_for_message(sc[key].dump()).c_str());
     LLMT_CHECK(sc.is_object() && sc.value("global_batch", global_batch_) == global_batch_ &&
                    sc.value("seed", a_.seed) == a_.seed,
                "%s was trained with a global batch of %lld sequences and --seed %llu; this run has %lld and %llu, so "
