@@ -647,6 +647,50 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_files(const std::string& vocab_jso
   return make_bpe_tokenizer(std::move(spec));
 }
 
+// Typed members of a tokenizer.json value, checked: a missing member or a wrong type is an error naming
+// the file and the field ("model.merges", "added_tokens[3].special"), never nlohmann's own exception.
+static const nlohmann::json& member(const nlohmann::json& obj, const char* key, const std::string& path,
+                                    const std::string& where) {
+  LLMT_CHECK(obj.is_object(), "%s: %s: expected an object, got %s", path.c_str(), where.c_str(),
+             clip_for_message(obj.dump()).c_str());
+  auto it = obj.find(key);
+  LLMT_CHECK(it != obj.end(), "%s: %s: missing \"%s\"", path.c_str(), where.c_str(), key);
+  return *it;
+}
+
+static const nlohmann::json& array_member(const nlohmann::json& obj, const char* key, const std::string& path,
+                                          const std::string& where) {
+  const nlohmann::json& v = member(obj, key, path, where);
+  LLMT_CHECK(v.is_array(), "%s: %s.%s: expected an array, got %s", path.c_str(), where.c_str(), key,
+             clip_for_message(v.dump()).c_str());
+  return v;
+}
+
+static std::string string_member(const nlohmann::json& obj, const char* key, const std::string& path,
+                                 const std::string& where) {
+  const nlohmann::json& v = member(obj, key, path, where);
+  LLMT_CHECK(v.is_string(), "%s: %s.%s: expected a string, got %s", path.c_str(), where.c_str(), key,
+             clip_for_message(v.dump()).c_str());
+  return v.get<std::string>();
+}
+
+// absent or null: `def`
+static bool bool_member(const nlohmann::json& obj, const char* key, bool def, const std::string& path,
+                        const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return def;
+  LLMT_CHECK(it->is_boolean(), "%s: %s.%s: expected true or false, got %s", path.c_str(), where.c_str(), key,
+             clip_for_message(it->dump()).c_str());
+  return it->get<bool>();
+}
+
+static int32_t token_id(const nlohmann::json& v, const std::string& path, const std::string& where) {
+  LLMT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < INT_MAX,
+             "%s: %s: expected a token id (a non-negative integer), got %s", path.c_str(), where.c_str(),
+             clip_for_message(v.dump()).c_str());
+  return (int32_t)v.get<int64_t>();
+}
+
 static std::string jtype(const nlohmann::json& j) {
   return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "";
 }
@@ -668,7 +712,7 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
   BpeSpec spec;
   spec.kind = "gpt2-bpe";
   try {
-    const nlohmann::json& m = j.at("model");
+    const nlohmann::json& m = member(j, "model", path, "top level");
     LLMT_CHECK(jtype(m) == "BPE", "%s: model.type is \"%s\", expected \"BPE\"", path.c_str(), jtype(m).c_str());
     auto is_off = [&](const char* key, bool empty_string_ok) {
       if (!m.contains(key) || m[key].is_null()) return true;
@@ -680,9 +724,8 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
     LLMT_CHECK(is_off("continuing_subword_prefix", true) && is_off("end_of_word_suffix", true),
                "%s: continuing_subword_prefix / end_of_word_suffix are not supported with byte-level BPE", path.c_str());
     spec.ignore_merges = m.contains("ignore_merges") && m["ignore_merges"].is_boolean() && m["ignore_merges"].get<bool>();
-    auto ids = read_vocab(m.at("vocab"), path + " model.vocab", spec);
-    const nlohmann::json& merges = m.at("merges");
-    LLMT_CHECK(merges.is_array(), "%s: model.merges must be an array", path.c_str());
+    auto ids = read_vocab(member(m, "vocab", path, "model"), path + " model.vocab", spec);
+    const nlohmann::json& merges = array_member(m, "merges", path, "model");
     for (size_t k = 0; k < merges.size(); k++) {
       const nlohmann::json& e = merges[k];
       std::string where = strformat("%s model.merges[%zu]", path.c_str(), k);
@@ -703,16 +746,18 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
       if (u != ids.end()) spec.unk_id = u->second;
     }
     if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-      for (const auto& t : j["added_tokens"]) {
+      const nlohmann::json& list = j["added_tokens"];
+      for (size_t k = 0; k < list.size(); k++) {
+        const nlohmann::json& t = list[k];
+        const std::string w = strformat("added_tokens[%zu]", k);
         BpeAddedToken a;
-        a.id = t.at("id").get<int32_t>();
-        a.content = t.at("content").get<std::string>();
-        a.special = t.value("special", false);
-        a.lstrip = t.value("lstrip", false);
-        a.rstrip = t.value("rstrip", false);
-        a.single_word = t.value("single_word", false);
-        a.normalized = t.value("normalized", !a.special);  // (HF's AddedToken default)
-        LLMT_CHECK(a.id >= 0, "%s: added token \"%s\" has a negative id", path.c_str(), a.content.c_str());
+        a.id = token_id(member(t, "id", path, w), path, w + ".id");
+        a.content = string_member(t, "content", path, w);
+        a.special = bool_member(t, "special", false, path, w);
+        a.lstrip = bool_member(t, "lstrip", false, path, w);
+        a.rstrip = bool_member(t, "rstrip", false, path, w);
+        a.single_word = bool_member(t, "single_word", false, path, w);
+        a.normalized = bool_member(t, "normalized", !a.special, path, w);  // (HF's AddedToken default)
         set_added(spec, a, path);
       }
     }
@@ -720,7 +765,10 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
       const nlohmann::json& nz = j["normalizer"];
       std::vector<nlohmann::json> parts;
-      if (jtype(nz) == "Sequence") parts.assign(nz.at("normalizers").begin(), nz.at("normalizers").end());
+      if (jtype(nz) == "Sequence") {
+        const nlohmann::json& list = array_member(nz, "normalizers", path, "normalizer");
+        parts.assign(list.begin(), list.end());
+      }
       else parts.push_back(nz);
       for (const auto& p : parts) {
         if (jtype(p) != "NFC")
@@ -730,9 +778,12 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
       }
     }
     // pre-tokenizer: ByteLevel(use_regex) alone, or Sequence[Split(regex, Isolated), ByteLevel(use_regex=false)]
-    const nlohmann::json& pt = j.at("pre_tokenizer");
+    const nlohmann::json& pt = member(j, "pre_tokenizer", path, "top level");
     std::vector<nlohmann::json> steps;
-    if (jtype(pt) == "Sequence") steps.assign(pt.at("pretokenizers").begin(), pt.at("pretokenizers").end());
+    if (jtype(pt) == "Sequence") {
+      const nlohmann::json& list = array_member(pt, "pretokenizers", path, "pre_tokenizer");
+      steps.assign(list.begin(), list.end());
+    }
     else steps.push_back(pt);
     bool have_split = false;
     for (const auto& p : steps) {
@@ -741,13 +792,15 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
         LLMT_CHECK(!have_split, "%s: more than one Split pre-tokenizer is not supported", path.c_str());
         LLMT_CHECK(p.contains("pattern") && p["pattern"].contains("Regex"),
                    "%s: a Split pre-tokenizer needs a Regex pattern", path.c_str());
-        LLMT_CHECK(p.value("behavior", std::string("Isolated")) == "Isolated" && !p.value("invert", false),
+        const std::string behavior =
+            p.contains("behavior") ? string_member(p, "behavior", path, "pre_tokenizer Split") : "Isolated";
+        LLMT_CHECK(behavior == "Isolated" && !bool_member(p, "invert", false, path, "pre_tokenizer Split"),
                    "%s: only Split with behavior Isolated and invert false is supported", path.c_str());
-        spec.pattern = pretok_pattern_from_regex(p["pattern"]["Regex"].get<std::string>());
+        spec.pattern = pretok_pattern_from_regex(string_member(p["pattern"], "Regex", path, "pre_tokenizer Split.pattern"));
         have_split = true;
       } else if (t == "ByteLevel") {
-        spec.add_prefix_space = p.value("add_prefix_space", false);
-        bool use_regex = p.value("use_regex", true);
+        spec.add_prefix_space = bool_member(p, "add_prefix_space", false, path, "pre_tokenizer ByteLevel");
+        bool use_regex = bool_member(p, "use_regex", true, path, "pre_tokenizer ByteLevel");
         LLMT_CHECK(!(use_regex && have_split), "%s: a Split followed by ByteLevel(use_regex=true) is not supported",
                    path.c_str());
         if (!have_split) spec.pattern = use_regex ? PretokPattern::kGpt2 : PretokPattern::kNone;
@@ -759,30 +812,42 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
     std::vector<nlohmann::json> posts;
     if (j.contains("post_processor") && !j["post_processor"].is_null()) {
       const nlohmann::json& pp = j["post_processor"];
-      if (jtype(pp) == "Sequence") posts.assign(pp.at("processors").begin(), pp.at("processors").end());
+      if (jtype(pp) == "Sequence") {
+        const nlohmann::json& list = array_member(pp, "processors", path, "post_processor");
+        posts.assign(list.begin(), list.end());
+      }
       else posts.push_back(pp);
     }
     for (const auto& p : posts) {
       std::string t = jtype(p);
       if (t == "TemplateProcessing") {
         bool after = false;
-        for (const auto& item : p.at("single")) {
+        for (const auto& item : array_member(p, "single", path, "post_processor TemplateProcessing")) {
           if (item.contains("Sequence")) {
             after = true;
             continue;
           }
-          std::string name = item.at("SpecialToken").at("id").get<std::string>();
+          const std::string w = "post_processor TemplateProcessing.single";
+          std::string name = string_member(member(item, "SpecialToken", path, w), "id", path, w + ".SpecialToken");
           int32_t id = added_id(spec, name);
-          if (p.contains("special_tokens") && p["special_tokens"].contains(name))
-            id = p["special_tokens"][name].at("ids").at(0).get<int32_t>();
+          if (p.contains("special_tokens") && p["special_tokens"].contains(name)) {
+            const std::string ws = "post_processor TemplateProcessing.special_tokens." + name;
+            const nlohmann::json& ids = array_member(p["special_tokens"][name], "ids", path, ws);
+            LLMT_CHECK(!ids.empty(), "%s: %s.ids is empty", path.c_str(), ws.c_str());
+            id = token_id(ids[0], path, ws + ".ids[0]");
+          }
           LLMT_CHECK(id >= 0, "%s: post_processor names special token \"%s\", which is not an added token",
                      path.c_str(), name.c_str());
           if (!after) spec.bos_id = id, spec.add_bos = true;
           else spec.eos_id = id, spec.add_eos = true;
         }
       } else if (t == "RobertaProcessing" || t == "BertProcessing") {
-        spec.bos_id = p.at("cls").at(1).get<int32_t>();
-        spec.eos_id = p.at("sep").at(1).get<int32_t>();
+        for (const char* key : {"cls", "sep"}) {  // ["<s>", 0]
+          const nlohmann::json& pair = array_member(p, key, path, "post_processor " + t);
+          LLMT_CHECK(pair.size() == 2, "%s: post_processor %s.%s: expected [token, id], got %s", path.c_str(),
+                     t.c_str(), key, clip_for_message(pair.dump()).c_str());
+          (key[0] == 'c' ? spec.bos_id : spec.eos_id) = token_id(pair[1], path, "post_processor " + t + "." + key);
+        }
         spec.add_bos = spec.add_eos = true;
       } else if (t != "ByteLevel") {
         fail("%s: post-processor \"%s\" is not supported", path.c_str(), t.c_str());
@@ -793,7 +858,7 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
     if (spec.eos_id < 0) spec.eos_id = added_id(spec, "<|end_of_text|>");
     if (spec.bos_id < 0) spec.bos_id = added_id(spec, "<|endoftext|>");
     if (spec.eos_id < 0) spec.eos_id = added_id(spec, "<|endoftext|>");
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const nlohmann::json::exception& e) {  // a net under the checked accesses above
     fail("%s: unexpected tokenizer.json layout: %s", path.c_str(), e.what());
   }
   return make_bpe_tokenizer(std::move(spec));

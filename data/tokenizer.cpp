@@ -66,7 +66,10 @@ std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path) {
   nlohmann::json j = read_json(path);
   LLMT_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
              "%s: expected a Hugging Face tokenizer.json (an object with a \"model\")", path.c_str());
-  std::string type = j["model"].value("type", std::string());
+  const nlohmann::json& model = j["model"];
+  LLMT_CHECK(!model.contains("type") || model["type"].is_string(), "%s: model.type must be a string such as "
+             "\"BPE\", got %s", path.c_str(), clip_for_message(model["type"].dump()).c_str());
+  const std::string type = model.contains("type") ? model["type"].get<std::string>() : "";
   if (type == "BPE") {
     if (is_bytelevel_bpe_json(j)) return load_bytelevel_bpe_json(j, path);
     return load_sentencepiece_json(j, path);  // byte_fallback / Metaspace / the legacy LLaMA normalizer
@@ -161,7 +164,7 @@ std::unique_ptr<Tokenizer> load_file(const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_or_file) {
+static std::unique_ptr<Tokenizer> load_tokenizer_unchecked(const std::string& dir_or_file) {
   const std::string& p = dir_or_file;
   if (is_file(p)) return apply_configs(load_file(p), dir_name(p));
   LLMT_CHECK(is_dir(p), "tokenizer path %s does not exist", p.c_str());
@@ -174,6 +177,16 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_or_file) {
     fail("no tokenizer in %s: looked for tokenizer.json, vocab.json + merges.txt, and tokenizer.model "
          "(SentencePiece or tiktoken ranks)", p.c_str());
   return apply_configs(std::move(t), p);
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_or_file) {
+  // Every JSON access below is checked and names its file and field; this net turns any that is not
+  // into an error naming the tokenizer, never "internal error: [json.exception...]"
+  try {
+    return load_tokenizer_unchecked(dir_or_file);
+  } catch (const nlohmann::json::exception& e) {
+    fail("%s: unexpected tokenizer file layout: %s", dir_or_file.c_str(), e.what());
+  }
 }
 
 }  // namespace llmt

@@ -113,6 +113,10 @@ T get_required(const nlohmann::json& j, const char* key, const std::string& sour
   } else if constexpr (std::is_floating_point_v<T>) {
     LLMT_CHECK(v.is_number() && std::isfinite(v.get<double>()), "%s: \"%s\" must be a finite number, got %s",
                source.c_str(), key, held.c_str());
+    // a float field holds what a float can (a rope factor of 1e300 became inf)
+    LLMT_CHECK(std::fabs(v.get<double>()) <= (double)std::numeric_limits<T>::max(),
+               "%s: \"%s\" is %s, beyond the range of a %s", source.c_str(), key, held.c_str(),
+               sizeof(T) == 4 ? "float" : "double");
     return (T)v.get<double>();
   } else {
     LLMT_CHECK(v.is_string(), "%s: \"%s\" must be a string, got %s", source.c_str(), key, held.c_str());
@@ -124,6 +128,16 @@ template <typename T>
 T get_optional(const nlohmann::json& j, const char* key, T fallback, const std::string& source) {
   if (!j.contains(key) || j.at(key).is_null()) return fallback;
   return get_required<T>(j, key, source);
+}
+
+// A field whose other values change the model in a way llmt does not compute: its value must be the
+// one llmt implements (absent or null is the default), else the error names it and says why.
+template <typename T>
+void require_default(const nlohmann::json& j, const char* key, T implemented, const std::string& source,
+                     const char* why) {
+  const T v = get_optional<T>(j, key, implemented, source);
+  LLMT_CHECK(v == implemented, "%s: \"%s\": %s is not supported: %s", source.c_str(), key,
+             clip_for_message(j.at(key).dump()).c_str(), why);
 }
 
 // A float as the decimal it was written as (0.1f as 0.1, not 0.10000000149011612) for config.json.
@@ -141,6 +155,7 @@ std::string ModelConfig::describe() const {
   if (n_kv_head != n_head) s += strformat(" (%d kv heads)", n_kv_head);
   s += strformat(", d_ff %d, vocab %d, context %d", d_ff, vocab_size, max_seq_len);
   if (arch == Arch::llama) s += strformat(", rope_theta %g%s", rope_theta, tied_embeddings ? ", tied" : "");
+  if (arch == Arch::gpt2 && !tied_embeddings) s += ", untied lm_head";
   if (!rope_scaling.empty())
     s += rope_scaling == "llama3" ? strformat(", rope llama3 x%g (low %g, high %g, original %d)", rope_factor,
                                               rope_low_freq_factor, rope_high_freq_factor, rope_original_max)
@@ -186,6 +201,10 @@ void validate_config(const ModelConfig& c, const std::string& source) {
   LLMT_CHECK(c.arch == Arch::gpt2 || c.head_size() % 2 == 0, "%s: RoPE needs an even head size, got %d",
              source.c_str(), c.head_size());
   LLMT_CHECK(c.norm_eps > 0.0f, "%s: the norm epsilon must be positive", source.c_str());
+  // theta^(-2i/hs): 0 gives inf and a negative theta NaN, at the first step, where it looked like the
+  // learning rate's fault
+  LLMT_CHECK(c.arch == Arch::gpt2 || (std::isfinite(c.rope_theta) && c.rope_theta > 0.0f),
+             "%s: rope_theta must be a positive number, got %g", source.c_str(), c.rope_theta);
   for (float p : {c.embd_pdrop, c.attn_pdrop, c.resid_pdrop})
     LLMT_CHECK(p >= 0.0f && p < 1.0f, "%s: a dropout probability must lie in [0, 1), got %g", source.c_str(), p);
   LLMT_CHECK(c.arch == Arch::gpt2 || (c.embd_pdrop == 0.0f && c.resid_pdrop == 0.0f),
@@ -246,7 +265,18 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     LLMT_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh",
                "%s: activation_function \"%s\" is not supported (llmt implements the tanh GELU, gelu_new)",
                source.c_str(), act.c_str());
-    c.tied_embeddings = true;
+    // GPT2LMHeadModel ties lm_head to wte unless tie_word_embeddings is false; then lm_head.weight is
+    // a parameter of its own (it used to be tied regardless, and exported as tied)
+    c.tied_embeddings = get_optional<bool>(j, "tie_word_embeddings", true, source);
+    // GPT2Attention's options that change the scores: llmt divides by sqrt(head size), as the default
+    require_default(j, "scale_attn_weights", true, source,
+                    "llmt's attention always divides the scores by sqrt(head size), as GPT-2 does by default");
+    require_default(j, "scale_attn_by_inverse_layer_idx", false, source,
+                    "llmt does not divide attention scores by the layer index + 1");
+    require_default(j, "add_cross_attention", false, source,
+                    "llmt trains decoder-only GPT-2 (no cross-attention layers)");
+    // (reorder_and_upcast_attn only changes the precision of scores transformers computes in fp16 or
+    // bf16; llmt's attention keeps scores in fp32 either way, so it is accepted)
     // GPT2Config's defaults are 0.1 each, as OpenAI's checkpoints say
     c.embd_pdrop = get_optional<float>(j, "embd_pdrop", 0.1f, source);
     c.attn_pdrop = get_optional<float>(j, "attn_pdrop", 0.1f, source);
@@ -263,12 +293,29 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     c.d_ff = get_required<int>(j, "intermediate_size", source);
     c.norm_eps = get_optional<float>(j, "rms_norm_eps", 1e-6f, source);
     c.rope_theta = get_optional<float>(j, "rope_theta", 10000.0f, source);
-    // transformers 4 writes rope_scaling ({"rope_type" or "type": ...} or null) beside rope_theta;
-    // transformers 5 writes rope_parameters, which holds rope_theta too
+    // transformers 4 reads rope_scaling ({"rope_type" or "type": ...} or null) beside rope_theta;
+    // transformers 5 reads rope_parameters, which holds rope_theta too. A file with both (llmt's own
+    // exports) is read both ways, and the two must agree: each is checked, and none is ignored.
     const bool v5 = j.contains("rope_parameters") && !j.at("rope_parameters").is_null();
     const bool v4 = j.contains("rope_scaling") && !j.at("rope_scaling").is_null();
-    if (v5 || v4) read_rope_scaling(j.at(v5 ? "rope_parameters" : "rope_scaling"),
-                                    source + (v5 ? " rope_parameters" : " rope_scaling"), c);
+    ModelConfig from_v4 = c;
+    if (v4) read_rope_scaling(j.at("rope_scaling"), source + " rope_scaling", from_v4);
+    if (v5) read_rope_scaling(j.at("rope_parameters"), source + " rope_parameters", c);
+    else c = from_v4;
+    if (v5 && v4) {
+      LLMT_CHECK(c.rope_scaling == from_v4.rope_scaling && c.rope_factor == from_v4.rope_factor &&
+                     c.rope_low_freq_factor == from_v4.rope_low_freq_factor &&
+                     c.rope_high_freq_factor == from_v4.rope_high_freq_factor &&
+                     c.rope_original_max == from_v4.rope_original_max,
+                 "%s: rope_scaling (%s) and rope_parameters (%s) disagree: transformers 4 reads the first, "
+                 "transformers 5 the second; make them equal or remove one", source.c_str(),
+                 clip_for_message(j.at("rope_scaling").dump(), 200).c_str(),
+                 clip_for_message(j.at("rope_parameters").dump(), 200).c_str());
+    }
+    if (v5 && j.contains("rope_theta") && !j.at("rope_theta").is_null())
+      LLMT_CHECK(c.rope_theta == from_v4.rope_theta, "%s: rope_theta %g and rope_parameters.rope_theta %g disagree: "
+                 "transformers 4 reads the first, transformers 5 the second", source.c_str(), from_v4.rope_theta,
+                 c.rope_theta);
     if (type == "mistral" && j.contains("sliding_window") && !j.at("sliding_window").is_null()) {
       c.sliding_window = get_required<int>(j, "sliding_window", source);
       LLMT_CHECK(c.sliding_window > 0, "%s: sliding_window %d must be positive (or null)", source.c_str(),
@@ -285,9 +332,28 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
         c.sliding_window = get_required<int>(j, "sliding_window", source);
         LLMT_CHECK(c.sliding_window > 0, "%s: sliding_window %d must be positive", source.c_str(), c.sliding_window);
       }
+    } else if (type == "mistral") {  // MistralAttention and MistralMLP have no biases, whatever the file says
+      require_default(j, "attention_bias", false, source, "transformers builds Mistral without biases");
+      require_default(j, "mlp_bias", false, source, "transformers builds Mistral without biases");
     } else {
       c.qkv_bias = c.o_bias = get_optional<bool>(j, "attention_bias", false, source);
       c.mlp_bias = get_optional<bool>(j, "mlp_bias", false, source);
+    }
+    // transformers 5's per-layer attention kinds (Qwen2, Mistral): full or sliding; a sliding layer
+    // needs the window, which training then keeps the sequence within (so every layer computes alike)
+    if (j.contains("layer_types") && !j.at("layer_types").is_null()) {
+      const nlohmann::json& lt = j.at("layer_types");
+      LLMT_CHECK(lt.is_array() && (int)lt.size() == c.n_layer, "%s: \"layer_types\" must list one kind per layer "
+                 "(%d), got %s", source.c_str(), c.n_layer, clip_for_message(lt.dump()).c_str());
+      for (const nlohmann::json& k : lt) {
+        LLMT_CHECK(k == "full_attention" || k == "sliding_attention", "%s: \"layer_types\": %s is not supported "
+                   "(full_attention or sliding_attention)", source.c_str(), clip_for_message(k.dump()).c_str());
+        if (k == "sliding_attention" && c.sliding_window == 0) {
+          c.sliding_window = get_optional<int>(j, "sliding_window", 0, source);
+          LLMT_CHECK(c.sliding_window > 0, "%s: \"layer_types\" has sliding_attention layers but no positive "
+                     "sliding_window", source.c_str());
+        }
+      }
     }
     if (j.contains("head_dim") && !j.at("head_dim").is_null()) {
       const int head_dim = get_required<int>(j, "head_dim", source);
@@ -298,8 +364,18 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
   } else {
     fail("%s: model_type \"%s\" is not supported (gpt2, llama, mistral or qwen2)", source.c_str(), type.c_str());
   }
-  if (j.contains("bos_token_id") && j.at("bos_token_id").is_number_integer()) c.bos_token_id = j.at("bos_token_id");
-  if (j.contains("eos_token_id") && j.at("eos_token_id").is_number_integer()) c.eos_token_id = j.at("eos_token_id");
+  // Fields of every family (PretrainedConfig's): the random initialisation's spread, read; pruned heads
+  // (transformers prunes them when it builds the model) refused
+  c.init_std = get_optional<float>(j, "initializer_range", 0.02f, source);
+  LLMT_CHECK(c.init_std > 0.0f, "%s: initializer_range must be positive, got %g", source.c_str(), c.init_std);
+  LLMT_CHECK(!j.contains("pruned_heads") || j.at("pruned_heads").is_null() || j.at("pruned_heads").empty(),
+             "%s: \"pruned_heads\": %s is not supported: llmt trains every attention head", source.c_str(),
+             clip_for_message(j.at("pruned_heads").dump()).c_str());
+  // (a list of eos ids, as Llama 3.1 Instruct's, is left to generation_config.json; an integer must fit)
+  if (j.contains("bos_token_id") && j.at("bos_token_id").is_number_integer())
+    c.bos_token_id = get_required<int>(j, "bos_token_id", source);
+  if (j.contains("eos_token_id") && j.at("eos_token_id").is_number_integer())
+    c.eos_token_id = get_required<int>(j, "eos_token_id", source);
   validate_config(c, source);
   return c;
 }
@@ -344,7 +420,7 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
          {"resid_pdrop", decimal(c.resid_pdrop)},
          {"embd_pdrop", decimal(c.embd_pdrop)},
          {"attn_pdrop", decimal(c.attn_pdrop)},
-         {"tie_word_embeddings", true}};
+         {"tie_word_embeddings", c.tied_embeddings}};
   } else {
     const bool mistral = c.model_type == "mistral", qwen2 = c.model_type == "qwen2";
     j = {{"architectures", {mistral ? "MistralForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},

@@ -32,7 +32,10 @@ struct ModelConfig {
   // gate/up/down (mlp_bias)
   bool qkv_bias = false, o_bias = false, mlp_bias = false;
   int sliding_window = 0;           // Mistral's attention window; 0 = none. Training needs T <= window
-  bool tied_embeddings = true;      // GPT-2 always; LLaMA per tie_word_embeddings
+  bool tied_embeddings = true;      // tie_word_embeddings (GPT-2's default true, LLaMA's false)
+  // initializer_range: the normal init's standard deviation (random init only; not written back, as it
+  // says nothing about trained weights)
+  float init_std = 0.02f;
   // Dropout probabilities, where transformers applies them: GPT-2's embd_pdrop (after wte + wpe),
   // attn_pdrop (attention probabilities), resid_pdrop (each residual branch's output); LLaMA's
   // attention_dropout (attention probabilities). Training only.

@@ -34,7 +34,8 @@ const StTensor* find_spec(const SafetensorsCheckpoint& ckpt, const ModelConfig& 
 // Tensors a Hugging Face file may carry that llmt has no parameter for, and rightly ignores.
 bool skippable(const std::string& name, const ModelConfig& cfg) {
   if (cfg.arch == Arch::gpt2)
-    return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") || name == "lm_head.weight";
+    return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
+           (cfg.tied_embeddings && name == "lm_head.weight");
   return ends_with(name, "rotary_emb.inv_freq") || (cfg.tied_embeddings && name == "lm_head.weight");
 }
 

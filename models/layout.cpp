@@ -16,7 +16,8 @@ ModelLayout make_layout(const ModelConfig& c) {
     L.root.wpe = root.add("transformer.wpe.weight", {c.max_seq_len, C}, true);
     L.root.lnf_w = root.add("transformer.ln_f.weight", {C}, false);
     L.root.lnf_b = root.add("transformer.ln_f.bias", {C}, false);
-    L.root.lm_head = L.root.wte;
+    // GPT2LMHeadModel's lm_head.weight: wte's own storage unless tie_word_embeddings is false
+    L.root.lm_head = c.tied_embeddings ? L.root.wte : root.add("lm_head.weight", {V, C}, true);
   } else {
     L.root.wte = root.add("model.embed_tokens.weight", {V, C}, true);
     L.root.lnf_w = root.add("model.norm.weight", {C}, false);

@@ -332,7 +332,7 @@ void Transformer::backward(UnitStore& store) {
 
 void init_unit_params(const ModelConfig& cfg, const UnitLayout& unit, int unit_index, uint64_t seed, float* host) {
   SplitMix64 rng{stream_state(seed, (uint64_t)unit_index)};
-  const float std_dev = 0.02f;
+  const float std_dev = cfg.init_std;  // initializer_range
   const float proj_std = std_dev / std::sqrt(2.0f * cfg.n_layer);
   for (const ParamSpec& p : unit.params) {
     float* dst = host + p.offset;

@@ -48,6 +48,7 @@ BenchArgs parse_bench_args(Flags& f) {
   parse_reduce_dtype(a.mixed_precision_reduce);
   LLMT_CHECK(a.batch > 0 && a.seq_len > 1 && a.steps > 0 && a.warmup >= 0,
              "llmt bench: batch, seq_len and steps must be positive and warmup not negative");
+  LLMT_CHECK(a.threads >= 0, "llmt bench: --threads %d: expected 0 (all cores) or a positive count", a.threads);
   a.tf32 = f.get_bool("tf32", false);
   LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "llmt bench: --device must be cpu or cuda, got \"%s\"",
              a.device.c_str());

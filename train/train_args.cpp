@@ -1,5 +1,7 @@
 #include "train/train_args.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -85,14 +87,21 @@ const std::vector<TrainFlag>& train_flags() {
       {"dataset_dir", "data", "DIR", "where the WikiText files are", DATA(dataset_dir)},
       {"train_file", "data", "FILE", "plain text, grouped into --block_size tokens as run_clm does", DATA(train_file)},
       {"validation_file", "data", "FILE", "plain text for evaluation", DATA(validation_file)},
-      {"block_size", "data", "N", "tokens per run_clm block (0: min(1024, the model's context))", DATA_UNSET(block_size)},
+      {"block_size", "data", "N", "tokens per run_clm block (unset: min(1024, the model's context))",
+       [](Flags& f, const char* n, TrainArgs& a) {
+         if (!f.has(n)) return;  // unset: load_data takes min(1024, the model's context)
+         a.data.block_size = f.get_int(n, 0);
+         LLMT_CHECK(a.data.block_size > 0, "--block_size %d: expected a positive number of tokens (leave it out for "
+                    "min(1024, the model's context))", a.data.block_size);
+       },
+       nullptr},
       {"model_max_length", "data", "N", "Alpaca examples are cut at this many tokens", DATA(model_max_length)},
       {"alpaca_instruction_field", "data", "NAME", "the Alpaca record's instruction field", DATA(instruction_field)},
       {"alpaca_input_field", "data", "NAME", "the Alpaca record's input field", DATA(input_field)},
       {"alpaca_output_field", "data", "NAME", "the Alpaca record's response field", DATA(output_field)},
       {"cache_dir", "data", "DIR|none", "the token cache (default ~/.cache/llmt)", DATA(cache_dir)},
       {"overwrite_cache", "data", "True|False", "tokenize again and rewrite the token cache", DATA(overwrite_cache)},
-      {"preprocessing_num_workers", "data", "N", "threads that tokenize (0: the rank's threads)",
+      {"preprocessing_num_workers", "data", "N", "threads that tokenize, at most the node's CPUs (0: the rank's threads)",
        DATA_UNSET(preprocessing_num_workers)},
       {"validation_split_percentage", "data", "N",
        "run_clm: with --train_file and no --validation_file, the first N% of its lines become the validation split",
@@ -111,7 +120,7 @@ const std::vector<TrainFlag>& train_flags() {
        },
        nullptr},
       // training
-      {"output_dir", "training", "DIR", "where checkpoints, metrics.jsonl and the final model go (required)",
+      {"output_dir", "training", "DIR", "where checkpoints, metrics.jsonl and the final model go (required; made with its parents)",
        ARG(output_dir)},
       {"max_steps", "training", "N", "optimizer steps; > 0 overrides --num_train_epochs", ARG_UNSET(max_steps)},
       {"num_train_epochs", "training", "X", "passes over the training data", ARG(num_train_epochs)},
@@ -170,7 +179,8 @@ const std::vector<TrainFlag>& train_flags() {
       {"tf32", "parallelism and precision", "True|False", "TF32 for fp32 matmuls on a GPU (the CPU has none)",
        ARG(tf32)},
       {"device", "parallelism and precision", "cpu|cuda", "where each rank computes", ARG(device)},
-      {"threads", "parallelism and precision", "N", "CPU threads per rank (0: the node's cores / ranks per node)",
+      {"threads", "parallelism and precision", "N",
+       "CPU threads per rank, at most the node's CPUs (0: the node's cores / ranks per node)",
        ARG_UNSET(threads)},
       {"ddp_backend", "parallelism and precision", "nccl|mpi",
        "what moves the data between ranks (default: nccl with --device cuda when each rank has its own GPU, "
@@ -186,7 +196,7 @@ const std::vector<TrainFlag>& train_flags() {
        },
        &show_arg<&TrainArgs::evaluation_strategy>},
       {"eval_steps", "evaluation", "N", "evaluate every N steps (0: --logging_steps)", ARG_UNSET(eval_steps)},
-      {"per_device_eval_batch_size", "evaluation", "N", "sequences per rank per evaluation batch (0: the train one)",
+      {"per_device_eval_batch_size", "evaluation", "N", "sequences per rank per evaluation batch, any size (0: the train one)",
        ARG_UNSET(per_device_eval_batch_size)},
       // checkpoints
       {"save_strategy", "checkpoints", "no|steps|epoch", "when to write output_dir/checkpoint-<step>",
@@ -305,7 +315,8 @@ TrainArgs parse_train_args(Flags& f) {
              "--ddp_backend must be nccl or mpi, got \"%s\"", a.ddp_backend.c_str());
   LLMT_CHECK(a.ddp_backend != "nccl" || a.device == "cuda", "--ddp_backend nccl needs --device cuda (NCCL moves GPU "
              "memory); the CPU backend uses mpi");
-  LLMT_CHECK(a.ddp_timeout > 0, "--ddp_timeout must be positive (seconds), got %g", a.ddp_timeout);
+  LLMT_CHECK(std::isfinite(a.ddp_timeout) && a.ddp_timeout > 0, "--ddp_timeout must be a positive number of "
+             "seconds, got %g", a.ddp_timeout);
   LLMT_CHECK(a.model_name_or_path.empty() != a.model_config.empty(),
              "give exactly one of --model_name_or_path (a Hugging Face directory) or --model_config (a preset or "
              "config.json, randomly initialised)");
@@ -353,10 +364,38 @@ TrainArgs parse_train_args(Flags& f) {
              "--optim %s: llmt implements AdamW (adamw_torch, adamw_torch_fused, adamw_hf)", a.optim.c_str());
   LLMT_CHECK(a.logging_strategy == "steps" || a.logging_strategy == "epoch" || a.logging_strategy == "no",
              "--logging_strategy must be steps, epoch or no, got \"%s\"", a.logging_strategy.c_str());
-  LLMT_CHECK(a.data.preprocessing_num_workers >= 0, "--preprocessing_num_workers must not be negative");
+  // Thread counts: 0 means the default, a negative count is an error (--threads -1 was silently 0), and
+  // more threads than CPUs only slows OpenMP down; a huge count crashes libgomp (100000: SIGSEGV).
+  const int cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  LLMT_CHECK(a.threads >= 0 && a.threads <= cpus, "--threads %d: expected 0 (the node's cores shared by its ranks) "
+             "to %d (this node's CPUs)", a.threads, cpus);
+  LLMT_CHECK(a.data.preprocessing_num_workers >= 0 && a.data.preprocessing_num_workers <= cpus,
+             "--preprocessing_num_workers %d: expected 0 (the rank's threads) to %d (this node's CPUs)",
+             a.data.preprocessing_num_workers, cpus);
+  LLMT_CHECK(a.hybrid_shard_group_size >= 0, "--hybrid_shard_group_size %d: expected 0 (the ranks of a node) or a "
+             "positive number of ranks", a.hybrid_shard_group_size);
+  LLMT_CHECK(a.eval_steps >= 0, "--eval_steps %lld: expected 0 (--logging_steps) or a positive number of steps",
+             (long long)a.eval_steps);
+  // epochs are multiplied into a step count: nan and inf are no number of steps
+  LLMT_CHECK(std::isfinite(a.num_train_epochs), "--num_train_epochs %g: expected a finite number of passes",
+             a.num_train_epochs);
   LLMT_CHECK(a.data.validation_split_percentage >= 0 && a.data.validation_split_percentage < 100,
              "--validation_split_percentage must lie in [0, 100), got %d", a.data.validation_split_percentage);
   return a;
+}
+
+int64_t total_train_steps(const TrainArgs& a, int64_t steps_per_epoch, int64_t global_batch) {
+  // The sequences a run consumes, steps x global batch, must stay exact in a double (2^53): the epoch,
+  // the sampler's positions and the logs are computed from them. 1e15 epochs used to overflow the
+  // step count to -9223372036854775808, train nothing and save the untrained model.
+  const double limit = 9007199254740992.0;  // 2^53
+  const double steps = a.max_steps > 0 ? (double)a.max_steps : std::ceil(a.num_train_epochs * (double)steps_per_epoch);
+  LLMT_CHECK(steps >= 1 && steps * (double)global_batch <= limit,
+             "%s: %.4g optimizer steps of %lld sequences each, beyond what llmt can count (at most 2^53 sequences "
+             "in a run); give fewer", a.max_steps > 0 ? strformat("--max_steps %lld", (long long)a.max_steps).c_str()
+             : strformat("--num_train_epochs %g x %lld steps per epoch", a.num_train_epochs,
+                         (long long)steps_per_epoch).c_str(), steps, (long long)global_batch);
+  return (int64_t)steps;
 }
 
 DType parse_reduce_dtype(const std::string& name) {

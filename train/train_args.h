@@ -82,6 +82,10 @@ TrainArgs parse_train_args(Flags& flags);
 std::string train_help();           // llmt train --help
 std::string train_flags_markdown();  // the README's flag list
 
+// The run's optimizer steps: --max_steps, or --num_train_epochs passes of steps_per_epoch, checked
+// to be at least one and countable (steps x global_batch sequences within 2^53).
+int64_t total_train_steps(const TrainArgs& args, int64_t steps_per_epoch, int64_t global_batch);
+
 // --mixed_precision_reduce: float32 (default) or bfloat16.
 DType parse_reduce_dtype(const std::string& name);
 

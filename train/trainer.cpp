@@ -69,9 +69,24 @@ double peak_rss_gib() {
   return ru.ru_maxrss / (1024.0 * 1024.0);  // ru_maxrss is in KiB on Linux
 }
 
+// mkdir -p: each missing parent in turn, as the Hugging Face Trainer's os.makedirs. 0, or the errno of
+// the first part that could not be made (with *failed set to that part).
+int mkdir_parents(const std::string& dir, std::string* failed = nullptr) {
+  for (size_t at = 1; at <= dir.size(); at++) {
+    if (at != dir.size() && dir[at] != '/') continue;
+    const std::string part = dir.substr(0, at);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+      if (failed) *failed = part;
+      return errno;
+    }
+  }
+  return 0;
+}
+
 void make_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    fail("cannot create output directory %s: %s", dir.c_str(), std::strerror(errno));
+  std::string part;
+  if (const int err = mkdir_parents(dir, &part))
+    fail("cannot create output directory %s: %s: %s", dir.c_str(), part.c_str(), std::strerror(err));
   std::string probe = dir + "/.llmt_write_test";
   FILE* f = std::fopen(probe.c_str(), "w");
   LLMT_CHECK(f, "output directory %s is not writable: %s", dir.c_str(), std::strerror(errno));
@@ -403,15 +418,12 @@ void Trainer::load_data() {
   B_ = a_.per_device_train_batch_size;
   T_ = (int)std::min<int64_t>(train_.max_length(), cfg_.max_seq_len);
   if (!eval_.empty()) T_ = (int)std::min<int64_t>(std::max<int64_t>(T_, eval_.max_length()), cfg_.max_seq_len);
-  LLMT_CHECK(a_.per_device_eval_batch_size <= B_,
-             "--per_device_eval_batch_size %d: llmt evaluates with the training activations, so at most "
-             "--per_device_train_batch_size (%d)", a_.per_device_eval_batch_size, B_);
 
   const int accum = a_.gradient_accumulation_steps;
   sampler_ = std::make_unique<Sampler>(train_.size(), W_, world_.rank(), B_, accum, a_.seed);
   steps_per_epoch_ = sampler_->steps_per_epoch();
   global_batch_ = (int64_t)W_ * B_ * accum;
-  total_steps_ = a_.max_steps > 0 ? a_.max_steps : (int64_t)std::ceil(a_.num_train_epochs * (double)steps_per_epoch_);
+  total_steps_ = total_train_steps(a_, steps_per_epoch_, global_batch_);
   sched_ = make_schedule(a_.lr_scheduler_type, total_steps_, a_.warmup_steps, a_.warmup_ratio, a_.lr_scheduler_kwargs,
                          a_.learning_rate);
   adamw_.beta1 = (float)a_.adam_beta1;
@@ -530,6 +542,10 @@ void Trainer::resume() {
     }
     world_.barrier();
     nlohmann::json sc = nlohmann::json::parse(st.scalars_json, nullptr, false);
+    for (const char* key : {"global_batch", "seed"})  // (sc.value would throw nlohmann's own error on a string)
+      LLMT_CHECK(!sc.is_object() || !sc.contains(key) || sc[key].is_number_integer(),
+                 "%s/state.h5: /meta/scalars \"%s\" is %s, expected an integer", ck.c_str(), key,
+                 clip_for_message(sc[key].dump()).c_str());
     LLMT_CHECK(sc.is_object() && sc.value("global_batch", global_batch_) == global_batch_ &&
                    sc.value("seed", a_.seed) == a_.seed,
                "%s was trained with a global batch of %lld sequences and --seed %llu; this run has %lld and %llu, so "
@@ -718,17 +734,22 @@ void Trainer::record(const nlohmann::json& j) {
 
 // Mean loss over every token counted on every rank, without dropout.
 double Trainer::evaluate() {
-  // per_device_eval_batch_size examples per rank per round, in rows of the training-sized activations
+  // per_device_eval_batch_size examples per rank per round, run through the training-sized activations
+  // B_ rows at a time: an eval batch larger than the training one takes several forwards (the loss is
+  // a sum over tokens, so the pieces add up to the same mean)
   const int B = a_.per_device_eval_batch_size > 0 ? a_.per_device_eval_batch_size : B_;
+  const int pieces = (B + B_ - 1) / B_;
   const int rank = world_.rank();
   const int64_t n = eval_.size(), per_round = (int64_t)W_ * B;
   const int64_t rounds = (n + per_round - 1) / per_round;  // the same on every rank: forward is collective
   std::vector<int32_t> tokens, targets;
   double counted = 0.0;
   BackendBuffer loss_sum(*be_, DType::f64, {1});
-  for (int64_t round = 0; round < rounds; round++) {
+  for (int64_t chunk = 0; chunk < rounds * pieces; chunk++) {
+    const int64_t round = chunk / pieces;
+    const int first = (int)(chunk % pieces) * B_;
     std::vector<int64_t> idx;
-    for (int b = 0; b < B; b++) {
+    for (int b = first; b < std::min(B, first + B_); b++) {
       int64_t i = round * per_round + (int64_t)rank * B + b;
       if (i < n) idx.push_back(i);
     }
@@ -893,7 +914,7 @@ void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& laun
   peers.run_id = strformat("%.0f", id);
   const std::string records = a.output_dir + "/.llmt-progress";
   peers.dir = records + "/" + peers.run_id;
-  ::mkdir(a.output_dir.c_str(), 0755);  // the trainer reports a bad output_dir itself; then there are no records
+  mkdir_parents(a.output_dir);  // the trainer reports a bad output_dir itself; then there are no records
   ::mkdir(records.c_str(), 0755);
   if (::mkdir(peers.dir.c_str(), 0755) != 0 && errno != EEXIST) peers.dir.clear();
   watchdog_set_peers(peers);

@@ -2,6 +2,9 @@
 // a crash. A JSON text nested 100k deep used to overflow the stack when an error message printed
 // the value back (SIGSEGV in llmt train and llmt tokenize).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
 
 
 #include <cmath>
@@ -174,5 +177,66 @@ TEST(HostileInput, NonFiniteWeightsAsLoadedNameTheTensor) {
         },
         {dir + "/model.safetensors", "tensor \"" + name + "\" holds 1 non-finite value",
          std::isnan(bad) ? "nan" : "-inf", "flat index 5"});
+  }
+}
+
+// Issue 23: a tokenizer.json field of the wrong type gave "internal error: [json.exception.type_error.302]
+// type must be string, but is null", naming neither the file nor the field (llmt_fuzz tokenizer_json
+// --seed 777 finds it). Each is now llmt's own error with both.
+TEST(HostileInput, TokenizerJsonFieldsOfTheWrongTypeAreNamed) {
+  const nlohmann::json base = nlohmann::json::parse(R"({"version": "1.0", "added_tokens": [{"id": 6,
+ "content": "<|endoftext|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false,
+ "special": true}], "normalizer": null,
+ "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+ "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+ "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+ "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
+ "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false, "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3,
+ "abc": 4, "\u0120": 5, "<|endoftext|>": 6}, "merges": ["a b", "ab c"]}})");
+  const std::string dir = ::testing::TempDir() + "llmt_hostile_tokjson";
+  ::mkdir(dir.c_str(), 0755);
+  const std::string path = dir + "/tokenizer.json";
+  std::ofstream(path) << base.dump();
+  EXPECT_NO_THROW(load_tokenizer(dir));
+  struct Case {
+    nlohmann::json::json_pointer at;
+    nlohmann::json value;
+    std::vector<std::string> want;
+  };
+  using ptr = nlohmann::json::json_pointer;
+  const Case cases[] = {
+      {ptr("/model/type"), nullptr, {"model.type must be a string", "got null"}},
+      {ptr("/model/merges"), nlohmann::json::object(), {"model.merges: expected an array"}},
+      {ptr("/model/vocab"), nullptr, {"model.vocab", "must be a JSON object"}},
+      {ptr("/added_tokens/0/special"), "yes", {"added_tokens[0].special: expected true or false, got \"yes\""}},
+      {ptr("/added_tokens/0/normalized"), 1, {"added_tokens[0].normalized: expected true or false"}},
+      {ptr("/added_tokens/0/id"), "6", {"added_tokens[0].id: expected a token id"}},
+      {ptr("/added_tokens/0/content"), nullptr, {"added_tokens[0].content: expected a string"}},
+      {ptr("/added_tokens/0"), 7, {"added_tokens[0]: expected an object"}},
+      {ptr("/pre_tokenizer/add_prefix_space"), "no", {"pre_tokenizer ByteLevel.add_prefix_space"}},
+      {ptr("/pre_tokenizer/use_regex"), nullptr, {}},  // null: the default, as absent
+      {ptr("/post_processor"), {{"type", "RobertaProcessing"}, {"cls", {"<s>"}}, {"sep", {"</s>", 2}}},
+       {"post_processor RobertaProcessing.cls: expected [token, id]"}},
+      {ptr("/post_processor"), {{"type", "TemplateProcessing"}, {"single", {{{"SpecialToken", {{"id", 3}}}}}}},
+       {"post_processor TemplateProcessing.single.SpecialToken.id: expected a string"}},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = base;
+    j[c.at] = c.value;
+    std::ofstream(path, std::ios::trunc) << j.dump();
+    if (c.want.empty()) {
+      EXPECT_NO_THROW(load_tokenizer(dir)) << c.at.to_string();
+      continue;
+    }
+    std::vector<std::string> want = c.want;
+    want.push_back(path);
+    try {
+      load_tokenizer(dir);
+      ADD_FAILURE() << c.at.to_string() << ": accepted";
+    } catch (const Error& e) {
+      for (const std::string& p : want) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << c.at.to_string() << ": not llmt's error: " << e.what();
+    }
   }
 }

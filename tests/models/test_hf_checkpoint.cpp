@@ -231,6 +231,102 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
   expect_error([&] { config_from_preset("gpt3"); }, {"gpt3", "presets"});
 }
 
+// Issue 23: rope_scaling was ignored whenever rope_parameters was present, even when invalid; a factor
+// of 1e300 became inf ("xinf"); rope_theta 0 or negative gave NaN at the first step.
+TEST(ModelConfig, RopeFieldsAreCheckedWhicheverSpellingTheyUse) {
+  llmt_test::TempDir dir_tmp("hfck");
+  std::string dir = dir_tmp.path;
+  const std::string llama = "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 32, "
+                            "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, ";
+  const std::string l3 = "\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                         "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16";
+  const std::pair<std::string, std::vector<std::string>> refused[] = {
+      {llama + "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000}, "
+               "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}",
+       {"rope_scaling", "\"yarn\" is not supported"}},
+      {llama + "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000}, "
+               "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 4}}",
+       {"rope_scaling", "rope_parameters", "disagree"}},
+      {llama + "\"rope_parameters\": {" + l3 + ", \"rope_theta\": 500000}, \"rope_scaling\": {\"rope_type\": "
+               "\"llama3\", \"factor\": 4.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+               "\"original_max_position_embeddings\": 16}}",
+       {"disagree"}},
+      {llama + "\"rope_theta\": 10000, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000}}",
+       {"rope_theta 10000 and rope_parameters.rope_theta 500000 disagree"}},
+      {llama + "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 1e300}}",
+       {"rope_scaling", "\"factor\" is 1e+300, beyond the range of a float"}},
+      {llama + "\"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 1e300, \"rope_theta\": 10000}}",
+       {"rope_parameters", "\"factor\" is 1e+300"}},
+      {llama + "\"rope_theta\": 0}", {"rope_theta must be a positive number, got 0"}},
+      {llama + "\"rope_theta\": -10000}", {"rope_theta must be a positive number, got -10000"}},
+      {llama + "\"rope_theta\": 1e39}", {"\"rope_theta\" is 1e+39, beyond the range of a float"}},
+      {llama + "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 0}}", {"rope_theta must be a positive"}},
+  };
+  for (size_t i = 0; i < std::size(refused); i++) {
+    const std::string f = dir + strformat("/refused%zu.json", i);
+    write_file(f, refused[i].first);
+    expect_error([&] { config_from_json_file(f); }, refused[i].second);
+  }
+  // both spellings present and equal (what llmt exports) read as one
+  write_file(dir + "/both.json", llama + "\"rope_theta\": 500000, \"rope_scaling\": {" + l3 +
+                                     "}, \"rope_parameters\": {" + l3 + ", \"rope_theta\": 500000}}");
+  ModelConfig c = config_from_json_file(dir + "/both.json");
+  EXPECT_EQ(c.rope_scaling, "llama3");
+  EXPECT_EQ(c.rope_factor, 8.0f);
+  EXPECT_EQ(c.rope_theta, 500000.0f);
+}
+
+// Issue 23's audit of config.json: a field whose other values change the model is implemented or
+// refused by name, never ignored. GPT-2's scale_attn_weights false and scale_attn_by_inverse_layer_idx
+// true were ignored (loss off by 5e-4 against transformers) and dropped from exports.
+TEST(ModelConfig, FieldsThatChangeTheModelAreReadOrRefusedByName) {
+  llmt_test::TempDir dir_tmp("hfck");
+  const std::string dir = dir_tmp.path;
+  const std::string gpt2 = "{\"model_type\": \"gpt2\", \"vocab_size\": 256, \"n_layer\": 2, \"n_head\": 2, "
+                           "\"n_embd\": 32, \"n_positions\": 64, ";
+  const std::string llama = "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 32, "
+                            "\"intermediate_size\": 8, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, ";
+  const std::string mistral = "{\"model_type\": \"mistral\", \"vocab_size\": 10, \"hidden_size\": 32, "
+                              "\"intermediate_size\": 8, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, ";
+  const std::string qwen2 = "{\"model_type\": \"qwen2\", \"vocab_size\": 10, \"hidden_size\": 32, "
+                            "\"intermediate_size\": 8, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, ";
+  const std::pair<std::string, std::vector<std::string>> refused[] = {
+      {gpt2 + "\"scale_attn_weights\": false}", {"\"scale_attn_weights\": false is not supported"}},
+      {gpt2 + "\"scale_attn_by_inverse_layer_idx\": true}",
+       {"\"scale_attn_by_inverse_layer_idx\": true is not supported"}},
+      {gpt2 + "\"add_cross_attention\": true}", {"\"add_cross_attention\": true is not supported"}},
+      {gpt2 + "\"pruned_heads\": {\"0\": [1]}}", {"\"pruned_heads\"", "not supported"}},
+      {llama + "\"pruned_heads\": {\"1\": [0, 2]}}", {"\"pruned_heads\""}},
+      {gpt2 + "\"initializer_range\": 0}", {"initializer_range must be positive"}},
+      {mistral + "\"attention_bias\": true}", {"\"attention_bias\": true is not supported", "without biases"}},
+      {mistral + "\"mlp_bias\": true}", {"\"mlp_bias\": true is not supported"}},
+      {qwen2 + "\"layer_types\": [\"full_attention\"]}", {"\"layer_types\" must list one kind per layer (2)"}},
+      {qwen2 + "\"layer_types\": [\"full_attention\", \"chunked_attention\"]}", {"\"chunked_attention\" is not supported"}},
+      {qwen2 + "\"layer_types\": [\"full_attention\", \"sliding_attention\"]}", {"no positive sliding_window"}},
+  };
+  for (size_t i = 0; i < std::size(refused); i++) {
+    const std::string f = dir + strformat("/refused%zu.json", i);
+    write_file(f, refused[i].first);
+    expect_error([&] { config_from_json_file(f); }, refused[i].second);
+  }
+  // the defaults spelled out, and fields that change nothing llmt computes, are accepted
+  write_file(dir + "/ok.json", gpt2 + "\"scale_attn_weights\": true, \"scale_attn_by_inverse_layer_idx\": false, "
+                                      "\"add_cross_attention\": false, \"pruned_heads\": {}, \"reorder_and_upcast_attn\": "
+                                      "true, \"initializer_range\": 0.05, \"tie_word_embeddings\": false}");
+  ModelConfig c = config_from_json_file(dir + "/ok.json");
+  EXPECT_FALSE(c.tied_embeddings);  // GPT-2 with a head of its own (it was tied regardless)
+  EXPECT_FLOAT_EQ(c.init_std, 0.05f);
+  EXPECT_EQ(config_to_hf_json(c)["tie_word_embeddings"], false);
+  ModelConfig t = c;
+  t.tied_embeddings = true;
+  EXPECT_EQ(make_layout(c).total_numel, make_layout(t).total_numel + 256 * 32);  // lm_head.weight [V, C]
+  write_file(dir + "/qwen_sliding.json", qwen2 + "\"layer_types\": [\"full_attention\", \"sliding_attention\"], "
+                                                 "\"sliding_window\": 16}");
+  EXPECT_EQ(config_from_json_file(dir + "/qwen_sliding.json").sliding_window, 16);
+  write_file(dir + "/mistral_ok.json", mistral + "\"attention_bias\": false, \"mlp_bias\": null}");
+  EXPECT_NO_THROW(config_from_json_file(dir + "/mistral_ok.json"));
+}
+
 TEST(ModelConfig, PresetsMatchPublishedParameterCounts) {
   // Published sizes: GPT-2 124M / 355M / 774M / 1.5B (tied head), LLaMA-7B 6.74B, LLaMA-13B 13.0B.
   auto count = [](const char* name) { return (double)make_layout(config_from_preset(name)).total_numel; };

@@ -238,3 +238,92 @@ TEST(HfReferenceCuda, Qwen2Tiny) { check_model("qwen2_tiny", DType::f32, "cuda")
 TEST(HfReferenceCuda, Qwen2TinyBf16) { check_model("qwen2_tiny", DType::bf16, "cuda"); }
 TEST(HfReferenceCuda, LlamaBiasTiny) { check_model("llama_bias_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, LlamaBiasTinyBf16) { check_model("llama_bias_tiny", DType::bf16, "cuda"); }
+
+// Issue 23: a GPT-2 directory with "tie_word_embeddings": false and its own lm_head.weight trained
+// tied (lm_head.weight skipped) and exported as tied. GPT2LMHeadModel untied computes
+// logits = ln_f(h) lm_head^T with wte only in the embedding, so with lm_head.weight = wte it gives
+// the gpt2_tiny fixture's logits and loss exactly, and the fixture's (tied) wte gradient splits into
+// the embedding's and the head's: grad(wte) + grad(lm_head) = the fixture's grad(wte).
+TEST(HfReference, Gpt2UntiedHeadFromTheTiedFixture) {
+  const std::string src = llmt_test::reference_dir() + "/gpt2_tiny";
+  ModelConfig tied = config_from_json_file(src + "/config.json");
+  ModelConfig untied = tied;
+  untied.tied_embeddings = false;
+  const ModelLayout Lt = make_layout(tied), Lu = make_layout(untied);
+  SafetensorsCheckpoint fixture(src);
+  // the untied directory: every tensor as the fixture's, and lm_head.weight a copy of wte
+  llmt_test::TempDir out("untied");
+  {
+    std::vector<float> t((size_t)Lt.units[0].numel), u((size_t)Lu.units[0].numel);
+    load_hf_unit(fixture, tied, Lt, 0, t.data());
+    for (const ParamSpec& p : Lu.units[0].params) {
+      const std::string from = p.hf_name == "lm_head.weight" ? "transformer.wte.weight" : p.hf_name;
+      for (const ParamSpec& q : Lt.units[0].params)
+        if (q.hf_name == from) std::copy(t.begin() + q.offset, t.begin() + q.offset + q.numel(), u.begin() + p.offset);
+    }
+    HfExporter ex(out.path, untied, Lu, "F32");
+    ex.write_unit(0, u.data());
+    for (size_t k = 1; k < Lt.units.size(); k++) {
+      std::vector<float> block((size_t)Lt.units[k].numel);
+      load_hf_unit(fixture, tied, Lt, (int)k, block.data());
+      ex.write_unit((int)k, block.data());
+    }
+    ex.finish();
+  }
+  // read back as a user's directory would be (the config.json is llmt's export: it must say untied)
+  ModelConfig cfg = config_from_json_file(out.path + "/config.json");
+  ASSERT_FALSE(cfg.tied_embeddings) << "tie_word_embeddings false was read as tied";
+  SafetensorsCheckpoint ckpt(out.path);
+  ASSERT_TRUE(ckpt.find("lm_head.weight", nullptr)) << "the export dropped lm_head.weight";
+
+  SafetensorsFile ref(src + "/reference.safetensors");
+  std::vector<int32_t> ids = read_ids(ref, "input_ids"), labels = read_ids(ref, "labels");
+  const int B = (int)ref.find("input_ids")->shape[0], T = (int)ref.find("input_ids")->shape[1];
+  std::vector<int32_t> targets(ids.size(), kIgnoreIndex);
+  int n_valid = 0;
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t + 1 < T; t++) n_valid += (targets[b * T + t] = labels[b * T + t + 1]) != kIgnoreIndex;
+  std::unique_ptr<Backend> be = make_cpu_backend(2, DType::f32);
+  Transformer model(cfg, *be, B, T);
+  const ModelLayout& L = model.layout();
+  std::unique_ptr<DataComm> solo = make_solo_data_comm();
+  FsdpStore store(*be, L, Strategy::no_shard, *solo, 1);
+  check_hf_tensors(ckpt, cfg, L, out.path);
+  for (size_t u = 0; u < L.units.size(); u++) {
+    std::vector<float> host((size_t)L.units[u].numel);
+    load_hf_unit(ckpt, cfg, L, (int)u, host.data());
+    store.set_unit((int)u, host.data());
+  }
+  BackendBuffer loss(*be, DType::f64, {1});
+  TrainPass pass;
+  pass.grad_scale = 1.0f / n_valid;
+  model.forward(store, ids.data(), targets.data(), 0, loss.tensor());  // (with a TrainPass, dlogits replace them)
+  std::vector<float> logits = to_host(*be, model.logits()), want_logits = read_all(ref, "logits");
+  EXPECT_LT(rel_error(logits.data(), want_logits.data(), (int64_t)logits.size()), tol::kF32Logits);
+  double sum = 0.0;
+  be->copy_to_host(&sum, loss.tensor().data, sizeof(sum));
+  const float want_loss = read_all(ref, "loss")[0];
+  EXPECT_NEAR(sum / n_valid, want_loss, tol::kF32Loss * std::fabs(want_loss));
+  store.zero_grads();
+  model.forward(store, ids.data(), targets.data(), 0, loss.tensor(), &pass);
+  model.backward(store);
+  std::vector<float> head, wte;
+  for (size_t u = 0; u < L.units.size(); u++) {
+    const std::vector<float> grad = to_host(*be, store.shard_state((int)u).grad);
+    for (const ParamSpec& p : L.units[u].params) {
+      std::vector<float> g = hf_view(grad.data(), p);
+      if (p.hf_name == "lm_head.weight") head = g;
+      else if (p.hf_name == "transformer.wte.weight") wte = g;
+      else {
+        std::vector<float> want = read_all(ref, "grad." + p.hf_name);
+        EXPECT_LT(rel_error(g.data(), want.data(), p.numel()), tol::kF32Grad) << p.hf_name;
+      }
+    }
+  }
+  ASSERT_EQ(head.size(), wte.size());
+  std::vector<float> both(head.size()), want = read_all(ref, "grad.transformer.wte.weight");
+  for (size_t i = 0; i < both.size(); i++) both[i] = head[i] + wte[i];
+  EXPECT_LT(rel_error(both.data(), want.data(), (int64_t)both.size()), tol::kF32Grad);
+  EXPECT_GT(rel_error(head.data(), want.data(), (int64_t)head.size()), tol::kF32Grad)
+      << "the head's gradient alone should not be the tied one (the embedding's part is missing)";
+}

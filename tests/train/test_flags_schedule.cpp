@@ -62,7 +62,7 @@ TEST(TrainArgs, TheTrainerFlagsPeoplePaste) {
   };
   TrainArgs a = parse({"--optim", "adamw_torch_fused", "--logging_strategy", "epoch", "--logging_first_step",
                        "--dataloader_drop_last", "True", "--dataloader_num_workers", "4",
-                       "--preprocessing_num_workers", "3", "--validation_split_percentage", "5", "--torch_dtype",
+                       "--preprocessing_num_workers", "1", "--validation_split_percentage", "5", "--torch_dtype",
                        "bfloat16", "--ddp_find_unused_parameters", "False", "--save_safetensors", "True",
                        "--save_only_model", "True", "--overwrite_cache", "True", "--lr_scheduler_type", "polynomial",
                        "--lr_scheduler_kwargs", "{\"lr_end\": 1e-7, \"power\": 2}", "--learning_rate", "1e-4",
@@ -70,7 +70,7 @@ TEST(TrainArgs, TheTrainerFlagsPeoplePaste) {
   EXPECT_EQ(a.optim, "adamw_torch_fused");
   EXPECT_EQ(a.logging_strategy, "epoch");
   EXPECT_TRUE(a.logging_first_step && a.save_only_model && a.data.overwrite_cache);
-  EXPECT_EQ(a.data.preprocessing_num_workers, 3);
+  EXPECT_EQ(a.data.preprocessing_num_workers, 1);  // (at most the CPUs: this machine may have two)
   EXPECT_EQ(a.data.validation_split_percentage, 5);
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
       {{"--optim", "adafactor"}, "--optim adafactor: llmt implements AdamW"},
@@ -115,6 +115,45 @@ TEST(TrainArgs, RejectsNonsense) {
   };
   for (const auto& [flags, message] : bad) llmt_test::expect_error([&] { parse(flags); }, {message});
   EXPECT_NO_THROW(parse({"--adam_beta2", "0.95", "--adam_epsilon", "1e-6", "--weight_decay", "0.1"}));
+}
+
+// Issue 23: counts from flags are range-checked. --threads -1 was silently 0, --preprocessing_num_workers
+// 100000 crashed inside OpenMP, --block_size -1 was the default, and --num_train_epochs 1e15 overflowed
+// the step count to -9223372036854775808 (the run trained nothing and exited 0).
+TEST(TrainArgs, CountsFromFlagsAreRangeChecked) {
+  auto parse = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--model_config", "gpt2-tiny", "--train_file", "x.txt", "--output_dir", "o"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Flags f("train", args);
+    return parse_train_args(f);
+  };
+  const std::pair<std::vector<std::string>, std::string> bad[] = {
+      {{"--threads", "-1"}, "--threads -1: expected 0"},
+      {{"--threads", "100000"}, "--threads 100000: expected 0"},
+      {{"--preprocessing_num_workers", "100000"}, "--preprocessing_num_workers 100000: expected 0 (the rank's threads) to"},
+      {{"--preprocessing_num_workers", "-1"}, "--preprocessing_num_workers -1"},
+      {{"--block_size", "-1"}, "--block_size -1: expected a positive number of tokens"},
+      {{"--block_size", "0"}, "--block_size 0: expected a positive number of tokens"},
+      {{"--hybrid_shard_group_size", "-2"}, "--hybrid_shard_group_size -2"},
+      {{"--eval_steps", "-5"}, "--eval_steps -5"},
+      {{"--warmup_steps", "-1"}, "--warmup_steps must not be negative"},
+      {{"--num_train_epochs", "inf"}, "--num_train_epochs inf: expected a finite number"},
+      {{"--ddp_timeout", "inf"}, "--ddp_timeout must be a positive number of seconds"},
+  };
+  for (const auto& [flags, message] : bad) llmt_test::expect_error([&] { parse(flags); }, {message});
+  EXPECT_EQ(parse({}).data.block_size, 0);  // unset: the trainer takes min(1024, the model's context)
+  EXPECT_EQ(parse({"--block_size", "64"}).data.block_size, 64);
+  EXPECT_EQ(parse({"--threads", "1", "--preprocessing_num_workers", "1"}).threads, 1);
+
+  TrainArgs a = parse({"--num_train_epochs", "1e15"});
+  llmt_test::expect_error([&] { total_train_steps(a, 134, 2); },
+                          {"--num_train_epochs 1e+15 x 134 steps per epoch", "beyond what llmt can count"});
+  a.num_train_epochs = 2.5;
+  EXPECT_EQ(total_train_steps(a, 134, 2), 335);
+  a.max_steps = 10;
+  EXPECT_EQ(total_train_steps(a, 134, 2), 10);
+  a.max_steps = (int64_t)1 << 62;
+  llmt_test::expect_error([&] { total_train_steps(a, 134, 2); }, {"--max_steps 4611686018427387904"});
 }
 
 TEST(Schedule, MatchesTransformersFormulas) {

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 23, through the executable: counts derived from flags are range-checked with a clear error
+# and no model written (--num_train_epochs 1e17 overflowed the step count, trained nothing, saved the
+# untrained model and exited 0; --preprocessing_num_workers 100000 crashed in OpenMP; --threads -1
+# was silently 0; --block_size -1 was the default); an --output_dir with missing parents is created,
+# as the Hugging Face Trainer does; --per_device_eval_batch_size above the training batch is allowed
+# and gives the same eval_loss. Usage: flag_limits.sh path/to/llmt
+set -uo pipefail
+llmt=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for i in $(seq 400); do echo "limits test line $i: the quick brown fox jumps over the lazy dog"; done > "$work/corpus.txt"
+common=(--model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --block_size 64
+        --threads 1 --cache_dir none --save_strategy no --per_device_train_batch_size 2)
+
+refused() {  # refused <name> <expected message> flags...: exits non-zero, says why, writes no model
+  local name=$1 want=$2
+  shift 2
+  if "$llmt" train "${common[@]}" --output_dir "$work/$name" "$@" > "$work/$name.log" 2>&1; then
+    echo "FAIL: $name: exit 0"; tail -5 "$work/$name.log"; exit 1
+  fi
+  grep -qF -- "$want" "$work/$name.log" || { echo "FAIL: $name: no \"$want\""; tail -5 "$work/$name.log"; exit 1; }
+  [ ! -e "$work/$name/model.safetensors" ] || { echo "FAIL: $name: a model was written"; exit 1; }
+  grep -q "Segmentation\|fatal signal" "$work/$name.log" && { echo "FAIL: $name: crashed"; exit 1; }
+  echo "refused: $name: $want"
+}
+refused epochs "--num_train_epochs 1e+17 x" --num_train_epochs 1e17
+refused workers "--preprocessing_num_workers 100000: expected 0" --preprocessing_num_workers 100000
+refused threads "--threads -1: expected 0" --threads -1
+refused block "--block_size -1: expected a positive number of tokens" --block_size -1
+
+# --output_dir a/b/c: the parents are made
+"$llmt" train "${common[@]}" --output_dir "$work/new/parents/out" --max_steps 1 > "$work/parents.log" 2>&1 \
+  || { echo "FAIL: --output_dir with missing parents"; tail -5 "$work/parents.log"; exit 1; }
+[ -f "$work/new/parents/out/model.safetensors" ] || { echo "FAIL: no model in new/parents/out"; exit 1; }
+echo "--output_dir with missing parents: created"
+
+# an evaluation batch larger than the training batch (2): 5 and 2 give the same eval_loss
+eval_loss() {
+  "$llmt" train "${common[@]}" --output_dir "$work/eval$1" --max_steps 1 --do_eval True \
+    --validation_file "$work/corpus.txt" --per_device_eval_batch_size "$1" > "$work/eval$1.log" 2>&1 \
+    || { echo "FAIL: --per_device_eval_batch_size $1"; tail -5 "$work/eval$1.log" >&2; return 1; }
+  sed -n 's/.*"eval_loss":\([-0-9.e+]*\).*/\1/p' "$work/eval$1/metrics.jsonl" | tail -1
+}
+a=$(eval_loss 2) || exit 1
+b=$(eval_loss 5) || exit 1
+[ -n "$a" ] && [ -n "$b" ] || { echo "FAIL: no eval_loss recorded ($a, $b)"; exit 1; }
+awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6 * a) }' \
+  || { echo "FAIL: eval_loss with eval batch 5 ($b) differs from batch 2 ($a)"; exit 1; }
+echo "--per_device_eval_batch_size 5 over a training batch of 2: eval_loss $b (batch 2: $a)"
+echo PASS
