@@ -771,7 +771,7 @@ std::string Trainer::resume_path() {
   if (want != "latest" && want != "True" && want != "true") {
     std::string problem;
     if (world_.rank() == 0) try {
-        verify_checkpoint(want);
+        verify_checkpoint(want, kCheckpointRequiredFiles);
       } catch (const Error& e) {
         problem = e.what();
       }
@@ -789,7 +789,7 @@ std::string Trainer::resume_path() {
     std::string latest;
     int failed = 0;
     for (size_t i = all.size(); i-- > 0 && latest.empty();) {
-      const std::string why = checkpoint_problem(all[i].path, true);
+      const std::string why = checkpoint_problem(all[i].path, true, kCheckpointRequiredFiles);
       if (why.empty()) {
         latest = all[i].path;
         break;
