@@ -210,7 +210,7 @@ TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokeni
   return TokenDataset(std::move(offsets), std::move(ids), std::move(labels));
 }
 
-TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int rank) {
+TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int rank, std::string* key) {
   const std::string& path = args.data_path;
   if (FILE* f = std::fopen(path.c_str(), "rb")) std::fclose(f);
   else fail("cannot open --data_path %s: %s", path.c_str(), std::strerror(errno));
@@ -220,6 +220,7 @@ TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int
   h.add(args.instruction_field).add(args.input_field).add(args.output_field).add_int(args.model_max_length);
   h.add_file(path);
   add_tokenizer_to_key(h, tok, args.tokenizer_path);
+  if (key) *key = h.hex();
   std::string base = path.substr(path.find_last_of('/') + 1);
   for (char& c : base)
     if (!std::isalnum((unsigned char)c) && c != '.' && c != '-' && c != '_') c = '_';

@@ -71,18 +71,35 @@ static void check_sources(const DataArgs& a) {
              "used, and Alpaca data has no evaluation set");
 }
 
-TokenDataset load_train_dataset(const DataArgs& a, const Tokenizer& tok, int rank, int world) {
+TokenDataset load_train_dataset(const DataArgs& a, const Tokenizer& tok, int rank, int world, DataIdentity* id) {
   (void)world;  // every rank builds the whole dataset; the sampler splits it
   check_sources(a);
-  if (!a.data_path.empty()) return load_alpaca_dataset(a, tok, rank);
-  if (!a.dataset_name.empty())
-    return load_text_dataset(wikitext_split_file(a.dataset_dir, a.dataset_config_name, "train"), LineRule::kWikitext,
-                             a, tok, rank, a.dataset_config_name + " train");
-  if (a.validation_file.empty() && a.validation_split_percentage > 0)  // run_clm: train[N%:]
-    return load_text_dataset(a.train_file, LineRule::kTextLoader, a, tok, rank,
+  DataIdentity local;
+  if (!id) id = &local;
+  TokenDataset ds;
+  if (!a.data_path.empty()) {
+    ds = load_alpaca_dataset(a, tok, rank, &id->key);
+    id->source = "--data_path " + a.data_path;
+    id->model_max_length = a.model_max_length;
+  } else {
+    if (!a.dataset_name.empty())
+      ds = load_text_dataset(wikitext_split_file(a.dataset_dir, a.dataset_config_name, "train"), LineRule::kWikitext,
+                             a, tok, rank, a.dataset_config_name + " train", {}, &id->key);
+    else if (a.validation_file.empty() && a.validation_split_percentage > 0)  // run_clm: train[N%:]
+      ds = load_text_dataset(a.train_file, LineRule::kTextLoader, a, tok, rank,
                              strformat("train (after the first %d%%)", a.validation_split_percentage),
-                             {a.validation_split_percentage, false});
-  return load_text_dataset(a.train_file, LineRule::kTextLoader, a, tok, rank, "train");
+                             {a.validation_split_percentage, false}, &id->key);
+    else
+      ds = load_text_dataset(a.train_file, LineRule::kTextLoader, a, tok, rank, "train", {}, &id->key);
+    id->source = !a.dataset_name.empty() ? "--dataset_name " + a.dataset_name + " " + a.dataset_config_name
+                                         : "--train_file " + a.train_file;
+    if (a.validation_file.empty() && a.validation_split_percentage > 0)
+      id->source += strformat(" (after the first %d%%)", a.validation_split_percentage);
+    id->block_size = a.block_size;
+  }
+  id->examples = ds.size();
+  id->tokens = ds.total_tokens();
+  return ds;
 }
 
 TokenDataset load_eval_dataset(const DataArgs& a, const Tokenizer& tok, int rank, int world) {

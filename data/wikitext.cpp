@@ -167,7 +167,7 @@ TokenDataset group_texts(const TextLines& lines, const Tokenizer& tok, int block
 int64_t percent_cut(int64_t n, int pct) { return (int64_t)std::nearbyint((double)n * pct / 100.0); }
 
 TokenDataset load_text_dataset(const std::string& path, LineRule rule, const DataArgs& args, const Tokenizer& tok,
-                               int rank, const std::string& what, PercentSplit part) {
+                               int rank, const std::string& what, PercentSplit part, std::string* key) {
   LLMT_CHECK(args.block_size >= 1, "%s: block_size %d; the caller must choose it (run_clm: min(1024, model context))",
              what.c_str(), args.block_size);
   constexpr int kGroup = 1000;  // datasets.map's default batch_size, which run_clm keeps
@@ -178,6 +178,7 @@ TokenDataset load_text_dataset(const std::string& path, LineRule rule, const Dat
   h.add_int(args.block_size).add_int(kGroup).add_file(path);
   add_tokenizer_to_key(h, tok, args.tokenizer_path);
   if (part.pct > 0) h.add("percent-split").add_int(part.pct).add_int(part.head);
+  if (key) *key = h.hex();
   std::string base = path.substr(path.find_last_of('/') + 1);
   for (char& c : base)
     if (!std::isalnum((unsigned char)c) && c != '.' && c != '-' && c != '_') c = '_';

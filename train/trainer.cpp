@@ -163,6 +163,8 @@ class Trainer {
   double evaluate();
   void save_checkpoint(int64_t step);
   void record(const nlohmann::json& j);
+  nlohmann::json data_identity_json() const;
+  void check_resumed_data(const std::string& ck, const nlohmann::json& recorded);
   std::string resume_path();
   bool epoch_end(int64_t step) const { return (step + 1) % steps_per_epoch_ == 0; }
 
@@ -179,6 +181,7 @@ class Trainer {
   std::unique_ptr<Tokenizer> tok_;
   std::string tokenizer_dir_;  // copied beside saved models
   TokenDataset train_, eval_;
+  DataIdentity data_id_;  // the training data's identity, recorded in checkpoints and compared on resume
   int B_ = 0, T_ = 0, pad_id_ = 0, local_size_ = 1;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<FsdpStore> store_;
@@ -367,7 +370,7 @@ void Trainer::load_data() {
                da.model_max_length, cfg_.max_seq_len);
     da.model_max_length = cfg_.max_seq_len;
   }
-  train_ = load_train_dataset(da, *tok_, world_.rank(), W_);
+  train_ = load_train_dataset(da, *tok_, world_.rank(), W_, &data_id_);
   if (a_.do_eval || a_.evaluation_strategy != "no") {
     eval_ = load_eval_dataset(da, *tok_, world_.rank(), W_);
     LLMT_CHECK(!eval_.empty(), "--do_eval / --evaluation_strategy: there is no evaluation data (--validation_file, or "
@@ -509,6 +512,7 @@ void Trainer::resume() {
                "it would not continue with the same data (keep ranks x per-device batch x accumulation, and the seed)",
                ck.c_str(), (long long)sc.value("global_batch", (int64_t)0), (unsigned long long)sc.value("seed", (uint64_t)0),
                (long long)global_batch_, (unsigned long long)a_.seed);
+    if (sc.contains("train_data")) check_resumed_data(ck, sc["train_data"]);  // (older checkpoints lack it)
     log_info("resume %s: step %lld, Adam step %d; continuing to step %lld", ck.c_str(), (long long)first_step_,
              st.adam_step, (long long)total_steps_);
     LLMT_CHECK(first_step_ < total_steps_, "%s is at step %lld, and the run ends at step %lld: nothing left to train",
@@ -525,6 +529,39 @@ void Trainer::resume() {
                (a_.logging_dir.empty() ? a_.output_dir + "/runs" : a_.logging_dir).c_str());
     }
   }
+}
+
+nlohmann::json Trainer::data_identity_json() const {
+  return {{"key", data_id_.key},
+          {"source", data_id_.source},
+          {"block_size", data_id_.block_size},
+          {"model_max_length", data_id_.model_max_length},
+          {"examples", data_id_.examples},
+          {"tokens", data_id_.tokens}};
+}
+
+// A resume with other data (another --train_file, --block_size, --model_max_length, tokenizer, or the
+// file edited) continued silently at the checkpoint's step of a different order. The token cache key
+// decides; the readable fields say what differs. --ignore_data_skip True accepts it.
+void Trainer::check_resumed_data(const std::string& ck, const nlohmann::json& was) {
+  const nlohmann::json now = data_identity_json();
+  if (was.is_object() && was.value("key", std::string()) == data_id_.key) return;
+  std::string diff;
+  for (const char* field : {"source", "block_size", "model_max_length", "examples", "tokens"}) {
+    const nlohmann::json a = was.is_object() && was.contains(field) ? was[field] : nlohmann::json(),
+                         b = now[field];
+    if (a != b)
+      diff += strformat("%s%s %s, now %s", diff.empty() ? "" : "; ", field, clip_for_message(a.dump()).c_str(),
+                        clip_for_message(b.dump()).c_str());
+  }
+  if (diff.empty()) diff = "the same file name and settings, but its content or the tokenizer's files changed";
+  diff += strformat(" (token cache key %s, now %s)", clip_for_message(was.is_object() ? was.value("key", "") : "").c_str(),
+                    data_id_.key.c_str());
+  LLMT_CHECK(a_.ignore_data_skip, "%s was trained on other data: %s. Resuming would continue at step %lld of another "
+             "data order; give the checkpoint's data, or --ignore_data_skip True to continue on this data anyway",
+             ck.c_str(), diff.c_str(), (long long)first_step_);
+  log_info("warning %s was trained on other data: %s; continuing on this data (--ignore_data_skip True)", ck.c_str(),
+           diff.c_str());
 }
 
 void Trainer::run() {
@@ -734,7 +771,8 @@ void Trainer::save_checkpoint(int64_t step) {
     nlohmann::json scalars = {{"global_step", step},
                               {"seed", a_.seed},
                               {"steps_per_epoch", steps_per_epoch_},
-                              {"global_batch", global_batch_}};
+                              {"global_batch", global_batch_},
+                              {"train_data", data_identity_json()}};
     if (!a_.save_only_model)  // --save_only_model: the model alone, as the Trainer's; nothing to resume from
       save_train_state(tmp + "/state.h5", world_, model_->layout(), *store_, step, scalars.dump(),
                        config_to_hf_json(cfg_).dump());
@@ -748,6 +786,7 @@ void Trainer::save_checkpoint(int64_t step) {
                              {"save_steps", a_.save_steps},
                              {"train_batch_size", B_},
                              {"model_config", config_to_hf_json(cfg_)},
+                             {"train_data", data_identity_json()},
                              {"log_history", log_history_}};
         write_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
       } catch (const Error& e) {

@@ -79,3 +79,29 @@ expect_refusal "$work/x6.log" "holds a checkpoint manifest" "export inside anoth
   --output_dir "$work/d2" --resume_from_checkpoint "$work/d" > "$work/d2.log" 2>&1 \
   || { cat "$work/d2.log"; fail "resume from the checkpoint after the refused exports"; }
 echo "export: refused into, inside, or through a link to a checkpoint, and into another one; the checkpoint resumes"
+
+# 3. a resume with other data: refused, naming what differs, unless --ignore_data_skip True
+resume() {  # resume OUT_DIR flags...
+  local out=$1
+  shift
+  "$llmt" train "${common[@]}" --max_steps 6 --save_strategy no --output_dir "$out" --resume_from_checkpoint "$ck" "$@"
+}
+expect_refusal "$work/s1.log" 'source "--train_file .*corpus.txt", now "--train_file .*other.txt"' \
+  "a resume on another --train_file" -- resume "$work/s1" --train_file "$work/other.txt" --block_size 32
+grep -q "ignore_data_skip True" "$work/s1.log" || { cat "$work/s1.log"; fail "the refusal does not name the way out"; }
+expect_refusal "$work/s2.log" "block_size 32, now 16" "a resume with another --block_size" \
+  -- resume "$work/s2" --train_file "$work/corpus.txt" --block_size 16
+cp "$work/corpus.txt" "$work/saved.txt"
+sed -i '5s/fox/cat/' "$work/corpus.txt"
+expect_refusal "$work/s3.log" "its content or the tokenizer's files changed" "a resume on an edited train file" \
+  -- resume "$work/s3" --train_file "$work/corpus.txt" --block_size 32
+cp "$work/saved.txt" "$work/corpus.txt"
+mkdir -p "$work/moved" && cp "$work/corpus.txt" "$work/moved/corpus.txt"
+resume "$work/s4" --train_file "$work/moved/corpus.txt" --block_size 32 > "$work/s4.log" 2>&1 \
+  || { cat "$work/s4.log"; fail "a resume on the same data under another path"; }
+resume "$work/s5" --train_file "$work/other.txt" --block_size 32 --ignore_data_skip True > "$work/s5.log" 2>&1 \
+  || { cat "$work/s5.log"; fail "--ignore_data_skip True did not let the data change"; }
+grep -q "warning .* was trained on other data: .*(--ignore_data_skip True)" "$work/s5.log" \
+  || { cat "$work/s5.log"; fail "--ignore_data_skip True: no warning"; }
+grep -q "step      6/6" "$work/s5.log" || { cat "$work/s5.log"; fail "--ignore_data_skip True: the run did not train on"; }
+echo "resume with another train file, block size or edited content: refused naming it; the same content moved resumes; --ignore_data_skip True continues"
