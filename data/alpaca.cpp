@@ -16,6 +16,7 @@
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 #include "engine/core/log.h"
+#include "engine/core/stop.h"
 
 namespace llmt {
 
@@ -146,11 +147,7 @@ std::vector<AlpacaRecord> parse_alpaca(const std::string& text, const std::strin
 }
 
 std::vector<AlpacaRecord> read_alpaca(const std::string& path, const DataArgs& fields) {
-  std::ifstream f(path, std::ios::binary);
-  LLMT_CHECK(f.good(), "cannot open --data_path %s: %s", path.c_str(), std::strerror(errno));
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  LLMT_CHECK(!f.bad(), "read error in %s", path.c_str());
-  return parse_alpaca(text, path, fields);
+  return parse_alpaca(read_data_file(path, "--data_path"), path, fields);
 }
 
 TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokenizer& tok, int model_max_length,
@@ -164,6 +161,7 @@ TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokeni
   std::string err;
 #pragma omp parallel for schedule(dynamic, 8) if (parallel)
   for (int64_t i = 0; i < n; i++) {
+    if (stop_signal() != 0) continue;  // a signal: tokenize no more records
     try {
       std::vector<int32_t>& p = prompt[(size_t)i];
       if (tok.adds_bos()) p.push_back(tok.bos_id());
@@ -177,6 +175,7 @@ TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokeni
     }
   }
   LLMT_CHECK(err.empty(), "tokenizing Alpaca %s", err.c_str());
+  throw_if_stopped("tokenizing Alpaca records");
   std::vector<int64_t> offsets(1, 0);
   std::vector<int32_t> ids, labels;
   int64_t truncated = 0, no_target = 0, first_truncated = -1, first_dropped = -1;
@@ -212,6 +211,7 @@ TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokeni
 
 TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int rank, std::string* key) {
   const std::string& path = args.data_path;
+  check_regular_file(path, "--data_path");  // first: opening a pipe would wait for a writer
   if (FILE* f = std::fopen(path.c_str(), "rb")) std::fclose(f);
   else fail("cannot open --data_path %s: %s", path.c_str(), std::strerror(errno));
   KeyHasher h;

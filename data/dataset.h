@@ -103,6 +103,14 @@ int collate(const TokenDataset& ds, const std::vector<int64_t>& idx, int pad_id,
 
 // ---- helpers the builders share ----
 
+// Refuses a data file that is not a regular file (a device such as /dev/zero, a pipe, a directory:
+// hashing /dev/zero never ended; opening a pipe waits for a writer), naming `what` (the flag), the
+// path and what it is. A path that cannot be stat'ed is left for the caller's open to report.
+void check_regular_file(const std::string& path, const std::string& what);
+// The content of a regular data file, read in chunks; a stop signal (engine/core/stop.h) ends the
+// read with an error. Errors name `what` and the path.
+std::string read_data_file(const std::string& path, const std::string& what);
+
 // Byte offset of the first invalid UTF-8 sequence in s (strict, as Python's decoder: no overlongs,
 // surrogates or code points past U+10FFFF), or -1 when s is valid.
 int64_t find_invalid_utf8(std::string_view s);

@@ -30,6 +30,7 @@
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 #include "engine/core/log.h"
+#include "engine/core/stop.h"
 #include "engine/dist/mpi_communicator.h"
 #include "engine/dist/nccl_log.h"
 #include "engine/dist/watchdog.h"
@@ -52,8 +53,7 @@ namespace {
 
 // SIGUSR1 (Slurm's --signal=USR1@120 before the time limit) or SIGTERM (scancel, preemption):
 // finish the step, save a checkpoint, exit cleanly so the job can be requeued and resumed. Set by
-// the signal thread (install_stop_handlers).
-std::atomic<int> g_stop_signal{0};
+// the signal thread (install_stop_handlers) in engine/core/stop.h, where data preparation reads it.
 
 const double kMiB = 1024.0 * 1024.0;
 
@@ -76,6 +76,36 @@ void make_dir(const std::string& dir) {
   std::fclose(f);
   std::remove(probe.c_str());
 }
+
+// An output file of lines (metrics.jsonl), each written and flushed at once. A failed write, flush or
+// close is an error naming the file: a full disk or an unwritable file gave exit 0 and no metrics.
+class LineFile {
+ public:
+  ~LineFile() {
+    if (f_) std::fclose(f_);
+  }
+  void open(const std::string& path) {
+    path_ = path;
+    f_ = std::fopen(path.c_str(), "w");
+    LLMT_CHECK(f_, "cannot create %s: %s", path.c_str(), std::strerror(errno));
+  }
+  void write(const std::string& line) {
+    if (!f_) return;
+    const std::string text = line + "\n";
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f_) == text.size() && std::fflush(f_) == 0;
+    LLMT_CHECK(ok, "writing %s failed: %s", path_.c_str(), std::strerror(errno));
+  }
+  void close() {
+    if (!f_) return;
+    const int rc = std::fclose(f_);
+    f_ = nullptr;
+    LLMT_CHECK(rc == 0, "closing %s failed: %s", path_.c_str(), std::strerror(errno));
+  }
+
+ private:
+  std::string path_;
+  FILE* f_ = nullptr;
+};
 
 // The run's claim on its output_dir: an fcntl lock on output_dir/.llmt.lock, held until the process
 // ends (the kernel drops it even after kill -9; fcntl locks also work over NFS), with the holder's
@@ -159,6 +189,7 @@ class Trainer {
   bool maybe_save(int64_t step);
   bool stop_requested(int64_t step, bool saved);
   void finish();
+  void close_outputs();
   // what the hooks call
   double evaluate();
   void save_checkpoint(int64_t step);
@@ -190,7 +221,7 @@ class Trainer {
   int64_t global_batch_ = 1;  // sequences per step over every rank: with the seed, it fixes the data order
   Schedule sched_;
   AdamWConfig adamw_;
-  std::ofstream metrics_;
+  LineFile metrics_;  // output_dir/metrics.jsonl (rank 0)
   std::unique_ptr<TensorBoardWriter> tb_;  // rank 0, with --report_to tensorboard
   std::vector<nlohmann::json> log_history_;  // what was logged, for trainer_state.json (rank 0)
   // this rank's batch buffers, one per micro-batch
@@ -519,9 +550,8 @@ void Trainer::resume() {
                ck.c_str(), (long long)first_step_, (long long)total_steps_);
   }
   if (world_.rank() == 0) {  // metrics.jsonl: this run's records, after the resumed checkpoint's history
-    metrics_.open(a_.output_dir + "/metrics.jsonl", std::ios::trunc);
-    for (const auto& rec : log_history_) metrics_ << rec.dump() << "\n";
-    metrics_.flush();
+    metrics_.open(a_.output_dir + "/metrics.jsonl");
+    for (const auto& rec : log_history_) metrics_.write(rec.dump());
     if (a_.report_tensorboard) {  // this run's records only: a resumed run's history is in its own files
       tb_ = std::make_unique<TensorBoardWriter>(a_.logging_dir.empty() ? default_logging_dir(a_.output_dir)
                                                                        : a_.logging_dir);
@@ -567,7 +597,7 @@ void Trainer::check_resumed_data(const std::string& ck, const nlohmann::json& wa
 void Trainer::run() {
   // A signal during setup (tokenizing a large corpus, loading a checkpoint): stop now, all ranks
   // together; the job can be requeued and start again.
-  if (world_.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) > 0) {
+  if (world_.all_reduce_sum(stop_signal() != 0 ? 1.0 : 0.0) > 0) {
     log_info("stopped before the first step by a signal; nothing to save");
     return;
   }
@@ -585,10 +615,18 @@ void Trainer::run() {
     if (stop_requested(s, saved)) {
       log_info("stopped at step %lld of %lld by a signal; checkpoint-%lld holds the model", (long long)s + 1,
                (long long)total_steps_, (long long)s + 1);
+      close_outputs();
       return;
     }
   }
   finish();
+  close_outputs();
+}
+
+// metrics.jsonl and the TensorBoard file, closed with their errors reported (rank 0 holds them).
+void Trainer::close_outputs() {
+  metrics_.close();
+  if (tb_) tb_->close();
 }
 
 // This rank's micro-batches of step `s`, then one optimizer step over every rank.
@@ -687,7 +725,7 @@ bool Trainer::maybe_save(int64_t s) {
 
 // A signal reaches some ranks and not others: agree before acting, so every rank saves together.
 bool Trainer::stop_requested(int64_t s, bool saved) {
-  if (s + 1 >= total_steps_ || world_.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) == 0) return false;
+  if (s + 1 >= total_steps_ || world_.all_reduce_sum(stop_signal() != 0 ? 1.0 : 0.0) == 0) return false;
   log_info("signal received: saving at step %lld and stopping", (long long)s + 1);
   if (!saved) save_checkpoint(s + 1);
   return true;
@@ -714,8 +752,7 @@ void Trainer::finish() {
 void Trainer::record(const nlohmann::json& j) {
   if (world_.rank() != 0) return;
   log_history_.push_back(j);
-  metrics_ << j.dump() << "\n";
-  metrics_.flush();
+  metrics_.write(j.dump());
   if (!tb_) return;
   // every number but the step, under the Trainer's tag names; an eval record's perplexity is eval/
   std::vector<std::pair<std::string, double>> scalars;
@@ -873,7 +910,7 @@ void install_stop_handlers() {
     std::thread([set] {
       for (;;) {
         int sig = 0;
-        if (sigwait(&set, &sig) == 0) g_stop_signal = sig;
+        if (sigwait(&set, &sig) == 0) set_stop_signal(sig);
       }
     }).detach();
   });
