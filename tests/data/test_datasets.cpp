@@ -852,9 +852,9 @@ TEST(Alpaca, HugeInstructionKeepsMemoryBounded) {
     int status = 0;
     waitpid(pid, &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << name << ": the record was not dropped";
-    // the instruction (50 MB), the prompt made from it (50 MB) and room for the rest: well under the
-    // 2.2 GB of the whole encoding
+    // the instruction (50 MB), the prompt made from it (50 MB) and room for the rest (measured 151
+    // MiB); the whole encoding took 244 (llama3) and 285 MiB (qwen2) of this text
     std::printf("%s: a 50 MB instruction grew the peak RSS by %.0f MiB\n", name, grew_kib / 1024.0);
-    EXPECT_LT(grew_kib, 300L << 10) << name;
+    EXPECT_LT(grew_kib, 200L << 10) << name;
   }
 }
