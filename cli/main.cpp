@@ -58,6 +58,13 @@ int main(int argc, char** argv) {
       usage();
     }
     llmt::finalize_launch();
+    // What a command printed (plan --json, bench, tokenize, help) must have reached its file: a full
+    // disk or /dev/full gave exit 0 with nothing written.
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      const int e = errno;
+      std::fprintf(stderr, "error: writing standard output failed: %s\n", std::strerror(e));
+      return 1;
+    }
     return rc;
   } catch (const llmt::Error& e) {
     return report(e.what());

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -93,6 +94,25 @@ static void bench(const Tokenizer& tok, const std::string& path, const std::stri
       text.size() / line_med / 1e6);
 }
 
+// Longest stdin line `llmt tokenize` takes: the input is a stream of unknown length (from /dev/zero,
+// one endless line, it grew to 5 GB in 12 s), so a line is bounded; a longer one is an error.
+constexpr size_t kMaxLineBytes = 16u << 20;
+
+// The next line of `in` without its "\n" into *line; false at the end of the input.
+static bool read_bounded_line(FILE* in, std::string* line, size_t line_no) {
+  line->clear();
+  int c;
+  while ((c = getc_unlocked(in)) != EOF) {
+    if (c == '\n') return true;
+    LLMT_CHECK(line->size() < kMaxLineBytes, "llmt tokenize: stdin line %zu is longer than %zu MiB: it encodes one "
+               "line at a time, so split the text into lines", line_no, kMaxLineBytes >> 20);
+    line->push_back((char)c);
+  }
+  LLMT_CHECK(!std::ferror(in), "llmt tokenize: reading standard input failed after line %zu: %s", line_no,
+             std::strerror(errno));
+  return !line->empty();
+}
+
 int cli_tokenize(const std::vector<std::string>& args) {
   if (wants_help(args)) {
     std::printf(
@@ -125,10 +145,9 @@ int cli_tokenize(const std::vector<std::string>& args) {
     bench(*tok, bench_file, path, load_s, repeats);
     return 0;
   }
-  std::ios::sync_with_stdio(false);
   std::string line, out;
   size_t line_no = 0;
-  while (std::getline(std::cin, line)) {
+  while (read_bounded_line(stdin, &line, line_no + 1)) {
     line_no++;
     out.clear();
     if (decode) {
@@ -156,9 +175,11 @@ int cli_tokenize(const std::vector<std::string>& args) {
       }
     }
     out += '\n';
-    std::fwrite(out.data(), 1, out.size(), stdout);
+    // a closed pipe or a full disk ends the run with an error (it exited 0 with nothing written)
+    LLMT_CHECK(std::fwrite(out.data(), 1, out.size(), stdout) == out.size(),
+               "llmt tokenize: writing standard output failed at input line %zu: %s", line_no, std::strerror(errno));
   }
-  std::fflush(stdout);
+  LLMT_CHECK(std::fflush(stdout) == 0, "llmt tokenize: writing standard output failed: %s", std::strerror(errno));
   return 0;
 }
 

@@ -16,6 +16,7 @@
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 #include "engine/core/log.h"
+#include "engine/core/stop.h"
 
 namespace llmt {
 
@@ -146,11 +147,7 @@ std::vector<AlpacaRecord> parse_alpaca(const std::string& text, const std::strin
 }
 
 std::vector<AlpacaRecord> read_alpaca(const std::string& path, const DataArgs& fields) {
-  std::ifstream f(path, std::ios::binary);
-  LLMT_CHECK(f.good(), "cannot open --data_path %s: %s", path.c_str(), std::strerror(errno));
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  LLMT_CHECK(!f.bad(), "read error in %s", path.c_str());
-  return parse_alpaca(text, path, fields);
+  return parse_alpaca(read_data_file(path, "--data_path"), path, fields);
 }
 
 TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokenizer& tok, int model_max_length,
@@ -164,19 +161,29 @@ TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokeni
   std::string err;
 #pragma omp parallel for schedule(dynamic, 8) if (parallel)
   for (int64_t i = 0; i < n; i++) {
+    if (stop_signal() != 0) continue;  // a signal: tokenize no more records
     try {
+      // Only the first model_max_length ids are kept, so only they are computed (encode_prefix:
+      // exactly encode()'s first ids): one 50 MB instruction peaked at 2.2 GB, tokenized whole.
+      // The prompt's ids up to model_max_length tell whether it fills it (dropped); the target needs
+      // the rest, and one more id says whether the EOS still fits.
+      const size_t M = (size_t)model_max_length;
       std::vector<int32_t>& p = prompt[(size_t)i];
       if (tok.adds_bos()) p.push_back(tok.bos_id());
-      std::vector<int32_t> body = tok.encode(alpaca_prompt(recs[(size_t)i]));
+      std::vector<int32_t> body = tok.encode_prefix(alpaca_prompt(recs[(size_t)i]), M - std::min(M, p.size()));
       p.insert(p.end(), body.begin(), body.end());
-      target[(size_t)i] = tok.encode(recs[(size_t)i].output);
-      target[(size_t)i].push_back(eos);
+      // t = the first M - |p| ids of the output, then EOS: when the output fills them the EOS is one
+      // past the cut, which is what marks the record as truncated below, as with the whole target.
+      std::vector<int32_t>& t = target[(size_t)i];
+      if (p.size() < M) t = tok.encode_prefix(recs[(size_t)i].output, M - p.size());
+      t.push_back(eos);
     } catch (const std::exception& e) {
 #pragma omp critical(llmt_alpaca_err)
       if (err.empty()) err = strformat("record %lld: %s", (long long)i, e.what());
     }
   }
   LLMT_CHECK(err.empty(), "tokenizing Alpaca %s", err.c_str());
+  throw_if_stopped("tokenizing Alpaca records");
   std::vector<int64_t> offsets(1, 0);
   std::vector<int32_t> ids, labels;
   int64_t truncated = 0, no_target = 0, first_truncated = -1, first_dropped = -1;
@@ -210,8 +217,9 @@ TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokeni
   return TokenDataset(std::move(offsets), std::move(ids), std::move(labels));
 }
 
-TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int rank) {
+TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int rank, std::string* key) {
   const std::string& path = args.data_path;
+  check_regular_file(path, "--data_path");  // first: opening a pipe would wait for a writer
   if (FILE* f = std::fopen(path.c_str(), "rb")) std::fclose(f);
   else fail("cannot open --data_path %s: %s", path.c_str(), std::strerror(errno));
   KeyHasher h;
@@ -220,6 +228,7 @@ TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int
   h.add(args.instruction_field).add(args.input_field).add(args.output_field).add_int(args.model_max_length);
   h.add_file(path);
   add_tokenizer_to_key(h, tok, args.tokenizer_path);
+  if (key) *key = h.hex();
   std::string base = path.substr(path.find_last_of('/') + 1);
   for (char& c : base)
     if (!std::isalnum((unsigned char)c) && c != '.' && c != '-' && c != '_') c = '_';

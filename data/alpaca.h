@@ -43,7 +43,8 @@ std::string alpaca_prompt(const AlpacaRecord& r);
 TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokenizer& tok, int model_max_length,
                              CacheStats* st);
 
-// read + tokenize through the token cache, with logs.
-TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int rank);
+// read + tokenize through the token cache, with logs. *key (when given) gets the token cache key, the
+// dataset's identity (DataIdentity).
+TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int rank, std::string* key = nullptr);
 
 }  // namespace llmt

@@ -175,6 +175,7 @@ class BpeTokenizer : public Tokenizer {
  public:
   explicit BpeTokenizer(BpeSpec spec);
   std::vector<int32_t> encode(std::string_view text) const override;
+  std::vector<int32_t> encode_prefix(std::string_view text, size_t max_tokens) const override;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override;
   int vocab_size() const override { return (int)spec_.tokens.size(); }
   int bos_id() const override { return spec_.bos_id; }
@@ -184,8 +185,9 @@ class BpeTokenizer : public Tokenizer {
   std::string kind() const override { return spec_.kind; }
 
  private:
-  void split_added(const char* s, size_t n, int pass, std::vector<int32_t>& out) const;
-  void encode_segment(const char* s, size_t n, std::vector<int32_t>& out) const;
+  // both stop once out holds `limit` ids (the pieces after are never merged)
+  void split_added(const char* s, size_t n, int pass, std::vector<int32_t>& out, size_t limit) const;
+  void encode_segment(const char* s, size_t n, std::vector<int32_t>& out, size_t limit) const;
   void encode_piece(const uint8_t* s, size_t n, std::vector<int32_t>& out) const;
   void merge(const uint8_t* s, size_t n, std::vector<int32_t>& out) const;
   void merge_small(int32_t* ids, int m, std::vector<int32_t>& out) const;
@@ -414,15 +416,15 @@ void BpeTokenizer::encode_piece(const uint8_t* s, size_t n, std::vector<int32_t>
   c.map.emplace(std::move(key), std::vector<int32_t>(out.begin() + before, out.end()));
 }
 
-void BpeTokenizer::encode_segment(const char* s, size_t n, std::vector<int32_t>& out) const {
-  if (n == 0) return;
+void BpeTokenizer::encode_segment(const char* s, size_t n, std::vector<int32_t>& out, size_t limit) const {
+  if (n == 0 || out.size() >= limit) return;
   std::string prefixed;
   if (spec_.add_prefix_space && s[0] != ' ') {  // HF ByteLevel(add_prefix_space=True)
     prefixed = " " + std::string(s, n);
     s = prefixed.data();
     n = prefixed.size();
   }
-  for (size_t i = 0; i < n;) {
+  for (size_t i = 0; i < n && out.size() < limit;) {
     size_t j = pretok_next(s, n, i, spec_.pattern);
     encode_piece((const uint8_t*)s + i, j - i, out);
     i = j;
@@ -459,7 +461,15 @@ int BpeTokenizer::match_added(const AddedSet& set, const char* s, size_t n, size
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
-  split_added(text.data(), text.size(), 0, out);
+  split_added(text.data(), text.size(), 0, out, SIZE_MAX);
+  return out;
+}
+
+std::vector<int32_t> BpeTokenizer::encode_prefix(std::string_view text, size_t max_tokens) const {
+  std::vector<int32_t> out;
+  out.reserve(std::min(text.size() / 3, max_tokens) + 4);
+  split_added(text.data(), text.size(), 0, out, max_tokens);
+  if (out.size() > max_tokens) out.resize(max_tokens);  // the last piece may pass it
   return out;
 }
 
@@ -468,16 +478,17 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
 // out of it (pass 1); each piece left is pre-tokenized and merged. Without a normalizer the two
 // passes still differ from one over all tokens: a normalized=false token inside a normalized=true
 // one wins.
-void BpeTokenizer::split_added(const char* s, size_t n, int pass, std::vector<int32_t>& out) const {
+void BpeTokenizer::split_added(const char* s, size_t n, int pass, std::vector<int32_t>& out, size_t limit) const {
   auto text = [&](size_t begin, size_t end) {  // a piece between added tokens
-    if (pass == 1) return encode_segment(s + begin, end - begin, out);
-    if (!spec_.nfc) return split_added(s + begin, end - begin, 1, out);
+    if (out.size() >= limit) return;
+    if (pass == 1) return encode_segment(s + begin, end - begin, out, limit);
+    if (!spec_.nfc) return split_added(s + begin, end - begin, 1, out, limit);
     std::string normal = utf8_nfc(std::string_view(s + begin, end - begin));
-    split_added(normal.data(), normal.size(), 1, out);
+    split_added(normal.data(), normal.size(), 1, out, limit);
   };
   const AddedSet& set = added_[pass];
   size_t seg = 0;  // start of the text not yet encoded
-  for (size_t i = 0; i < n && !set.by_len.empty(); i++) {
+  for (size_t i = 0; i < n && !set.by_len.empty() && out.size() < limit; i++) {
     if (set.only_first >= 0) {  // skip to the next possible start
       const void* p = std::memchr(s + i, set.only_first, n - i);
       if (!p) break;

@@ -1,14 +1,20 @@
 #include "data/dataset.h"
 
 #include <omp.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <new>
+#include <cstdio>
+#include <cstring>
 
 #include "data/alpaca.h"
 #include "data/tokenizer.h"
 #include "data/wikitext.h"
 #include "engine/core/error.h"
+#include "engine/core/stop.h"
 
 namespace llmt {
 
@@ -71,18 +77,35 @@ static void check_sources(const DataArgs& a) {
              "used, and Alpaca data has no evaluation set");
 }
 
-TokenDataset load_train_dataset(const DataArgs& a, const Tokenizer& tok, int rank, int world) {
+TokenDataset load_train_dataset(const DataArgs& a, const Tokenizer& tok, int rank, int world, DataIdentity* id) {
   (void)world;  // every rank builds the whole dataset; the sampler splits it
   check_sources(a);
-  if (!a.data_path.empty()) return load_alpaca_dataset(a, tok, rank);
-  if (!a.dataset_name.empty())
-    return load_text_dataset(wikitext_split_file(a.dataset_dir, a.dataset_config_name, "train"), LineRule::kWikitext,
-                             a, tok, rank, a.dataset_config_name + " train");
-  if (a.validation_file.empty() && a.validation_split_percentage > 0)  // run_clm: train[N%:]
-    return load_text_dataset(a.train_file, LineRule::kTextLoader, a, tok, rank,
+  DataIdentity local;
+  if (!id) id = &local;
+  TokenDataset ds;
+  if (!a.data_path.empty()) {
+    ds = load_alpaca_dataset(a, tok, rank, &id->key);
+    id->source = "--data_path " + a.data_path;
+    id->model_max_length = a.model_max_length;
+  } else {
+    if (!a.dataset_name.empty())
+      ds = load_text_dataset(wikitext_split_file(a.dataset_dir, a.dataset_config_name, "train"), LineRule::kWikitext,
+                             a, tok, rank, a.dataset_config_name + " train", {}, &id->key);
+    else if (a.validation_file.empty() && a.validation_split_percentage > 0)  // run_clm: train[N%:]
+      ds = load_text_dataset(a.train_file, LineRule::kTextLoader, a, tok, rank,
                              strformat("train (after the first %d%%)", a.validation_split_percentage),
-                             {a.validation_split_percentage, false});
-  return load_text_dataset(a.train_file, LineRule::kTextLoader, a, tok, rank, "train");
+                             {a.validation_split_percentage, false}, &id->key);
+    else
+      ds = load_text_dataset(a.train_file, LineRule::kTextLoader, a, tok, rank, "train", {}, &id->key);
+    id->source = !a.dataset_name.empty() ? "--dataset_name " + a.dataset_name + " " + a.dataset_config_name
+                                         : "--train_file " + a.train_file;
+    if (a.validation_file.empty() && a.validation_split_percentage > 0)
+      id->source += strformat(" (after the first %d%%)", a.validation_split_percentage);
+    id->block_size = a.block_size;
+  }
+  id->examples = ds.size();
+  id->tokens = ds.total_tokens();
+  return ds;
 }
 
 TokenDataset load_eval_dataset(const DataArgs& a, const Tokenizer& tok, int rank, int world) {
@@ -128,6 +151,50 @@ int collate(const TokenDataset& ds, const std::vector<int64_t>& idx, int pad_id,
 }
 
 // ---- helpers ----
+
+void check_regular_file(const std::string& path, const std::string& what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return;  // absent or unreadable: opening it says so
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISFIFO(st.st_mode) ? "a pipe"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : nullptr;
+  LLMT_CHECK(S_ISREG(st.st_mode), "%s: %s is %s, not a regular file: llmt hashes data files for the token cache "
+             "and the checkpoint's record, then reads them, so they must be files of a known size",
+             what.c_str(), path.c_str(), kind ? kind : "not a regular file");
+}
+
+std::string read_data_file(const std::string& path, const std::string& what) {
+  check_regular_file(path, what);
+  FILE* f = std::fopen(path.c_str(), "rb");
+  LLMT_CHECK(f, "cannot open %s %s: %s", what.c_str(), path.c_str(), std::strerror(errno));
+  std::string text;
+  struct stat st;
+  const long long size = ::fstat(fileno(f), &st) == 0 ? (long long)st.st_size : 0;
+  std::vector<char> buf(1 << 20);
+  try {
+    if (size > 0) text.reserve((size_t)size);
+  } catch (const std::bad_alloc&) {
+    std::fclose(f);
+    fail("%s: %s is %lld bytes, more than this process can hold in memory (it is read whole)", what.c_str(),
+         path.c_str(), size);
+  }
+  for (;;) {
+    const size_t got = std::fread(buf.data(), 1, buf.size(), f);
+    text.append(buf.data(), got);
+    if (got < buf.size()) break;
+    if (stop_signal() != 0) {
+      std::fclose(f);
+      throw_if_stopped("reading " + path);
+    }
+  }
+  const bool bad = std::ferror(f) != 0;
+  std::fclose(f);
+  LLMT_CHECK(!bad, "%s: read error in %s", what.c_str(), path.c_str());
+  return text;
+}
 
 int64_t find_invalid_utf8(std::string_view s) {
   const uint8_t* p = (const uint8_t*)s.data();

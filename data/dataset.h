@@ -70,10 +70,23 @@ struct DataArgs {
   std::string tokenizer_path;
 };
 
+// What identifies a training dataset across runs (a checkpoint records it, a resume compares it):
+// the token cache key, a hash of the data's content, the tokenizer's files and every setting that
+// changes the tokens (block_size, model_max_length, the split, the fields), whether or not a cache
+// is used; and beside it what a person can read, to say what differs.
+struct DataIdentity {
+  std::string key;           // the token cache key: equal keys, equal tokens
+  std::string source;        // "--train_file PATH", "--data_path PATH", "--dataset_name wikitext CONFIG"
+  int block_size = 0;        // run_clm grouping (text data); 0 for Alpaca
+  int model_max_length = 0;  // Alpaca truncation; 0 for text data
+  int64_t examples = 0, tokens = 0;
+};
+
 // Builds (or maps from the token cache) the training dataset the args name; logs counts on rank 0.
 // Every rank builds the whole dataset (the sampler picks each rank's examples); with a cache, one
-// process tokenizes and the others wait for its file.
-TokenDataset load_train_dataset(const DataArgs& args, const Tokenizer& tok, int rank, int world);
+// process tokenizes and the others wait for its file. *id (when given) gets its identity.
+TokenDataset load_train_dataset(const DataArgs& args, const Tokenizer& tok, int rank, int world,
+                                DataIdentity* id = nullptr);
 // The evaluation dataset: --validation_file, or the validation split of --dataset_name; empty if none
 // (Alpaca has none, as in Stanford's train.py).
 TokenDataset load_eval_dataset(const DataArgs& args, const Tokenizer& tok, int rank, int world);
@@ -89,6 +102,14 @@ int collate(const TokenDataset& ds, const std::vector<int64_t>& idx, int pad_id,
             std::vector<int32_t>& targets);
 
 // ---- helpers the builders share ----
+
+// Refuses a data file that is not a regular file (a device such as /dev/zero, a pipe, a directory:
+// hashing /dev/zero never ended; opening a pipe waits for a writer), naming `what` (the flag), the
+// path and what it is. A path that cannot be stat'ed is left for the caller's open to report.
+void check_regular_file(const std::string& path, const std::string& what);
+// The content of a regular data file, read in chunks; a stop signal (engine/core/stop.h) ends the
+// read with an error. Errors name `what` and the path.
+std::string read_data_file(const std::string& path, const std::string& what);
 
 // Byte offset of the first invalid UTF-8 sequence in s (strict, as Python's decoder: no overlongs,
 // surrogates or code points past U+10FFFF), or -1 when s is valid.

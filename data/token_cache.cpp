@@ -22,6 +22,7 @@
 #include "engine/core/crc32c.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
+#include "engine/core/stop.h"
 
 namespace llmt {
 
@@ -77,6 +78,11 @@ KeyHasher& KeyHasher::add_int(int64_t v) {
 KeyHasher& KeyHasher::add_file(const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "rb");
   LLMT_CHECK(f, "cannot open %s to hash it for the token cache: %s", path.c_str(), std::strerror(errno));
+  struct stat st;
+  if (::fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {  // /dev/zero never ends
+    std::fclose(f);
+    fail("%s is not a regular file: the token cache hashes only files of a known size", path.c_str());
+  }
   std::vector<uint8_t> buf(1 << 20);
   int64_t total = 0;
   for (;;) {
@@ -88,6 +94,10 @@ KeyHasher& KeyHasher::add_file(const std::string& path) {
       total += (int64_t)got;
     }
     if (got < buf.size()) break;
+    if (stop_signal() != 0) {  // a SIGTERM while hashing a large file: stop now, not after it
+      std::fclose(f);
+      throw_if_stopped("hashing " + path + " for the token cache");
+    }
   }
   bool bad = std::ferror(f) != 0;
   std::fclose(f);
@@ -441,6 +451,7 @@ TokenDataset cached_dataset(const std::string& dir, const std::string& name, con
         continue;
       }
     }
+    throw_if_stopped("waiting for the token cache " + path);
     if (!said_waiting) {
       log_info("data   waiting for another process to write the token cache %s", path.c_str());
       said_waiting = true;

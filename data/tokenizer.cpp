@@ -17,6 +17,12 @@
 
 namespace llmt {
 
+std::vector<int32_t> Tokenizer::encode_prefix(std::string_view text, size_t max_tokens) const {
+  std::vector<int32_t> ids = encode(text);
+  if (ids.size() > max_tokens) ids.resize(max_tokens);
+  return ids;
+}
+
 std::vector<int32_t> Tokenizer::encode_with_specials(std::string_view text) const {
   std::vector<int32_t> ids;
   if (adds_bos() && bos_id() >= 0) ids.push_back(bos_id());
@@ -93,6 +99,9 @@ class ConfiguredTokenizer : public Tokenizer {
   ConfiguredTokenizer(std::unique_ptr<Tokenizer> inner, int bos, int eos, bool add_bos, bool add_eos)
       : inner_(std::move(inner)), bos_(bos), eos_(eos), add_bos_(add_bos), add_eos_(add_eos) {}
   std::vector<int32_t> encode(std::string_view text) const override { return inner_->encode(text); }
+  std::vector<int32_t> encode_prefix(std::string_view text, size_t max_tokens) const override {
+    return inner_->encode_prefix(text, max_tokens);
+  }
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
     return inner_->decode(ids, skip_special);
   }

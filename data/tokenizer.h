@@ -25,6 +25,11 @@ class Tokenizer {
   virtual bool adds_eos() const = 0;    // (LLaMA: no EOS by default)
   virtual std::string kind() const = 0; // "gpt2-bpe", "sentencepiece-bpe", "tiktoken", ...
 
+  // The first max_tokens ids of encode(text) (all of them when fewer), exactly. Byte-level BPE and
+  // tiktoken stop after the pre-tokenizer piece that reaches max_tokens (pieces are merged
+  // independently, so the ids before are the same), bounding the work and memory of a 50 MB text
+  // that is cut at model_max_length anyway; other kinds encode the whole text and cut it.
+  virtual std::vector<int32_t> encode_prefix(std::string_view text, size_t max_tokens) const;
   // encode() plus the special tokens the tokenizer adds by default (add_special_tokens=True).
   std::vector<int32_t> encode_with_specials(std::string_view text) const;
 };

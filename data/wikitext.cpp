@@ -17,6 +17,7 @@
 #include "data/tokenizer.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
+#include "engine/core/stop.h"
 
 namespace llmt {
 
@@ -79,11 +80,7 @@ TextLines split_lines(std::string text, LineRule rule, const std::string& what) 
 }
 
 TextLines read_lines(const std::string& path, LineRule rule) {
-  std::ifstream f(path, std::ios::binary);
-  LLMT_CHECK(f.good(), "cannot open text file %s: %s", path.c_str(), std::strerror(errno));
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  LLMT_CHECK(!f.bad(), "read error in %s", path.c_str());
-  return split_lines(std::move(text), rule, path);
+  return split_lines(read_data_file(path, "text file"), rule, path);
 }
 
 static bool file_exists(const std::string& p) {
@@ -134,6 +131,7 @@ TokenDataset group_texts(const TextLines& lines, const Tokenizer& tok, int block
     std::string err;
 #pragma omp parallel for schedule(dynamic, 16) if (parallel)
     for (int64_t i = c0; i < c1; i++) {
+      if (stop_signal() != 0) continue;  // a signal: finish no more lines
       try {
         enc[(size_t)(i - c0)] = tok.encode_with_specials(lines.line(i));
       } catch (const std::exception& e) {
@@ -142,6 +140,7 @@ TokenDataset group_texts(const TextLines& lines, const Tokenizer& tok, int block
       }
     }
     LLMT_CHECK(err.empty(), "tokenizing %s", err.c_str());
+    throw_if_stopped("tokenizing");
     for (int64_t g0 = c0; g0 < c1; g0 += group) {  // one datasets.map batch: concatenate, cut, drop the rest
       cat.clear();
       for (int64_t i = g0; i < std::min(c1, g0 + group); i++)
@@ -167,10 +166,11 @@ TokenDataset group_texts(const TextLines& lines, const Tokenizer& tok, int block
 int64_t percent_cut(int64_t n, int pct) { return (int64_t)std::nearbyint((double)n * pct / 100.0); }
 
 TokenDataset load_text_dataset(const std::string& path, LineRule rule, const DataArgs& args, const Tokenizer& tok,
-                               int rank, const std::string& what, PercentSplit part) {
+                               int rank, const std::string& what, PercentSplit part, std::string* key) {
   LLMT_CHECK(args.block_size >= 1, "%s: block_size %d; the caller must choose it (run_clm: min(1024, model context))",
              what.c_str(), args.block_size);
   constexpr int kGroup = 1000;  // datasets.map's default batch_size, which run_clm keeps
+  check_regular_file(path, what);  // first: opening a pipe would wait for a writer
   if (FILE* f = std::fopen(path.c_str(), "rb")) std::fclose(f);
   else fail("%s: cannot open text file %s: %s", what.c_str(), path.c_str(), std::strerror(errno));
   KeyHasher h;
@@ -178,6 +178,7 @@ TokenDataset load_text_dataset(const std::string& path, LineRule rule, const Dat
   h.add_int(args.block_size).add_int(kGroup).add_file(path);
   add_tokenizer_to_key(h, tok, args.tokenizer_path);
   if (part.pct > 0) h.add("percent-split").add_int(part.pct).add_int(part.head);
+  if (key) *key = h.hex();
   std::string base = path.substr(path.find_last_of('/') + 1);
   for (char& c : base)
     if (!std::isalnum((unsigned char)c) && c != '.' && c != '-' && c != '_') c = '_';

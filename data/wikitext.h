@@ -60,7 +60,8 @@ struct PercentSplit {
 int64_t percent_cut(int64_t n, int pct);
 
 // The grouped dataset of one text file (or part of it), through the token cache; `what` names it in logs.
+// *key (when given) gets the token cache key, the dataset's identity (DataIdentity).
 TokenDataset load_text_dataset(const std::string& path, LineRule rule, const DataArgs& args, const Tokenizer& tok,
-                               int rank, const std::string& what, PercentSplit part = {});
+                               int rank, const std::string& what, PercentSplit part = {}, std::string* key = nullptr);
 
 }  // namespace llmt

@@ -2,6 +2,7 @@
 // transformers, used by checkpoints, the end of training and `llmt export`.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "engine/dist/communicator.h"
 #include "engine/fsdp/fsdp.h"
@@ -9,6 +10,10 @@
 #include "models/layout.h"
 
 namespace llmt {
+
+// The files every checkpoint the trainer saves holds, besides state.h5 (absent under
+// --save_only_model): what checkpoint verification requires the manifest to list.
+extern const std::vector<std::string> kCheckpointRequiredFiles;
 
 // Writes dir/config.json and dir/model.safetensors (dtype "F32" or "BF16", split as save_pretrained
 // does) from the store's fp32 master weights, one unit at a time: every rank takes part in the unit's

@@ -95,6 +95,13 @@ TensorBoardWriter::~TensorBoardWriter() {
   if (f_) std::fclose(f_);
 }
 
+void TensorBoardWriter::close() {
+  if (!f_) return;
+  const int rc = std::fclose(f_);
+  f_ = nullptr;
+  LLMT_CHECK(rc == 0, "--report_to tensorboard: closing %s failed: %s", path_.c_str(), std::strerror(errno));
+}
+
 void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
   std::string summary;
   for (const auto& [tag, value] : scalars) {
@@ -112,6 +119,7 @@ void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<st
 }
 
 void TensorBoardWriter::write_record(const std::string& data) {
+  LLMT_CHECK(f_, "--report_to tensorboard: %s is closed", path_.c_str());
   const uint64_t len = data.size();
   const uint32_t len_crc = masked_crc(&len, sizeof(len)), data_crc = masked_crc(data.data(), data.size());
   const bool ok = std::fwrite(&len, sizeof(len), 1, f_) == 1 && std::fwrite(&len_crc, 4, 1, f_) == 1 &&

@@ -33,6 +33,8 @@ class TensorBoardWriter {
   // its curve. Throws naming the file when the write fails (a full disk).
   void add_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
   const std::string& path() const { return path_; }
+  // Closes the file; throws naming it when that fails (the destructor closes silently).
+  void close();
 
  private:
   void write_record(const std::string& data);

@@ -212,6 +212,10 @@ const std::vector<TrainFlag>& train_flags() {
        nullptr},
       {"overwrite_output_dir", "checkpoints", "True|False", "start again in an output_dir that holds checkpoints",
        ARG(overwrite_output_dir)},
+      {"ignore_data_skip", "checkpoints", "True|False",
+       "resume with other data than the checkpoint's (train file, block size, model_max_length, tokenizer): the "
+       "run continues at the checkpoint's step in the new data's order",
+       ARG(ignore_data_skip)},
       {"save_only_model", "checkpoints", "True|False",
        "checkpoints hold the model only, not the training state: smaller, and they cannot be resumed",
        ARG(save_only_model)},

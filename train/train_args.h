@@ -55,6 +55,7 @@ struct TrainArgs {
   int save_total_limit = 0;                // 0 = keep every checkpoint
   std::string resume_from_checkpoint;      // a checkpoint directory, or "latest" / "True"
   bool overwrite_output_dir = false;       // train into an output_dir that holds checkpoints
+  bool ignore_data_skip = false;           // resume with data other than the checkpoint's (refused otherwise)
   bool save_only_model = false;            // checkpoints without the training state (they cannot be resumed)
   uint64_t seed = 42;
   bool bf16 = false;                       // bf16 compute copy, gathers and activations (fp32 master, moments)

@@ -31,6 +31,7 @@
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 #include "engine/core/log.h"
+#include "engine/core/stop.h"
 #include "engine/dist/agree.h"
 #include "engine/dist/mpi_communicator.h"
 #include "engine/dist/nccl_log.h"
@@ -54,8 +55,7 @@ namespace {
 
 // SIGUSR1 (Slurm's --signal=USR1@120 before the time limit) or SIGTERM (scancel, preemption):
 // finish the step, save a checkpoint, exit cleanly so the job can be requeued and resumed. Set by
-// the signal thread (install_stop_handlers).
-std::atomic<int> g_stop_signal{0};
+// the signal thread (install_stop_handlers) in engine/core/stop.h, where data preparation reads it.
 
 const double kMiB = 1024.0 * 1024.0;
 
@@ -93,6 +93,36 @@ void make_dir(const std::string& dir) {
   std::fclose(f);
   std::remove(probe.c_str());
 }
+
+// An output file of lines (metrics.jsonl), each written and flushed at once. A failed write, flush or
+// close is an error naming the file: a full disk or an unwritable file gave exit 0 and no metrics.
+class LineFile {
+ public:
+  ~LineFile() {
+    if (f_) std::fclose(f_);
+  }
+  void open(const std::string& path) {
+    path_ = path;
+    f_ = std::fopen(path.c_str(), "w");
+    LLMT_CHECK(f_, "cannot create %s: %s", path.c_str(), std::strerror(errno));
+  }
+  void write(const std::string& line) {
+    if (!f_) return;
+    const std::string text = line + "\n";
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f_) == text.size() && std::fflush(f_) == 0;
+    LLMT_CHECK(ok, "writing %s failed: %s", path_.c_str(), std::strerror(errno));
+  }
+  void close() {
+    if (!f_) return;
+    const int rc = std::fclose(f_);
+    f_ = nullptr;
+    LLMT_CHECK(rc == 0, "closing %s failed: %s", path_.c_str(), std::strerror(errno));
+  }
+
+ private:
+  std::string path_;
+  FILE* f_ = nullptr;
+};
 
 // The run's claim on its output_dir: an fcntl lock on output_dir/.llmt.lock, held until the process
 // ends (the kernel drops it even after kill -9; fcntl locks also work over NFS), with the holder's
@@ -176,10 +206,13 @@ class Trainer {
   bool maybe_save(int64_t step);
   bool stop_requested(int64_t step, bool saved);
   void finish();
+  void close_outputs();
   // what the hooks call
   double evaluate();
   void save_checkpoint(int64_t step);
   void record(const nlohmann::json& j);
+  nlohmann::json data_identity_json() const;
+  void check_resumed_data(const std::string& ck, const nlohmann::json& recorded);
   std::string resume_path();
   bool epoch_end(int64_t step) const { return (step + 1) % steps_per_epoch_ == 0; }
 
@@ -196,6 +229,7 @@ class Trainer {
   std::unique_ptr<Tokenizer> tok_;
   std::string tokenizer_dir_;  // copied beside saved models
   TokenDataset train_, eval_;
+  DataIdentity data_id_;  // the training data's identity, recorded in checkpoints and compared on resume
   int B_ = 0, T_ = 0, pad_id_ = 0, local_size_ = 1;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<FsdpStore> store_;
@@ -204,7 +238,7 @@ class Trainer {
   int64_t global_batch_ = 1;  // sequences per step over every rank: with the seed, it fixes the data order
   Schedule sched_;
   AdamWConfig adamw_;
-  std::ofstream metrics_;
+  LineFile metrics_;  // output_dir/metrics.jsonl (rank 0)
   std::unique_ptr<TensorBoardWriter> tb_;  // rank 0, with --report_to tensorboard
   std::vector<nlohmann::json> log_history_;  // what was logged, for trainer_state.json (rank 0)
   // this rank's batch buffers, one per micro-batch
@@ -404,7 +438,7 @@ void Trainer::load_data() {
     da.model_max_length = cfg_.max_seq_len;
   }
   test_stop_point("data", world_.rank());
-  train_ = load_train_dataset(da, *tok_, world_.rank(), W_);
+  train_ = load_train_dataset(da, *tok_, world_.rank(), W_, &data_id_);
   if (a_.do_eval || a_.evaluation_strategy != "no") {
     eval_ = load_eval_dataset(da, *tok_, world_.rank(), W_);
     LLMT_CHECK(!eval_.empty(), "--do_eval / --evaluation_strategy: there is no evaluation data (--validation_file, or "
@@ -552,15 +586,15 @@ void Trainer::resume() {
                "it would not continue with the same data (keep ranks x per-device batch x accumulation, and the seed)",
                ck.c_str(), (long long)sc.value("global_batch", (int64_t)0), (unsigned long long)sc.value("seed", (uint64_t)0),
                (long long)global_batch_, (unsigned long long)a_.seed);
+    if (sc.contains("train_data")) check_resumed_data(ck, sc["train_data"]);  // (older checkpoints lack it)
     log_info("resume %s: step %lld, Adam step %d; continuing to step %lld", ck.c_str(), (long long)first_step_,
              st.adam_step, (long long)total_steps_);
     LLMT_CHECK(first_step_ < total_steps_, "%s is at step %lld, and the run ends at step %lld: nothing left to train",
                ck.c_str(), (long long)first_step_, (long long)total_steps_);
   }
   if (world_.rank() == 0) {  // metrics.jsonl: this run's records, after the resumed checkpoint's history
-    metrics_.open(a_.output_dir + "/metrics.jsonl", std::ios::trunc);
-    for (const auto& rec : log_history_) metrics_ << rec.dump() << "\n";
-    metrics_.flush();
+    metrics_.open(a_.output_dir + "/metrics.jsonl");
+    for (const auto& rec : log_history_) metrics_.write(rec.dump());
     if (a_.report_tensorboard) {  // this run's records only: a resumed run's history is in its own files
       tb_ = std::make_unique<TensorBoardWriter>(a_.logging_dir.empty() ? default_logging_dir(a_.output_dir)
                                                                        : a_.logging_dir);
@@ -570,10 +604,43 @@ void Trainer::resume() {
   }
 }
 
+nlohmann::json Trainer::data_identity_json() const {
+  return {{"key", data_id_.key},
+          {"source", data_id_.source},
+          {"block_size", data_id_.block_size},
+          {"model_max_length", data_id_.model_max_length},
+          {"examples", data_id_.examples},
+          {"tokens", data_id_.tokens}};
+}
+
+// A resume with other data (another --train_file, --block_size, --model_max_length, tokenizer, or the
+// file edited) continued silently at the checkpoint's step of a different order. The token cache key
+// decides; the readable fields say what differs. --ignore_data_skip True accepts it.
+void Trainer::check_resumed_data(const std::string& ck, const nlohmann::json& was) {
+  const nlohmann::json now = data_identity_json();
+  if (was.is_object() && was.value("key", std::string()) == data_id_.key) return;
+  std::string diff;
+  for (const char* field : {"source", "block_size", "model_max_length", "examples", "tokens"}) {
+    const nlohmann::json a = was.is_object() && was.contains(field) ? was[field] : nlohmann::json(),
+                         b = now[field];
+    if (a != b)
+      diff += strformat("%s%s %s, now %s", diff.empty() ? "" : "; ", field, clip_for_message(a.dump()).c_str(),
+                        clip_for_message(b.dump()).c_str());
+  }
+  if (diff.empty()) diff = "the same file name and settings, but its content or the tokenizer's files changed";
+  diff += strformat(" (token cache key %s, now %s)", clip_for_message(was.is_object() ? was.value("key", "") : "").c_str(),
+                    data_id_.key.c_str());
+  LLMT_CHECK(a_.ignore_data_skip, "%s was trained on other data: %s. Resuming would continue at step %lld of another "
+             "data order; give the checkpoint's data, or --ignore_data_skip True to continue on this data anyway",
+             ck.c_str(), diff.c_str(), (long long)first_step_);
+  log_info("warning %s was trained on other data: %s; continuing on this data (--ignore_data_skip True)", ck.c_str(),
+           diff.c_str());
+}
+
 void Trainer::run() {
   // A signal during setup (tokenizing a large corpus, loading a checkpoint): stop now, all ranks
   // together; the job can be requeued and start again.
-  if (world_.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) > 0) {
+  if (world_.all_reduce_sum(stop_signal() != 0 ? 1.0 : 0.0) > 0) {
     log_info("stopped before the first step by a signal; nothing to save");
     return;
   }
@@ -591,10 +658,18 @@ void Trainer::run() {
     if (stop_requested(s, saved)) {
       log_info("stopped at step %lld of %lld by a signal; checkpoint-%lld holds the model", (long long)s + 1,
                (long long)total_steps_, (long long)s + 1);
+      close_outputs();
       return;
     }
   }
   finish();
+  close_outputs();
+}
+
+// metrics.jsonl and the TensorBoard file, closed with their errors reported (rank 0 holds them).
+void Trainer::close_outputs() {
+  metrics_.close();
+  if (tb_) tb_->close();
 }
 
 // This rank's micro-batches of step `s`, then one optimizer step over every rank.
@@ -693,7 +768,7 @@ bool Trainer::maybe_save(int64_t s) {
 
 // A signal reaches some ranks and not others: agree before acting, so every rank saves together.
 bool Trainer::stop_requested(int64_t s, bool saved) {
-  if (s + 1 >= total_steps_ || world_.all_reduce_sum(g_stop_signal != 0 ? 1.0 : 0.0) == 0) return false;
+  if (s + 1 >= total_steps_ || world_.all_reduce_sum(stop_signal() != 0 ? 1.0 : 0.0) == 0) return false;
   log_info("signal received: saving at step %lld and stopping", (long long)s + 1);
   if (!saved) save_checkpoint(s + 1);
   return true;
@@ -720,8 +795,7 @@ void Trainer::finish() {
 void Trainer::record(const nlohmann::json& j) {
   if (world_.rank() != 0) return;
   log_history_.push_back(j);
-  metrics_ << j.dump() << "\n";
-  metrics_.flush();
+  metrics_.write(j.dump());
   if (!tb_) return;
   // every number but the step, under the Trainer's tag names; an eval record's perplexity is eval/
   std::vector<std::pair<std::string, double>> scalars;
@@ -782,7 +856,8 @@ void Trainer::save_checkpoint(int64_t step) {
     nlohmann::json scalars = {{"global_step", step},
                               {"seed", a_.seed},
                               {"steps_per_epoch", steps_per_epoch_},
-                              {"global_batch", global_batch_}};
+                              {"global_batch", global_batch_},
+                              {"train_data", data_identity_json()}};
     if (!a_.save_only_model)  // --save_only_model: the model alone, as the Trainer's; nothing to resume from
       save_train_state(tmp + "/state.h5", world_, model_->layout(), *store_, step, scalars.dump(),
                        config_to_hf_json(cfg_).dump());
@@ -796,6 +871,7 @@ void Trainer::save_checkpoint(int64_t step) {
                              {"save_steps", a_.save_steps},
                              {"train_batch_size", B_},
                              {"model_config", config_to_hf_json(cfg_)},
+                             {"train_data", data_identity_json()},
                              {"log_history", log_history_}};
         write_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
       } catch (const Error& e) {
@@ -819,7 +895,7 @@ std::string Trainer::resume_path() {
   if (want != "latest" && want != "True" && want != "true") {
     std::string problem;
     if (world_.rank() == 0) try {
-        verify_checkpoint(want);
+        verify_checkpoint(want, kCheckpointRequiredFiles);
       } catch (const Error& e) {
         problem = e.what();
       }
@@ -837,7 +913,7 @@ std::string Trainer::resume_path() {
     std::string latest;
     int failed = 0;
     for (size_t i = all.size(); i-- > 0 && latest.empty();) {
-      const std::string why = checkpoint_problem(all[i].path, true);
+      const std::string why = checkpoint_problem(all[i].path, true, kCheckpointRequiredFiles);
       if (why.empty()) {
         latest = all[i].path;
         break;
@@ -882,7 +958,7 @@ void install_stop_handlers() {
     std::thread([set] {
       for (;;) {
         int sig = 0;
-        if (sigwait(&set, &sig) == 0) g_stop_signal = sig;
+        if (sigwait(&set, &sig) == 0) set_stop_signal(sig);
       }
     }).detach();
   });

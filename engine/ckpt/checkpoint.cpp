@@ -118,6 +118,23 @@ void walk(const std::string& dir, const std::string& rel, std::vector<std::strin
   std::sort(files.begin(), files.end());
 }
 
+// Every entry under dir that is not a directory (regular files, links, anything else), relative
+// paths: what a manifest must account for.
+void list_entries(const std::string& dir, const std::string& rel, std::vector<std::string>& out) {
+  const std::string here = rel.empty() ? dir : dir + "/" + rel;
+  DIR* d = opendir(here.c_str());
+  LLMT_CHECK(d, "%s: cannot list: %s", here.c_str(), strerror(errno));
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    std::string r = rel.empty() ? name : rel + "/" + name;
+    struct stat st;
+    if (::lstat((dir + "/" + r).c_str(), &st) == 0 && S_ISDIR(st.st_mode)) list_entries(dir, r, out);
+    else out.push_back(r);
+  }
+  closedir(d);
+}
+
 void broadcast_string(ControlComm& world, std::string& s, int root) {
   int32_t len = (int32_t)s.size();
   world.broadcast(&len, 1, DType::i32, root);
@@ -370,7 +387,7 @@ std::string save_checkpoint_dir(const std::string& output_dir, int64_t step, Con
 
 // ---- reading back ----------------------------------------------------------------------------
 
-std::string checkpoint_problem(const std::string& dir, bool verify) {
+std::string checkpoint_problem(const std::string& dir, bool verify, const std::vector<std::string>& required) {
   std::string mpath = dir + "/" + kManifest;
   FILE* f = std::fopen(mpath.c_str(), "rb");
   if (!f) return strformat("%s: %s", mpath.c_str(), strerror(errno));
@@ -395,9 +412,32 @@ std::string checkpoint_problem(const std::string& dir, bool verify) {
     return strformat("%s: the manifest records step %s, but the directory is named checkpoint-%lld (renamed?)",
                      mpath.c_str(), m.contains("step") ? clip_for_message(m["step"].dump()).c_str() : "(none)",
                      (long long)named);
+  // The manifest lists every file the directory holds, no more and no fewer: a file it leaves out
+  // was never checksummed ("files": {} beside a replaced state.h5 passed as complete), and the files
+  // every checkpoint must have are listed.
+  std::vector<std::string> present;
+  try {
+    list_entries(dir, "", present);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  std::sort(present.begin(), present.end());
+  std::string unlisted;
+  for (const std::string& p : present)
+    if (p != kManifest && !m["files"].contains(p)) unlisted += (unlisted.empty() ? "" : ", ") + p;
+  if (!unlisted.empty())
+    return strformat("%s: %s not listed in the manifest, so never checksummed (added or replaced after the save?)",
+                     dir.c_str(), clip_for_message(unlisted, 200).c_str());
+  for (const std::string& need : required)
+    if (!m["files"].contains(need))
+      return strformat("%s: does not list %s, which every checkpoint holds", mpath.c_str(), need.c_str());
   for (auto& it : m["files"].items()) {
     const json& e = it.value();
     std::string path = dir + "/" + it.key();
+    if (it.key().empty() || it.key()[0] == '/' || ("/" + it.key() + "/").find("/../") != std::string::npos ||
+        it.key() == kManifest)
+      return strformat("%s: entry \"%s\" is not a path inside the checkpoint", mpath.c_str(),
+                       clip_for_message(it.key()).c_str());
     if (!e.is_object() || !e.contains("size") || !e["size"].is_number_integer() || !e.contains("crc32c") ||
         !e["crc32c"].is_string())
       return strformat("%s: entry \"%s\" needs an integer size and a crc32c string", mpath.c_str(), it.key().c_str());
@@ -423,8 +463,8 @@ std::string checkpoint_problem(const std::string& dir, bool verify) {
   return "";
 }
 
-void verify_checkpoint(const std::string& dir) {
-  std::string why = checkpoint_problem(dir, true);
+void verify_checkpoint(const std::string& dir, const std::vector<std::string>& required) {
+  std::string why = checkpoint_problem(dir, true, required);
   LLMT_CHECK(why.empty(), "checkpoint %s is damaged: %s", dir.c_str(), why.c_str());
 }
 
@@ -442,10 +482,11 @@ std::vector<CheckpointEntry> list_checkpoint_dirs(const std::string& output_dir)
   return out;
 }
 
-std::string find_latest_checkpoint(const std::string& output_dir, bool verify) {
+std::string find_latest_checkpoint(const std::string& output_dir, bool verify,
+                                   const std::vector<std::string>& required) {
   std::vector<CheckpointEntry> all = list_checkpoint_dirs(output_dir);
   for (size_t i = all.size(); i-- > 0;)
-    if (checkpoint_problem(all[i].path, verify).empty()) return all[i].path;
+    if (checkpoint_problem(all[i].path, verify, required).empty()) return all[i].path;
   return "";
 }
 

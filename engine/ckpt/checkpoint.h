@@ -15,8 +15,8 @@
 // manifest.json:
 //   {"format": "llmt-checkpoint", "version": 1, "step": <step>, "checksum": "crc32c",
 //    "files": {"<relative path>": {"size": <bytes>, "crc32c": "<8 hex digits>"}, ...}}
-// A checkpoint is complete when its manifest parses and every file it lists exists with its size;
-// verify_checkpoint also recomputes every checksum.
+// A checkpoint is complete when its manifest parses, every file it lists exists with its size, and
+// it lists every file in the directory; verify_checkpoint also recomputes every checksum.
 //
 // Every failure of a collective call is agreed between the ranks: all throw llmt::Error together.
 #pragma once
@@ -49,11 +49,14 @@ void abandon_checkpoint(const std::string& tmp_dir, ControlComm& world);
 std::string save_checkpoint_dir(const std::string& output_dir, int64_t step, ControlComm& world,
                                 const std::function<void(const std::string& dir)>& write);
 
-// Checks that dir/manifest.json parses and lists files that exist with their sizes; with `verify`,
-// also recomputes every checksum. Returns "" when complete, else what is wrong.
-std::string checkpoint_problem(const std::string& dir, bool verify);
-// Throws llmt::Error naming the checkpoint, the file and what differs (size, checksum, missing).
-void verify_checkpoint(const std::string& dir);
+// Checks that dir/manifest.json parses, lists every file the directory holds (a file it leaves out
+// was never checksummed: an edited manifest with "files": {} beside a replaced state.h5 is refused),
+// each listed file exists with its size, and the manifest lists every name in `required` (the files
+// the caller's checkpoints always have: the trainer passes kCheckpointRequiredFiles, train/export.h);
+// with `verify`, also recomputes every checksum. Returns "" when complete, else what is wrong.
+std::string checkpoint_problem(const std::string& dir, bool verify, const std::vector<std::string>& required = {});
+// Throws llmt::Error naming the checkpoint, the file and what differs (size, checksum, missing, unlisted).
+void verify_checkpoint(const std::string& dir, const std::vector<std::string>& required = {});
 
 struct CheckpointEntry {
   int64_t step = 0;
@@ -63,7 +66,8 @@ struct CheckpointEntry {
 std::vector<CheckpointEntry> list_checkpoint_dirs(const std::string& output_dir);
 // The complete checkpoint with the highest step ("" when none); with `verify`, checksums are
 // recomputed and a corrupt checkpoint is skipped for the next older one.
-std::string find_latest_checkpoint(const std::string& output_dir, bool verify = false);
+std::string find_latest_checkpoint(const std::string& output_dir, bool verify = false,
+                                   const std::vector<std::string>& required = {});
 // Keeps the newest `limit` checkpoints (limit <= 0: keep all), and always the newest complete one
 // and `keep` (a path, e.g. the best model's; "" for none); deletes the others, oldest first, each
 // renamed to a .tmp- name before its files go, so an interrupted deletion is never taken for a

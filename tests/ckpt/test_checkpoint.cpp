@@ -265,6 +265,53 @@ TEST_F(CheckpointTest, ResavingAStepReplacesIt) {
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
 }
 
+// Issue 23: a manifest edited to "files": {} passed verification, so a replaced state file then
+// loaded in export and resume. The manifest must list every file the directory holds, and the
+// files the caller's checkpoints always have.
+TEST_F(CheckpointTest, ManifestMustListEveryFileAndTheRequiredOnes) {
+  std::string ck = save(4, 1000);
+  const std::string manifest = slurp(ck + "/manifest.json");
+  EXPECT_EQ(checkpoint_problem(ck, true, {"state.bin", "tok/tokenizer.json"}), "");
+  json m = json::parse(manifest);
+  m["files"] = json::object();
+  spit(ck + "/manifest.json", m.dump());
+  spit(ck + "/state.bin", random_bytes(1000, 99));  // replaced weights
+  std::string why = checkpoint_problem(ck, true);
+  EXPECT_NE(why.find("state.bin, tok/tokenizer.json not listed in the manifest"), std::string::npos) << why;
+  EXPECT_THROW(verify_checkpoint(ck), Error);
+  EXPECT_EQ(find_latest_checkpoint(dir, true), "");
+  EXPECT_EQ(find_latest_checkpoint(dir, false), "") << "an unlisted file fails the cheap check too";
+
+  // a file added beside a complete manifest, in a subdirectory, or as a link
+  spit(ck + "/manifest.json", manifest);
+  save(4, 1000);  // a fresh, complete one
+  EXPECT_EQ(checkpoint_problem(ck, true), "");
+  spit(ck + "/tok/extra.json", "{}");
+  why = checkpoint_problem(ck, false);
+  EXPECT_NE(why.find("tok/extra.json not listed"), std::string::npos) << why;
+  fs::remove(ck + "/tok/extra.json");
+  fs::create_symlink("/etc/hostname", ck + "/link");
+  EXPECT_NE(checkpoint_problem(ck, false).find("link not listed"), std::string::npos);
+  fs::remove(ck + "/link");
+  EXPECT_EQ(checkpoint_problem(ck, true), "");
+
+  // the required files: a manifest that drops one, with the file gone too
+  m = json::parse(manifest);
+  m["files"].erase("state.bin");
+  spit(ck + "/manifest.json", m.dump());
+  fs::remove(ck + "/state.bin");
+  EXPECT_EQ(checkpoint_problem(ck, true), "") << "without requirements, a smaller checkpoint is complete";
+  why = checkpoint_problem(ck, true, {"state.bin"});
+  EXPECT_NE(why.find("does not list state.bin"), std::string::npos) << why;
+  EXPECT_EQ(find_latest_checkpoint(dir, true, {"state.bin"}), "");
+
+  // an entry outside the directory
+  m = json::parse(manifest);
+  m["files"]["../outside"] = {{"size", 0}, {"crc32c", "00000000"}};
+  spit(ck + "/manifest.json", m.dump());
+  EXPECT_NE(checkpoint_problem(ck, false).find("not a path inside the checkpoint"), std::string::npos);
+}
+
 TEST_F(CheckpointTest, FailedWriteLeavesEarlierCheckpointsIntact) {
   std::string good = save(1, 1000);
   try {

@@ -2,6 +2,7 @@
 // with the reference datasets of tests/reference/make_dataset_fixtures.py (Hugging Face tokenizers,
 // run_clm.py and Stanford Alpaca preprocessing) on the real data in ../shared/data.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -761,3 +762,99 @@ TEST_P(Reference, AlpacaAsStanfordWithSeparateTargets) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, Reference, ::testing::Values("gpt2", "llama2", "llama3", "qwen2", "mistral"));
+
+// Issue 23: Alpaca examples are tokenized only up to model_max_length (encode_prefix). The result must
+// be what the whole encoding cut there gives, for every record and cut: the former algorithm, written
+// out here, against tokenize_alpaca on the real files, at lengths that cut prompts, targets and EOS.
+TEST_P(Reference, AlpacaCutEarlyEqualsTheWholeEncodingCut) {
+  const std::string tname = GetParam();
+  std::unique_ptr<Tokenizer> tok = real_tokenizer(tname);
+  if (!tok) GTEST_SKIP() << "no " << llmt_test::shared_data_dir() << " (tokenizer " << tname << " or the corpora)";
+  for (const char* file : {"alpaca/alpaca_seed_tasks.json", "alpaca/gpteacher-codegen.json"}) {
+    DataArgs a;
+    std::vector<AlpacaRecord> recs = read_alpaca(llmt_test::shared_data_dir() + "/" + file, a);
+    if (recs.size() > 120) recs.resize(120);
+    // whole encodings, once
+    std::vector<std::vector<int32_t>> prompt(recs.size()), target(recs.size());
+    for (size_t i = 0; i < recs.size(); i++) {
+      if (tok->adds_bos()) prompt[i].push_back(tok->bos_id());
+      for (int32_t id : tok->encode(alpaca_prompt(recs[i]))) prompt[i].push_back(id);
+      target[i] = tok->encode(recs[i].output);
+      target[i].push_back(tok->eos_id());
+      // and the prefixes themselves, at every cut of a short text
+      if (i < 3)
+        for (size_t k = 0; k <= target[i].size(); k++) {
+          std::vector<int32_t> want(target[i].begin(), target[i].begin() + std::min(k, target[i].size() - 1));
+          ASSERT_EQ(tok->encode_prefix(recs[i].output, k), want) << file << " record " << i << " cut " << k;
+        }
+    }
+    for (int M : {1, 2, 16, 40, 64, 100, 128, 256, 512, 4096}) {
+      SCOPED_TRACE(strformat("%s %s model_max_length %d", file, tname.c_str(), M));
+      std::vector<int64_t> offsets(1, 0);
+      std::vector<int32_t> ids, labels;
+      int64_t truncated = 0, dropped = 0;
+      for (size_t i = 0; i < recs.size(); i++) {
+        const std::vector<int32_t>&p = prompt[i], &t = target[i];
+        if ((int64_t)(p.size() + t.size()) > M) truncated++;
+        if ((int64_t)p.size() >= M) {
+          dropped++;
+          continue;
+        }
+        for (int64_t k = 0; k < std::min<int64_t>((int64_t)(p.size() + t.size()), M); k++) {
+          const bool in_prompt = k < (int64_t)p.size();
+          ids.push_back(in_prompt ? p[(size_t)k] : t[(size_t)k - p.size()]);
+          labels.push_back(in_prompt ? -100 : ids.back());
+        }
+        offsets.push_back((int64_t)ids.size());
+      }
+      CacheStats st;
+      TokenDataset d = tokenize_alpaca(recs, *tok, M, &st);
+      EXPECT_EQ(st.v[0], truncated);
+      EXPECT_EQ(st.v[1], dropped);
+      ASSERT_EQ(d.size(), (int64_t)offsets.size() - 1);
+      EXPECT_EQ(std::vector<int64_t>(d.offsets_data(), d.offsets_data() + offsets.size()), offsets);
+      EXPECT_EQ(std::vector<int32_t>(d.ids_data(), d.ids_data() + d.total_tokens()), ids);
+      EXPECT_EQ(std::vector<int32_t>(d.labels_data(), d.labels_data() + d.total_tokens()), labels);
+    }
+  }
+}
+
+// One 50 MB instruction peaked at 2.2 GB: tokenized whole before the cut at model_max_length. Now
+// the work stops at the cut; the record's own strings (file, JSON, prompt) remain. Measured in a
+// child process: its peak RSS over its RSS at the start.
+TEST(Alpaca, HugeInstructionKeepsMemoryBounded) {
+  for (const char* name : {"llama3", "qwen2"}) {
+    std::unique_ptr<Tokenizer> tok = load_tokenizer(llmt_test::reference_dir() + "/tokenizers_family/" + name);
+    tok->encode("warm up the word cache");
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      struct rusage before, after;
+      getrusage(RUSAGE_SELF, &before);
+      std::vector<AlpacaRecord> recs(1);
+      recs[0].output = "short answer";
+      recs[0].instruction.reserve(50u << 20);
+      for (int i = 0; recs[0].instruction.size() < (50u << 20); i++)
+        recs[0].instruction += "Words of an instruction, number " + std::to_string(i) + ", go on and on. ";
+      CacheStats st;
+      TokenDataset d = tokenize_alpaca(recs, *tok, 512, &st);
+      getrusage(RUSAGE_SELF, &after);
+      long grew_kib = after.ru_maxrss - before.ru_maxrss;
+      ssize_t w = write(fds[1], &grew_kib, sizeof grew_kib);
+      _exit(w == sizeof grew_kib && d.size() == 0 && st.v[1] == 1 ? 0 : 1);  // the prompt fills 512: dropped
+    }
+    close(fds[1]);
+    long grew_kib = -1;
+    ASSERT_EQ(read(fds[0], &grew_kib, sizeof grew_kib), (ssize_t)sizeof grew_kib);
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << name << ": the record was not dropped";
+    // the instruction (50 MB), the prompt made from it (50 MB) and room for the rest (measured 151
+    // MiB); the whole encoding took 244 (llama3) and 285 MiB (qwen2) of this text
+    std::printf("%s: a 50 MB instruction grew the peak RSS by %.0f MiB\n", name, grew_kib / 1024.0);
+    EXPECT_LT(grew_kib, 200L << 10) << name;
+  }
+}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Inputs that never end and outputs that cannot be written (issue 23): data files that are not regular
+# files are refused at once (hashing /dev/zero never ended); a SIGTERM or SIGINT while a large file is
+# hashed ends the process promptly; `llmt tokenize` bounds a line read from a stream; every output
+# llmt writes (standard output, metrics.jsonl) fails with an error naming it when the disk is full
+# (/dev/full stands in for one). Usage: io_limits.sh path/to/llmt path/to/tokenizer_dir
+set -uo pipefail
+set -m  # background jobs keep SIGINT (a non-interactive shell would start them with it ignored)
+llmt=$1
+tok=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+for i in $(seq 2000); do echo "the quick brown fox $i jumps over the lazy dog"; done > "$work/corpus.txt"
+common=(--model_config gpt2-tiny --tokenizer_name_or_path bytes --block_size 32 --max_steps 2 --threads 1
+        --save_strategy no --per_device_train_batch_size 4 --cache_dir "$work/cache")
+
+# 1. a data file that is a device, a pipe or a directory: refused at once, naming it
+for src in "--train_file /dev/zero" "--data_path /dev/zero" "--train_file $work"; do
+  # shellcheck disable=SC2086
+  if timeout -k 5 20 "$llmt" train "${common[@]}" $src --output_dir "$work/o1" > "$work/e1.log" 2>&1; then
+    fail "$src was accepted"
+  fi
+  [ $? -ne 124 ] || fail "$src: still running after 20 s"
+  grep -q "not a regular file" "$work/e1.log" || { cat "$work/e1.log"; fail "$src: no clear error"; }
+done
+mkfifo "$work/fifo"
+if timeout -k 5 20 "$llmt" train "${common[@]}" --train_file "$work/fifo" --output_dir "$work/o2" > "$work/e2.log" 2>&1; then
+  fail "a pipe was accepted"
+fi
+grep -q "fifo is a pipe, not a regular file" "$work/e2.log" || { cat "$work/e2.log"; fail "a pipe: no clear error"; }
+echo "/dev/zero, a directory and a pipe as data: refused at once"
+
+# 2. SIGTERM and SIGINT while a large file is hashed: the process ends within seconds (it took as long
+# as the hash: minutes for this 64 GB sparse file)
+truncate -s 64G "$work/huge.txt"
+for sig in TERM INT; do
+  "$llmt" train "${common[@]}" --train_file "$work/huge.txt" --output_dir "$work/o3" > "$work/e3.log" 2>&1 &
+  job=$!
+  sleep 1.5
+  kill -0 $job 2> /dev/null || { cat "$work/e3.log"; fail "SIG$sig: the run ended before the signal"; }
+  kill -$sig $job
+  t0=$(date +%s%N)
+  for _ in $(seq 100); do kill -0 $job 2> /dev/null || break; sleep 0.1; done
+  if kill -0 $job 2> /dev/null; then kill -9 $job; fail "SIG$sig: still running 10 s after the signal"; fi
+  wait $job
+  rc=$?
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  [ $rc -ne 0 ] || fail "SIG$sig: the interrupted run exited 0"
+  if [ $sig = TERM ]; then
+    grep -q "stopped by SIGTERM while hashing .*huge.txt" "$work/e3.log" || { cat "$work/e3.log"; fail "SIGTERM: no message"; }
+  fi
+  echo "SIG$sig while hashing a 64 GB file: ended in $ms ms (status $rc)"
+done
+
+# 3. llmt tokenize from an endless stream: a bounded line, a clear error, bounded memory
+# (under a 4 GB address-space limit: it used to grow without bound)
+(ulimit -v 4000000; /usr/bin/time -f "%M" -o "$work/rss.txt" timeout -k 5 30 "$llmt" tokenize \
+  --tokenizer_name_or_path "$tok" < /dev/zero > /dev/null 2> "$work/e4.log")
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat "$work/e4.log"; fail "tokenize < /dev/zero: status $rc"; }
+grep -q "stdin line 1 is longer than 16 MiB" "$work/e4.log" || { cat "$work/e4.log"; fail "tokenize < /dev/zero: no clear error"; }
+rss=$(tail -n 1 "$work/rss.txt")
+[ "$rss" -lt 600000 ] || fail "tokenize < /dev/zero peaked at $rss KiB"
+echo "tokenize < /dev/zero: refused at a 16 MiB line, peak RSS $((rss / 1024)) MiB"
+
+# 4. outputs to a full disk: standard output and metrics.jsonl
+printf 'hello\nworld\n' | "$llmt" tokenize --tokenizer_name_or_path "$tok" > "$work/ok.txt" || fail "tokenize to a file"
+[ "$(wc -l < "$work/ok.txt")" -eq 2 ] || fail "tokenize wrote $(wc -l < "$work/ok.txt") lines for 2"
+if printf 'hello\n' | "$llmt" tokenize --tokenizer_name_or_path "$tok" > /dev/full 2> "$work/e5.log"; then
+  fail "tokenize > /dev/full exited 0"
+fi
+grep -q "writing standard output failed: No space left on device" "$work/e5.log" || { cat "$work/e5.log"; fail "tokenize > /dev/full: no clear error"; }
+if seq 200000 | "$llmt" tokenize --tokenizer_name_or_path "$tok" > /dev/full 2> "$work/e6.log"; then
+  fail "tokenize of many lines > /dev/full exited 0"
+fi
+grep -q "writing standard output failed at input line" "$work/e6.log" || { cat "$work/e6.log"; fail "no line named"; }
+if "$llmt" plan --model gpt2-tiny --seq_len 64 --json > /dev/full 2> "$work/e7.log"; then fail "plan --json > /dev/full exited 0"; fi
+grep -q "writing standard output failed" "$work/e7.log" || { cat "$work/e7.log"; fail "plan > /dev/full: no clear error"; }
+mkdir -p "$work/m"
+ln -s /dev/full "$work/m/metrics.jsonl"
+if "$llmt" train "${common[@]}" --train_file "$work/corpus.txt" --output_dir "$work/m" > "$work/e8.log" 2>&1; then
+  fail "a run whose metrics.jsonl cannot be written exited 0"
+fi
+grep -q "writing $work/m/metrics.jsonl failed: No space left on device" "$work/e8.log" \
+  || { cat "$work/e8.log"; fail "metrics.jsonl on a full disk: no clear error"; }
+echo "tokenize, plan and metrics.jsonl on a full disk: errors naming the output"
