@@ -57,6 +57,7 @@ struct TrainArgs {
   bool save_only_model = false;            // checkpoints without the training state (they cannot be resumed)
   uint64_t seed = 42;
   bool bf16 = false;                       // bf16 compute copy, gathers and activations (fp32 master, moments)
+  std::string torch_dtype;                 // dtype of saved models: float32 (unset), bfloat16, float16, auto
   bool tf32 = false;
   std::string mixed_precision_reduce = "float32";  // gradients reduced in float32 or bfloat16 (torchtitan's name)
 };
