@@ -76,6 +76,9 @@ const std::vector<TrainFlag>& train_flags() {
        ARG(model_config)},
       {"tokenizer_name_or_path", "model", "DIR|FILE|bytes",
        "the tokenizer (default: the model directory); bytes = byte-level ids 0..255", ARG(tokenizer_name_or_path)},
+      {"llama3_special_tokens", "model", "auto|3.0|3.1",
+       "names of the special tokens of a bare Llama 3 tokenizer.model (3.1: also 3.2, 3.3); auto: as the files "
+       "beside it show, else 3.0", ARG(llama3_special_tokens)},
       // data
       {"data_path", "data", "FILE", "Alpaca JSON or JSON Lines, Stanford Alpaca's prompts", DATA(data_path)},
       {"dataset_name", "data", "wikitext", "WikiText from local files under --dataset_dir (nothing is downloaded)",

@@ -20,6 +20,7 @@ struct TrainArgs {
   std::string model_name_or_path;    // a Hugging Face directory: config.json + safetensors (+ tokenizer)
   std::string model_config;          // or a preset name / config.json, randomly initialised
   std::string tokenizer_name_or_path;  // default: model_name_or_path; "bytes" = byte-level
+  std::string llama3_special_tokens = "auto";  // names of a bare Llama 3 tokenizer.model's specials: auto, 3.0, 3.1
   DataArgs data;
   std::string output_dir;
   int64_t max_steps = -1;            // > 0 overrides num_train_epochs

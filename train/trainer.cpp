@@ -161,7 +161,8 @@ std::unique_ptr<Tokenizer> pick_tokenizer(const TrainArgs& a, const ModelConfig&
   std::string name = tokenizer_source(a);
   LLMT_CHECK(!name.empty(), "no tokenizer: give --tokenizer_name_or_path (a tokenizer directory or file, or \"bytes\" "
                             "for byte-level ids 0..255)");
-  std::unique_ptr<Tokenizer> tok = name == "bytes" ? make_byte_tokenizer() : load_tokenizer(name);
+  std::unique_ptr<Tokenizer> tok =
+      name == "bytes" ? make_byte_tokenizer() : load_tokenizer(name, a.llama3_special_tokens);
   LLMT_CHECK(tok->vocab_size() <= cfg.vocab_size,
              "the tokenizer (%s, %d ids) does not fit the model's vocabulary of %d", name.c_str(), tok->vocab_size(),
              cfg.vocab_size);
