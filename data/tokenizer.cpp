@@ -93,8 +93,8 @@ std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path) {
 
 // Which Llama 3 release the files beside a bare tokenizer.model show, as Meta (original/params.json)
 // and Hugging Face (config.json, generation_config.json) lay them out: each file that tells votes,
-// and votes that disagree are an error. False when none tells; *why says what decided.
-bool llama3_release_of_dir(const std::string& dir, Llama3Release* release, std::string* why) {
+// and votes that disagree are an error naming them. False when none tells.
+bool llama3_release_of_dir(const std::string& dir, Llama3Release* release) {
   std::vector<std::pair<Llama3Release, std::string>> votes;
   auto load = [&](const char* name, nlohmann::json* j) {
     const std::string p = dir + "/" + name;
@@ -134,25 +134,19 @@ bool llama3_release_of_dir(const std::string& dir, Llama3Release* release, std::
                (votes[0].first == Llama3Release::k3_1 ? votes[0] : v).second.c_str(),
                (votes[0].first == Llama3Release::k3_1 ? v : votes[0]).second.c_str());
   *release = votes[0].first;
-  *why = votes[0].second;
   return true;
 }
 
 std::unique_ptr<Tokenizer> from_rank_or_protobuf(const std::string& path, const std::string& llama3) {
   if (is_tiktoken_file(path)) {
     Llama3Release release = llama3 == "3.1" ? Llama3Release::k3_1 : Llama3Release::k3_0;
-    std::string why;
-    const bool told = llama3 == "auto" && llama3_release_of_dir(dir_name(path), &release, &why);
+    const bool told = llama3 == "auto" && llama3_release_of_dir(dir_name(path), &release);
     std::unique_ptr<Tokenizer> t = load_tiktoken(path, release);
-    if (llama3 == "auto" && t->vocab_size() == 128256) {
-      if (told)
-        log_info("data   %s: Llama 3.%s's special token names (%s)", path.c_str(),
-                 release == Llama3Release::k3_1 ? "1" : "0", why.c_str());
-      else
-        log_warn("%s: Llama 3 ranks, and no params.json, config.json or generation_config.json beside it says which "
-                 "release: Llama 3.0's special token names (--llama3_special_tokens 3.1 for those of 3.1, 3.2 and "
-                 "3.3: <|finetune_right_pad_id|>, <|eom_id|>, <|python_tag|>)", path.c_str());
-    }
+    // no line when the files told (llmt tokenize's stdout is the ids alone); a warning when none did
+    if (llama3 == "auto" && t->vocab_size() == 128256 && !told)
+      log_warn("%s: Llama 3 ranks, and no params.json, config.json or generation_config.json beside it says which "
+               "release: Llama 3.0's special token names (--llama3_special_tokens 3.1 for those of 3.1, 3.2 and "
+               "3.3: <|finetune_right_pad_id|>, <|eom_id|>, <|python_tag|>)", path.c_str());
     return t;
   }
   // A tokenizer.model tokenizes as the sentencepiece library (how LLaMA was trained), not as
