@@ -143,6 +143,10 @@ void HfExporter::write_unit(int unit, const float* host) {
     if (dtype_ == "BF16" || dtype_ == "F16") {
       h.resize((size_t)p.numel());
       for (size_t i = 0; i < h.size(); i++) h[i] = dtype_ == "BF16" ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+      if (dtype_ == "F16")  // float16 tops out at 65504: a larger weight would be written as infinity
+        for (size_t i = 0; i < h.size(); i++)
+          LLMT_CHECK((h[i] & 0x7c00) != 0x7c00 || !std::isfinite(src[i]), "save: tensor \"%s\" element %zu is %g, "
+                     "beyond float16's range (65504): save in float32 or bfloat16", p.hf_name.c_str(), i, (double)src[i]);
       writer_->write(entry_of_[unit][k], h.data());
     } else {
       writer_->write(entry_of_[unit][k], src);
