@@ -119,6 +119,8 @@ int cli_tokenize(const std::vector<std::string>& args) {
         "llmt tokenize: text on stdin to token ids on stdout, one output line per input line\n\n"
         "  --tokenizer_name_or_path P  a directory (tokenizer.json, vocab.json + merges.txt, or tokenizer.model)\n"
         "                              or one of those files (also a *.tiktoken rank file)\n"
+        "  --llama3_special_tokens V   auto|3.0|3.1: names of a bare Llama 3 tokenizer.model's special tokens\n"
+        "                              (auto: as params.json, config.json or generation_config.json beside it show)\n"
         "  --no_special_tokens         leave out the BOS/EOS the tokenizer adds by default\n"
         "  --decode                    read lines of space-separated ids, print their text\n"
         "  --skip_special_tokens       with --decode: leave special tokens out of the text\n"
@@ -128,6 +130,7 @@ int cli_tokenize(const std::vector<std::string>& args) {
   }
   Flags flags("tokenize", args);
   std::string path = flags.get_string("tokenizer_name_or_path", "");
+  std::string llama3 = flags.get_string("llama3_special_tokens", "auto");
   bool no_special = flags.get_bool("no_special_tokens", false);
   bool decode = flags.get_bool("decode", false);
   bool skip_special = flags.get_bool("skip_special_tokens", false);
@@ -139,7 +142,7 @@ int cli_tokenize(const std::vector<std::string>& args) {
   LLMT_CHECK(!skip_special || decode, "llmt tokenize: --skip_special_tokens goes with --decode");
 
   double t0 = now_s();
-  std::unique_ptr<Tokenizer> tok = load_tokenizer(path);
+  std::unique_ptr<Tokenizer> tok = load_tokenizer(path, llama3);
   double load_s = now_s() - t0;
   if (!bench_file.empty()) {
     bench(*tok, bench_file, path, load_s, repeats);

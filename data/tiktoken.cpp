@@ -67,13 +67,20 @@ bool is_tiktoken_file(const std::string& path) {
   return j > i && (j == s.size() || s[j] == '\n' || s[j] == '\r');
 }
 
-// Meta's llama3 tokenizer.py: 256 special tokens after the 128000 ranks.
-static std::vector<std::string> llama3_specials() {
-  std::vector<std::string> s = {"<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
-                                "<|reserved_special_token_1|>", "<|reserved_special_token_2|>",
-                                "<|reserved_special_token_3|>", "<|start_header_id|>", "<|end_header_id|>",
-                                "<|reserved_special_token_4|>", "<|eot_id|>"};
-  for (int i = 5; i < 256 - 5; i++) s.push_back("<|reserved_special_token_" + std::to_string(i) + "|>");
+// Meta's llama3 tokenizer.py: 256 special tokens after the 128000 ranks, as each release names them.
+static std::vector<std::string> llama3_specials(Llama3Release release) {
+  std::vector<std::string> s;
+  if (release == Llama3Release::k3_0)
+    s = {"<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
+         "<|reserved_special_token_2|>", "<|reserved_special_token_3|>", "<|start_header_id|>", "<|end_header_id|>",
+         "<|reserved_special_token_4|>", "<|eot_id|>"};
+  else
+    s = {"<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
+         "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>",
+         "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"};
+  // the rest are reserved, numbered on from the last reserved name above
+  for (int i = release == Llama3Release::k3_0 ? 5 : 3; s.size() < 256; i++)
+    s.push_back("<|reserved_special_token_" + std::to_string(i) + "|>");
   return s;
 }
 
@@ -144,12 +151,12 @@ static BpeSpec read_ranks(const std::string& path) {
 }
 
 // Special tokens after the ranks, by their number (see tiktoken.h).
-static std::unique_ptr<Tokenizer> finish(BpeSpec spec, PretokPattern pattern) {
+static std::unique_ptr<Tokenizer> finish(BpeSpec spec, PretokPattern pattern, Llama3Release release) {
   spec.pattern = pattern;
   std::vector<std::string> specials;
   int32_t n_ranks = (int32_t)spec.tokens.size();
   if (n_ranks == 50256) specials = {"<|endoftext|>"};
-  if (n_ranks == 128000) specials = llama3_specials();
+  if (n_ranks == 128000) specials = llama3_specials(release);
   for (size_t k = 0; k < specials.size(); k++) {
     BpeAddedToken a;
     a.content = specials[k];
@@ -167,14 +174,17 @@ static std::unique_ptr<Tokenizer> finish(BpeSpec spec, PretokPattern pattern) {
   return make_bpe_tokenizer(std::move(spec));
 }
 
-std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path, PretokPattern pattern) {
-  return finish(read_ranks(path), pattern);
+std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path, PretokPattern pattern, Llama3Release release) {
+  return finish(read_ranks(path), pattern, release);
 }
 
-std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path) {
+std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path, Llama3Release release) {
   BpeSpec spec = read_ranks(path);
+  LLMT_CHECK(spec.tokens.size() != 200000, "%s: 200000 ranks: this is Llama 4's tokenizer.model, which llmt does not "
+             "read (its pre-tokenizer pattern, o200k's, needs Unicode case classes llmt's scanners lack, and it has "
+             "1135 special tokens of its own)", path.c_str());
   PretokPattern p = spec.tokens.size() == 128000 ? PretokPattern::kLlama3 : PretokPattern::kGpt2;
-  return finish(std::move(spec), p);
+  return finish(std::move(spec), p, release);
 }
 
 }  // namespace llmt

@@ -14,6 +14,7 @@
 #include "data/tiktoken.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
+#include "engine/core/log.h"
 
 namespace llmt {
 
@@ -68,8 +69,23 @@ nlohmann::json read_json(const std::string& path) {
   }
 }
 
+// Mistral's tekken.json: {"config": {"pattern", "version", ...}, "vocab": [{"rank", "token_bytes"}, ...]}.
+bool is_tekken_json(const nlohmann::json& j) {
+  return j.is_object() && j.contains("config") && j["config"].is_object() && j["config"].contains("pattern") &&
+         j.contains("vocab") && j["vocab"].is_array() && !j.contains("model");
+}
+
+[[noreturn]] void refuse_tekken(const std::string& path, const nlohmann::json& j) {
+  const nlohmann::json& v = j["config"].contains("version") ? j["config"]["version"] : nlohmann::json();
+  fail("%s is Mistral's tekken tokenizer (tekken.json, version %s), a format llmt does not read: its pre-tokenizer "
+       "pattern needs Unicode case classes (\\p{Lu}, \\p{Ll}, ...) that llmt's scanners lack. Give a model whose "
+       "tokenizer is SentencePiece (tokenizer.model) or a byte-level tokenizer.json with the GPT-2, Llama 3 or Qwen2 "
+       "pattern", path.c_str(), clip_for_message(v.dump()).c_str());
+}
+
 std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path) {
   nlohmann::json j = read_json(path);
+  if (is_tekken_json(j)) refuse_tekken(path, j);
   LLMT_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
              "%s: expected a Hugging Face tokenizer.json (an object with a \"model\")", path.c_str());
   const nlohmann::json& model = j["model"];
@@ -84,8 +100,64 @@ std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path) {
        "SentencePiece-style as LLaMA)", path.c_str(), type.c_str());
 }
 
-std::unique_ptr<Tokenizer> from_rank_or_protobuf(const std::string& path) {
-  if (is_tiktoken_file(path)) return load_tiktoken(path);
+// Which Llama 3 release the files beside a bare tokenizer.model show, as Meta (original/params.json)
+// and Hugging Face (config.json, generation_config.json) lay them out: each file that tells votes,
+// and votes that disagree are an error naming them. False when none tells.
+bool llama3_release_of_dir(const std::string& dir, Llama3Release* release) {
+  std::vector<std::pair<Llama3Release, std::string>> votes;
+  auto load = [&](const char* name, nlohmann::json* j) {
+    const std::string p = dir + "/" + name;
+    if (!is_file(p)) return false;
+    *j = read_json(p);
+    return j->is_object();
+  };
+  auto is_int = [](const nlohmann::json& j, const char* key, int64_t v) {
+    return j.contains(key) && j[key].is_number_integer() && j[key].get<int64_t>() == v;
+  };
+  nlohmann::json j;
+  if (load("params.json", &j)) {
+    if (j.contains("use_scaled_rope")) votes.push_back({Llama3Release::k3_1, dir + "/params.json has \"use_scaled_rope\""});
+    else if (is_int(j, "vocab_size", 128256))
+      votes.push_back({Llama3Release::k3_0, dir + "/params.json is a Llama 3 model's without \"use_scaled_rope\""});
+  }
+  if (load("config.json", &j)) {
+    bool llama3_rope = false;
+    for (const char* key : {"rope_scaling", "rope_parameters"})
+      if (j.contains(key) && j[key].is_object())
+        for (const char* type : {"rope_type", "type"})
+          llama3_rope = llama3_rope || (j[key].contains(type) && j[key][type] == "llama3");
+    if (llama3_rope) votes.push_back({Llama3Release::k3_1, dir + "/config.json has Llama 3.1's \"llama3\" rope scaling"});
+    else if (is_int(j, "vocab_size", 128256))
+      votes.push_back({Llama3Release::k3_0, dir + "/config.json is a Llama 3 model's without Llama 3.1's rope scaling"});
+  }
+  if (load("generation_config.json", &j) && j.contains("eos_token_id") && j["eos_token_id"].is_array())
+    for (const nlohmann::json& e : j["eos_token_id"])
+      if (e.is_number_integer() && e.get<int64_t>() == 128008) {
+        votes.push_back({Llama3Release::k3_1, dir + "/generation_config.json stops at <|eom_id|> (128008)"});
+        break;
+      }
+  if (votes.empty()) return false;
+  for (const auto& v : votes)
+    LLMT_CHECK(v.first == votes[0].first, "which Llama 3 release is %s/tokenizer.model? %s (3.1), but %s (3.0): give "
+               "--llama3_special_tokens 3.0 or 3.1", dir.c_str(),
+               (votes[0].first == Llama3Release::k3_1 ? votes[0] : v).second.c_str(),
+               (votes[0].first == Llama3Release::k3_1 ? v : votes[0]).second.c_str());
+  *release = votes[0].first;
+  return true;
+}
+
+std::unique_ptr<Tokenizer> from_rank_or_protobuf(const std::string& path, const std::string& llama3) {
+  if (is_tiktoken_file(path)) {
+    Llama3Release release = llama3 == "3.1" ? Llama3Release::k3_1 : Llama3Release::k3_0;
+    const bool told = llama3 == "auto" && llama3_release_of_dir(dir_name(path), &release);
+    std::unique_ptr<Tokenizer> t = load_tiktoken(path, release);
+    // no line when the files told (llmt tokenize's stdout is the ids alone); a warning when none did
+    if (llama3 == "auto" && t->vocab_size() == 128256 && !told)
+      log_warn("%s: Llama 3 ranks, and no params.json, config.json or generation_config.json beside it says which "
+               "release: Llama 3.0's special token names (--llama3_special_tokens 3.1 for those of 3.1, 3.2 and "
+               "3.3: <|finetune_right_pad_id|>, <|eom_id|>, <|python_tag|>)", path.c_str());
+    return t;
+  }
   // A tokenizer.model tokenizes as the sentencepiece library (how LLaMA was trained), not as
   // transformers 5 rebuilds it: see docs/tokenizers.md, "SentencePiece".
   if (is_sentencepiece_model_file(path)) return load_sentencepiece_model(path, SentencePieceFlavor::kScoreMerges);
@@ -159,7 +231,7 @@ std::unique_ptr<Tokenizer> apply_configs(std::unique_ptr<Tokenizer> t, const std
   return std::make_unique<ConfiguredTokenizer>(std::move(t), bos, eos, add_bos, add_eos);
 }
 
-std::unique_ptr<Tokenizer> load_file(const std::string& path) {
+std::unique_ptr<Tokenizer> load_file(const std::string& path, const std::string& llama3) {
   std::string name = base_name(path), dir = dir_name(path);
   if (name == "vocab.json" || name == "merges.txt") {
     std::string vocab = dir + "/vocab.json", merges = dir + "/merges.txt";
@@ -168,31 +240,41 @@ std::unique_ptr<Tokenizer> load_file(const std::string& path) {
     return load_bytelevel_bpe_files(vocab, merges);
   }
   if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".json") == 0) return from_tokenizer_json(path);
-  return from_rank_or_protobuf(path);  // tokenizer.model, *.tiktoken, *.model
+  return from_rank_or_protobuf(path, llama3);  // tokenizer.model, *.tiktoken, *.model
 }
 
 }  // namespace
 
-static std::unique_ptr<Tokenizer> load_tokenizer_unchecked(const std::string& dir_or_file) {
+static std::unique_ptr<Tokenizer> load_tokenizer_unchecked(const std::string& dir_or_file, const std::string& llama3) {
+  LLMT_CHECK(llama3 == "auto" || llama3 == "3.0" || llama3 == "3.1",
+             "--llama3_special_tokens must be auto, 3.0 or 3.1, got \"%s\"", llama3.c_str());
   const std::string& p = dir_or_file;
-  if (is_file(p)) return apply_configs(load_file(p), dir_name(p));
-  LLMT_CHECK(is_dir(p), "tokenizer path %s does not exist", p.c_str());
   std::unique_ptr<Tokenizer> t;
-  if (is_file(p + "/tokenizer.json")) t = from_tokenizer_json(p + "/tokenizer.json");
-  else if (is_file(p + "/vocab.json") && is_file(p + "/merges.txt"))
-    t = load_bytelevel_bpe_files(p + "/vocab.json", p + "/merges.txt");
-  else if (is_file(p + "/tokenizer.model")) t = from_rank_or_protobuf(p + "/tokenizer.model");
-  else
-    fail("no tokenizer in %s: looked for tokenizer.json, vocab.json + merges.txt, and tokenizer.model "
-         "(SentencePiece or tiktoken ranks)", p.c_str());
-  return apply_configs(std::move(t), p);
+  if (is_file(p)) {
+    t = apply_configs(load_file(p, llama3), dir_name(p));
+  } else {
+    LLMT_CHECK(is_dir(p), "tokenizer path %s does not exist", p.c_str());
+    if (is_file(p + "/tokenizer.json")) t = from_tokenizer_json(p + "/tokenizer.json");
+    else if (is_file(p + "/vocab.json") && is_file(p + "/merges.txt"))
+      t = load_bytelevel_bpe_files(p + "/vocab.json", p + "/merges.txt");
+    else if (is_file(p + "/tokenizer.model")) t = from_rank_or_protobuf(p + "/tokenizer.model", llama3);
+    else if (is_file(p + "/tekken.json")) t = from_tokenizer_json(p + "/tekken.json");  // refused, naming the format
+    else
+      fail("no tokenizer in %s: looked for tokenizer.json, vocab.json + merges.txt, and tokenizer.model "
+           "(SentencePiece or tiktoken ranks)", p.c_str());
+    t = apply_configs(std::move(t), p);
+  }
+  LLMT_CHECK(llama3 == "auto" || (t->kind() == "tiktoken" && t->vocab_size() == 128256),
+             "--llama3_special_tokens %s names the special tokens of Llama 3's tokenizer.model (128000 tiktoken ranks), "
+             "but %s is a %s tokenizer of %d ids", llama3.c_str(), p.c_str(), t->kind().c_str(), t->vocab_size());
+  return t;
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_or_file) {
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_or_file, const std::string& llama3) {
   // Every JSON access below is checked and names its file and field; this net turns any that is not
   // into an error naming the tokenizer, never "internal error: [json.exception...]"
   try {
-    return load_tokenizer_unchecked(dir_or_file);
+    return load_tokenizer_unchecked(dir_or_file, llama3);
   } catch (const nlohmann::json::exception& e) {
     fail("%s: unexpected tokenizer file layout: %s", dir_or_file.c_str(), e.what());
   }

@@ -37,7 +37,13 @@ class Tokenizer {
 // Picks the tokenizer as AutoTokenizer.from_pretrained would from a directory: tokenizer.json,
 // else vocab.json + merges.txt, else tokenizer.model (SentencePiece, or a tiktoken rank file);
 // also accepts the path of one of those files. A directory with none of them is an error naming
-// the directory and the files looked for.
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_or_file);
+// the directory and the files looked for. Mistral's tekken.json is refused, naming the format.
+// llama3_special_tokens: the names a bare Llama 3 tokenizer.model (128000 tiktoken ranks) gives its
+// special tokens (data/tiktoken.h): "3.0", "3.1" (also 3.2's and 3.3's), or "auto": the release the
+// files beside it show (params.json's use_scaled_rope, config.json's llama3 rope scaling,
+// generation_config.json's <|eom_id|>), else 3.0's with a warning. "3.0" / "3.1" with any other
+// tokenizer is an error.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_or_file,
+                                          const std::string& llama3_special_tokens = "auto");
 
 }  // namespace llmt

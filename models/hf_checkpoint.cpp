@@ -110,10 +110,11 @@ void load_hf_unit(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, con
 HfExporter::HfExporter(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout,
                        const std::string& dtype, uint64_t max_shard_bytes)
     : layout_(layout), dtype_(dtype) {
-  LLMT_CHECK(dtype == "F32" || dtype == "BF16", "save: dtype %s is not supported (F32 or BF16)", dtype.c_str());
+  LLMT_CHECK(dtype == "F32" || dtype == "BF16" || dtype == "F16", "save: dtype %s is not supported (F32, BF16 or F16)",
+             dtype.c_str());
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) fail("cannot create %s: %s", dir.c_str(), std::strerror(errno));
   nlohmann::json j = config_to_hf_json(cfg);
-  j["torch_dtype"] = dtype == "BF16" ? "bfloat16" : "float32";
+  j["torch_dtype"] = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
   write_file_atomic(dir + "/config.json", j.dump(2) + "\n");
   std::vector<StEntry> entries;
   for (const UnitLayout& u : layout.units) {
@@ -140,9 +141,13 @@ void HfExporter::write_unit(int unit, const float* host) {
         for (int64_t i = 0; i < in; i++) t[(size_t)(i * out + o)] = src[o * in + i];
       src = t.data();
     }
-    if (dtype_ == "BF16") {
+    if (dtype_ == "BF16" || dtype_ == "F16") {
       h.resize((size_t)p.numel());
-      for (size_t i = 0; i < h.size(); i++) h[i] = f32_to_bf16(src[i]);
+      for (size_t i = 0; i < h.size(); i++) h[i] = dtype_ == "BF16" ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+      if (dtype_ == "F16")  // float16 tops out at 65504: a larger weight would be written as infinity
+        for (size_t i = 0; i < h.size(); i++)
+          LLMT_CHECK((h[i] & 0x7c00) != 0x7c00 || !std::isfinite(src[i]), "save: tensor \"%s\" element %zu is %g, "
+                     "beyond float16's range (65504): save in float32 or bfloat16", p.hf_name.c_str(), i, (double)src[i]);
       writer_->write(entry_of_[unit][k], h.data());
     } else {
       writer_->write(entry_of_[unit][k], src);

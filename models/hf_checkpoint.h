@@ -38,7 +38,7 @@ class HfExporter {
 };
 
 // Writes dir/config.json and dir/model.safetensors (split at max_shard_bytes with an index, as
-// save_pretrained does) from the units' host buffers; dtype "F32" or "BF16".
+// save_pretrained does) from the units' host buffers; dtype "F32", "BF16" or "F16".
 void save_hf_model(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout,
                    const std::vector<const float*>& unit_host, const std::string& dtype,
                    uint64_t max_shard_bytes = 5000000000ull);

@@ -15,7 +15,7 @@ namespace llmt {
 // --save_only_model): what checkpoint verification requires the manifest to list.
 extern const std::vector<std::string> kCheckpointRequiredFiles;
 
-// Writes dir/config.json and dir/model.safetensors (dtype "F32" or "BF16", split as save_pretrained
+// Writes dir/config.json and dir/model.safetensors (dtype "F32", "BF16" or "F16", split as save_pretrained
 // does) from the store's fp32 master weights, one unit at a time: every rank takes part in the unit's
 // gather, rank 0 writes it; then the tokenizer's files from tokenizer_dir ("" for none). A failure on
 // rank 0 (a full disk) keeps rank 0 in the gathers, and then every rank throws it together: no rank

@@ -78,6 +78,9 @@ const std::vector<TrainFlag>& train_flags() {
        ARG(model_config)},
       {"tokenizer_name_or_path", "model", "DIR|FILE|bytes",
        "the tokenizer (default: the model directory); bytes = byte-level ids 0..255", ARG(tokenizer_name_or_path)},
+      {"llama3_special_tokens", "model", "auto|3.0|3.1",
+       "names of the special tokens of a bare Llama 3 tokenizer.model (3.1: also 3.2, 3.3); auto: as the files "
+       "beside it show, else 3.0", ARG(llama3_special_tokens)},
       // data
       {"data_path", "data", "FILE", "Alpaca JSON or JSON Lines, Stanford Alpaca's prompts", DATA(data_path)},
       {"dataset_name", "data", "wikitext", "WikiText from local files under --dataset_dir (nothing is downloaded)",
@@ -160,12 +163,14 @@ const std::vector<TrainFlag>& train_flags() {
                     "which keeps fp32 master weights and needs none");
        },
        nullptr},
-      {"torch_dtype", "parallelism and precision", "auto|float32|bfloat16|float16",
-       "accepted: weights load into fp32 masters whatever the file holds; --bf16 sets the compute dtype",
-       [](Flags& f, const char* n, TrainArgs&) {
-         const std::string v = f.get_string(n, "auto");
-         LLMT_CHECK(v == "auto" || v == "float32" || v == "bfloat16" || v == "float16",
+      {"torch_dtype", "parallelism and precision", "float32|bfloat16|float16|auto",
+       "dtype the model (and each checkpoint's model) is saved in, as transformers saves a model loaded in it "
+       "(unset: float32, also under --bf16; auto: the --model_name_or_path checkpoint's); training keeps fp32 masters",
+       [](Flags& f, const char* n, TrainArgs& a) {
+         const std::string v = f.get_string(n, "");
+         LLMT_CHECK(v.empty() || v == "auto" || v == "float32" || v == "bfloat16" || v == "float16",
                     "--torch_dtype must be auto, float32, bfloat16 or float16, got \"%s\"", v.c_str());
+         a.torch_dtype = v;
        },
        nullptr},
       {"ddp_find_unused_parameters", "parallelism and precision", "True|False",

@@ -21,6 +21,7 @@ struct TrainArgs {
   std::string model_name_or_path;    // a Hugging Face directory: config.json + safetensors (+ tokenizer)
   std::string model_config;          // or a preset name / config.json, randomly initialised
   std::string tokenizer_name_or_path;  // default: model_name_or_path; "bytes" = byte-level
+  std::string llama3_special_tokens = "auto";  // names of a bare Llama 3 tokenizer.model's specials: auto, 3.0, 3.1
   DataArgs data;
   std::string output_dir;
   int64_t max_steps = -1;            // > 0 overrides num_train_epochs
@@ -59,6 +60,7 @@ struct TrainArgs {
   bool save_only_model = false;            // checkpoints without the training state (they cannot be resumed)
   uint64_t seed = 42;
   bool bf16 = false;                       // bf16 compute copy, gathers and activations (fp32 master, moments)
+  std::string torch_dtype;                 // dtype of saved models: float32 (unset), bfloat16, float16, auto
   bool tf32 = false;
   std::string mixed_precision_reduce = "float32";  // gradients reduced in float32 or bfloat16 (torchtitan's name)
 };

@@ -168,11 +168,48 @@ std::string tokenizer_dir(const std::string& src) {
   return slash == std::string::npos ? "." : src.substr(0, slash);
 }
 
+// The safetensors dtype saved models are written in, as transformers saves a model loaded with
+// --torch_dtype: unset (run_clm's None) and float32 load fp32 weights, which the Trainer saves in fp32
+// under --bf16 too (autocast and FSDP's MixedPrecision keep fp32 parameters); bfloat16 and float16
+// load the model in that dtype; auto, in the checkpoint's own: config.json's "torch_dtype" ("dtype"
+// in transformers 5), else its first floating-point tensor's. A model made from a config is fp32.
+std::string saved_model_dtype(const TrainArgs& a, const SafetensorsCheckpoint* ckpt) {
+  auto from_torch = [](const std::string& v) -> std::string {
+    if (v == "float32") return "F32";
+    if (v == "bfloat16") return "BF16";
+    if (v == "float16") return "F16";
+    return "";
+  };
+  if (a.torch_dtype != "auto") return a.torch_dtype.empty() ? "F32" : from_torch(a.torch_dtype);
+  if (!ckpt) return "F32";
+  struct stat st;
+  const std::string cfg_path = a.model_name_or_path + "/config.json";
+  if (stat(a.model_name_or_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && stat(cfg_path.c_str(), &st) == 0) {
+    std::ifstream f(cfg_path, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    check_json_depth(text, cfg_path);
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    for (const char* key : {"torch_dtype", "dtype"}) {
+      if (!j.is_object() || !j.contains(key) || j[key].is_null()) continue;
+      std::string dt = from_torch(j[key].is_string() ? j[key].get<std::string>() : std::string());
+      LLMT_CHECK(!dt.empty(), "--torch_dtype auto: %s: \"%s\" is %s; llmt saves float32, bfloat16 or float16 (give "
+                 "--torch_dtype)", cfg_path.c_str(), key, clip_for_message(j[key].dump()).c_str());
+      return dt;
+    }
+  }
+  for (const std::string& name : ckpt->names()) {
+    const StTensor* t = ckpt->find(name, nullptr);
+    if (t->dtype == "F32" || t->dtype == "BF16" || t->dtype == "F16") return t->dtype;
+  }
+  return "F32";
+}
+
 std::unique_ptr<Tokenizer> pick_tokenizer(const TrainArgs& a, const ModelConfig& cfg) {
   std::string name = tokenizer_source(a);
   LLMT_CHECK(!name.empty(), "no tokenizer: give --tokenizer_name_or_path (a tokenizer directory or file, or \"bytes\" "
                             "for byte-level ids 0..255)");
-  std::unique_ptr<Tokenizer> tok = name == "bytes" ? make_byte_tokenizer() : load_tokenizer(name);
+  std::unique_ptr<Tokenizer> tok =
+      name == "bytes" ? make_byte_tokenizer() : load_tokenizer(name, a.llama3_special_tokens);
   LLMT_CHECK(tok->vocab_size() <= cfg.vocab_size,
              "the tokenizer (%s, %d ids) does not fit the model's vocabulary of %d", name.c_str(), tok->vocab_size(),
              cfg.vocab_size);
@@ -228,6 +265,7 @@ class Trainer {
   std::unique_ptr<Backend> be_;
   std::unique_ptr<Tokenizer> tok_;
   std::string tokenizer_dir_;  // copied beside saved models
+  std::string save_dtype_ = "F32";  // what saved models are written in (--torch_dtype)
   TokenDataset train_, eval_;
   DataIdentity data_id_;  // the training data's identity, recorded in checkpoints and compared on resume
   int B_ = 0, T_ = 0, pad_id_ = 0, local_size_ = 1;
@@ -518,6 +556,7 @@ void Trainer::load_parameters() {
     ckpt = std::make_unique<SafetensorsCheckpoint>(a_.model_name_or_path);
     check_hf_tensors(*ckpt, cfg_, L, a_.model_name_or_path);
   }
+  save_dtype_ = saved_model_dtype(a_, ckpt.get());
   std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
     host.assign((size_t)L.units[u].numel, 0.0f);
@@ -535,12 +574,12 @@ void Trainer::describe() {
   log_info("model  %s, %.2fM parameters (%s)", cfg_.describe().c_str(), L.total_numel / 1e6,
            a_.model_name_or_path.empty() ? "random init" : a_.model_name_or_path.c_str());
   log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (master, grad, m, v%s), "
-           "activations %.1f MiB%s; compute %s, gradients reduced in %s",
+           "activations %.1f MiB%s; compute %s, gradients reduced in %s, models saved in %s",
            strategy_name(strategy_), g.shard_size, g.shard_size == 1 ? "" : "s", g.replica_size,
            g.replica_size == 1 ? "" : "s", store_->persistent_bytes() / kMiB, a_.bf16 ? ", bf16 copy" : "",
            Transformer::activation_bytes(cfg_, B_, T_, a_.gradient_checkpointing, be_->compute_dtype()) / kMiB,
            a_.gradient_checkpointing ? " (gradient checkpointing)" : "", dtype_name(be_->compute_dtype()),
-           dtype_name(reduce_dtype_));
+           dtype_name(reduce_dtype_), save_dtype_.c_str());
   log_info("plan   per rank: gathered buffers at most %.1f MiB; %.1f MiB sent per step at the longest batches "
            "(llmt plan)",
            plan["gathered_peak_gib"].get<double>() * 1024.0, plan["comm_total_bytes"].get<double>() / kMiB);
@@ -787,8 +826,8 @@ void Trainer::finish() {
     record({{"step", total_steps_}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
   }
   // a signal arriving now changes nothing: this is the end of the run
-  write_hf_model(world_, *store_, cfg_, model_->layout(), a_.output_dir, a_.bf16 ? "BF16" : "F32", tokenizer_dir_);
-  log_info("saved  %s (config.json, model.safetensors)", a_.output_dir.c_str());
+  write_hf_model(world_, *store_, cfg_, model_->layout(), a_.output_dir, save_dtype_, tokenizer_dir_);
+  log_info("saved  %s (config.json, model.safetensors in %s)", a_.output_dir.c_str(), save_dtype_.c_str());
 }
 
 // A metrics record: to metrics.jsonl and the log history (rank 0 only).
@@ -852,7 +891,7 @@ double Trainer::evaluate() {
 // so a checkpoint is complete or absent; then the oldest beyond save_total_limit are removed.
 void Trainer::save_checkpoint(int64_t step) {
   std::string dir = save_checkpoint_dir(a_.output_dir, step, world_, [&](const std::string& tmp) {
-    write_hf_model(world_, *store_, cfg_, model_->layout(), tmp, a_.bf16 ? "BF16" : "F32", tokenizer_dir_);
+    write_hf_model(world_, *store_, cfg_, model_->layout(), tmp, save_dtype_, tokenizer_dir_);
     nlohmann::json scalars = {{"global_step", step},
                               {"seed", a_.seed},
                               {"steps_per_epoch", steps_per_epoch_},

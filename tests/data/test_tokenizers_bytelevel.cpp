@@ -500,4 +500,99 @@ TEST(BytelevelBpe, Llama3RankFileLayout) {
   EXPECT_EQ(t->encode("12345"), (Ids{'1', '2', '3', '4', '5'}));
   EXPECT_EQ(t->decode({128000, 256}), "<|begin_of_text|> world");
   EXPECT_EQ(t->decode({128000, 256}, true), " world");
+
+  // Llama 3.1's names (also 3.2's and 3.3's, as Meta's 3.1 tokenizer.py and the Hub's tokenizer.json
+  // have them), by the flag or by the files beside the rank file
+  auto expect_31 = [](const Tokenizer& t, const std::string& why) {
+    SCOPED_TRACE(why);
+    EXPECT_EQ(t.vocab_size(), 128256);
+    EXPECT_EQ(t.encode("<|finetune_right_pad_id|><|reserved_special_token_2|><|eom_id|><|eot_id|><|python_tag|>"),
+              (Ids{128004, 128005, 128008, 128009, 128010}));
+    EXPECT_EQ(t.encode("<|reserved_special_token_3|>"), (Ids{128011}));
+    EXPECT_EQ(t.encode("<|reserved_special_token_247|>"), (Ids{128255}));
+    EXPECT_EQ(t.encode("<|start_header_id|>"), (Ids{128006}));
+    EXPECT_EQ(t.decode({128008, 128010}), "<|eom_id|><|python_tag|>");
+    EXPECT_NE(t.encode("<|reserved_special_token_248|>").size(), 1u);  // text: 3.1 has no 248
+    EXPECT_EQ(t.encode_with_specials(" world"), (Ids{128000, 256}));
+    EXPECT_EQ(t.eos_id(), 128001);
+  };
+  auto expect_30 = [](const Tokenizer& t, const std::string& why) {
+    SCOPED_TRACE(why);
+    EXPECT_EQ(t.encode("<|reserved_special_token_3|><|reserved_special_token_4|><|reserved_special_token_5|>"),
+              (Ids{128005, 128008, 128010}));
+    EXPECT_NE(t.encode("<|eom_id|>").size(), 1u);
+  };
+  expect_30(*load_tokenizer(d, "3.0"), "--llama3_special_tokens 3.0");
+  expect_31(*load_tokenizer(d, "3.1"), "--llama3_special_tokens 3.1");
+  expect_31(*load_tokenizer(d + "/tokenizer.model", "3.1"), "the file, 3.1");
+  spit(d + "/params.json", R"({"dim": 2048, "n_layers": 16, "vocab_size": 128256, "use_scaled_rope": true})");
+  expect_31(*load_tokenizer(d), "Meta's params.json with use_scaled_rope");
+  expect_31(*load_tokenizer(d + "/tokenizer.model"), "the file beside params.json");
+  expect_30(*load_tokenizer(d, "3.0"), "the flag over params.json");
+  spit(d + "/params.json", R"({"dim": 4096, "n_layers": 32, "vocab_size": 128256, "rope_theta": 500000.0})");
+  expect_30(*load_tokenizer(d), "Meta's Llama 3.0 params.json");
+  std::remove((d + "/params.json").c_str());
+  spit(d + "/config.json", R"({"model_type": "llama", "vocab_size": 128256, "rope_scaling": {"factor": 32.0,
+      "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,
+      "rope_type": "llama3"}})");
+  expect_31(*load_tokenizer(d), "config.json with llama3 rope scaling");
+  spit(d + "/config.json", R"({"model_type": "llama", "vocab_size": 128256, "rope_parameters": {"rope_type": "llama3",
+      "factor": 8.0, "rope_theta": 500000.0}})");
+  expect_31(*load_tokenizer(d), "transformers 5's rope_parameters");
+  spit(d + "/config.json", R"({"model_type": "llama", "vocab_size": 128256, "rope_scaling": null})");
+  expect_30(*load_tokenizer(d), "a Llama 3.0 config.json");
+  std::remove((d + "/config.json").c_str());
+  spit(d + "/generation_config.json", R"({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]})");
+  expect_31(*load_tokenizer(d), "generation_config.json stopping at <|eom_id|>");
+  // files that disagree, and the flag with another tokenizer, are errors
+  spit(d + "/params.json", R"({"vocab_size": 128256, "rope_theta": 500000.0})");
+  EXPECT_ERROR_HAS(load_tokenizer(d), "generation_config.json stops at <|eom_id|> (128008) (3.1), but");
+  EXPECT_ERROR_HAS(load_tokenizer(d), "params.json is a Llama 3 model's without \"use_scaled_rope\" (3.0): give "
+                                      "--llama3_special_tokens 3.0 or 3.1");
+  expect_31(*load_tokenizer(d, "3.1"), "the flag settles a disagreement");
+  spit(d + "/params.json", R"({"vocab_size": "many"})");  // a mistyped field tells nothing, and throws nothing foreign
+  expect_31(*load_tokenizer(d), "a mistyped params.json field");
+  EXPECT_ERROR_HAS(load_tokenizer(d, "3.2"), "--llama3_special_tokens must be auto, 3.0 or 3.1, got \"3.2\"");
+  std::string bytes_only;  // a rank file of the 256 bytes alone
+  for (int b = 0; b < 256; b++) bytes_only += b64(std::string(1, (char)b)) + " " + std::to_string(b) + "\n";
+  ::mkdir((d + "/small").c_str(), 0755);
+  spit(d + "/small/tokenizer.model", bytes_only);
+  EXPECT_EQ(load_tokenizer(d + "/small")->vocab_size(), 256);
+  EXPECT_ERROR_HAS(load_tokenizer(d + "/small", "3.1"), "--llama3_special_tokens 3.1 names the special tokens of "
+                                                        "Llama 3's tokenizer.model");
+}
+
+// Llama 4's tokenizer.model (200000 ranks) and Mistral's tekken.json are refused, naming the format.
+TEST(BytelevelBpe, Llama4AndTekkenAreRefused) {
+  llmt_test::TempDir tmp("tok_refused");
+  const std::string& d = tmp.path;
+  std::string text;
+  for (int r = 0; r < 200000; r++) {
+    std::string tok = r < 256 ? std::string(1, (char)r) : std::string{'\x01', (char)(r & 0xFF), (char)((r >> 8) & 0xFF),
+                                                                       (char)(r >> 16)};
+    static const char* A = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string o;
+    for (size_t i = 0; i < tok.size(); i += 3) {
+      uint32_t w = (uint8_t)tok[i] << 16;
+      if (i + 1 < tok.size()) w |= (uint8_t)tok[i + 1] << 8;
+      if (i + 2 < tok.size()) w |= (uint8_t)tok[i + 2];
+      o += A[w >> 18];
+      o += A[(w >> 12) & 63];
+      o += i + 1 < tok.size() ? A[(w >> 6) & 63] : '=';
+      o += i + 2 < tok.size() ? A[w & 63] : '=';
+    }
+    text += o + " " + std::to_string(r) + "\n";
+  }
+  spit(d + "/tokenizer.model", text);
+  EXPECT_ERROR_HAS(load_tokenizer(d), "200000 ranks: this is Llama 4's tokenizer.model, which llmt does not read");
+  std::remove((d + "/tokenizer.model").c_str());
+  const std::string tekken = R"({"config": {"pattern": "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}]+", "num_vocab_tokens": 2,
+      "default_vocab_size": 1002, "default_num_special_tokens": 1000, "version": "v3"},
+      "vocab": [{"rank": 0, "token_bytes": "AA==", "token_str": null}]})";
+  spit(d + "/tekken.json", tekken);
+  EXPECT_ERROR_HAS(load_tokenizer(d), "tekken.json is Mistral's tekken tokenizer (tekken.json, version \"v3\"), a "
+                                      "format llmt does not read");
+  EXPECT_ERROR_HAS(load_tokenizer(d + "/tekken.json"), "is Mistral's tekken tokenizer");
+  spit(d + "/tokenizer.json", tekken);  // whatever the name
+  EXPECT_ERROR_HAS(load_tokenizer(d), "tokenizer.json is Mistral's tekken tokenizer");
 }

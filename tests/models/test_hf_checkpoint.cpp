@@ -81,6 +81,27 @@ TEST(HfCheckpoint, Bf16SaveRoundsToNearestEven) {
       ASSERT_EQ(again[u][i], bf16_to_f32(f32_to_bf16(units[u][i])));
 }
 
+// --torch_dtype float16: IEEE half, round to nearest even; a weight beyond its range is an error,
+// never an infinity in the file.
+TEST(HfCheckpoint, F16SaveRoundsAndRefusesOverflow) {
+  std::string src = llmt_test::reference_dir() + "/llama_tiny";
+  ModelConfig cfg = config_from_json_file(src + "/config.json");
+  ModelLayout L = make_layout(cfg);
+  auto units = load_all(src, cfg, L);
+  llmt_test::TempDir out_tmp("hfck");
+  std::string out = out_tmp.path;
+  save_hf_model(out, cfg, L, ptrs(units), "F16");
+  SafetensorsFile f(out + "/model.safetensors");
+  for (const StTensor& t : f.tensors()) ASSERT_EQ(t.dtype, "F16") << t.name;
+  auto again = load_all(out, cfg, L);
+  for (size_t u = 0; u < units.size(); u++)
+    for (size_t i = 0; i < units[u].size(); i++) ASSERT_EQ(again[u][i], f16_to_f32(f32_to_f16(units[u][i])));
+  units[1][7] = 70000.0f;
+  llmt_test::TempDir bad_tmp("hfck");
+  expect_error([&] { save_hf_model(bad_tmp.path, cfg, L, ptrs(units), "F16"); },
+               {"element 7 is 70000, beyond float16's range (65504)"});
+}
+
 TEST(HfCheckpoint, MissingUnexpectedMisshapenTensorsAreNamed) {
   std::string src = llmt_test::reference_dir() + "/gpt2_tiny";
   ModelConfig cfg = config_from_json_file(src + "/config.json");
