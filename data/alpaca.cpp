@@ -161,7 +161,7 @@ TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokeni
   std::string err;
 #pragma omp parallel for schedule(dynamic, 8) if (parallel)
   for (int64_t i = 0; i < n; i++) {
-    if (stop_signal() != 0) continue;  // a signal: tokenize no more records
+    if (stop_now()) continue;  // a signal: tokenize no more records
     try {
       // Only the first model_max_length ids are kept, so only they are computed (encode_prefix:
       // exactly encode()'s first ids): one 50 MB instruction peaked at 2.2 GB, tokenized whole.

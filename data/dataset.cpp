@@ -185,7 +185,7 @@ std::string read_data_file(const std::string& path, const std::string& what) {
     const size_t got = std::fread(buf.data(), 1, buf.size(), f);
     text.append(buf.data(), got);
     if (got < buf.size()) break;
-    if (stop_signal() != 0) {
+    if (stop_now()) {
       std::fclose(f);
       throw_if_stopped("reading " + path);
     }

@@ -94,7 +94,7 @@ KeyHasher& KeyHasher::add_file(const std::string& path) {
       total += (int64_t)got;
     }
     if (got < buf.size()) break;
-    if (stop_signal() != 0) {  // a SIGTERM while hashing a large file: stop now, not after it
+    if (stop_now()) {  // a SIGTERM while hashing a large file: stop now, not after it
       std::fclose(f);
       throw_if_stopped("hashing " + path + " for the token cache");
     }

@@ -131,7 +131,7 @@ TokenDataset group_texts(const TextLines& lines, const Tokenizer& tok, int block
     std::string err;
 #pragma omp parallel for schedule(dynamic, 16) if (parallel)
     for (int64_t i = c0; i < c1; i++) {
-      if (stop_signal() != 0) continue;  // a signal: finish no more lines
+      if (stop_now()) continue;  // a signal: finish no more lines
       try {
         enc[(size_t)(i - c0)] = tok.encode_with_specials(lines.line(i));
       } catch (const std::exception& e) {

@@ -16,9 +16,14 @@ void set_stop_signal(int sig) { g_stop = sig; }
 
 int stop_signal() { return g_stop.load(std::memory_order_relaxed); }
 
-void throw_if_stopped(const std::string& doing) {
+bool stop_now() {
   const int sig = stop_signal();
-  if (sig == 0) return;
+  return sig != 0 && sig != SIGUSR1;
+}
+
+void throw_if_stopped(const std::string& doing) {
+  if (!stop_now()) return;
+  const int sig = stop_signal();
   fail("stopped by %s while %s: nothing was saved", sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1"
                                                      : sig == SIGINT ? "SIGINT" : strsignal(sig), doing.c_str());
 }

@@ -10,7 +10,11 @@ namespace llmt {
 void set_stop_signal(int sig);
 // The signal that asked to stop, 0 when none.
 int stop_signal();
-// Throws llmt::Error "stopped by SIGTERM while <doing>" when a stop was asked; a cheap atomic load
+// Whether the signal asks to stop at once (SIGTERM, SIGINT). SIGUSR1 (Slurm's warning before the
+// time limit) asks for a checkpoint at the next step: data preparation goes on, and a run stopped
+// before its first step exits 0 with nothing saved (Trainer::run).
+bool stop_now();
+// Throws llmt::Error "stopped by SIGTERM while <doing>" when stop_now(); a cheap atomic load
 // otherwise, fine in a loop.
 void throw_if_stopped(const std::string& doing);
 

@@ -10,6 +10,18 @@ namespace {
 
 __device__ uint32_t pack2(uint16_t lo, uint16_t hi) { return (uint32_t)lo | (uint32_t)hi << 16; }
 
+// d (16 x 8, global) = the mma of the lane's A and B fragments onto C's fragment read from global.
+__device__ void mma_with_c_from_global(float* d, const uint32_t fa[4], const uint32_t fb[2], const float* c, int g,
+                                       int t) {
+  const float fc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t], c[(g + 8) * 8 + 2 * t + 1]};
+  float fd[4];
+  mma_m16n8k16_bf16(fd, fa, fb, fc);
+  d[g * 8 + 2 * t] = fd[0];
+  d[g * 8 + 2 * t + 1] = fd[1];
+  d[(g + 8) * 8 + 2 * t] = fd[2];
+  d[(g + 8) * 8 + 2 * t + 1] = fd[3];
+}
+
 // The fragments straight from global memory, by the PTX ISA's formulas (mma.cuh).
 __global__ void mma_fragments_kernel(float* d, const uint16_t* a, const uint16_t* b, const float* c) {
   const int l = (int)threadIdx.x, g = l / 4, t = l % 4;
@@ -19,13 +31,7 @@ __global__ void mma_fragments_kernel(float* d, const uint16_t* a, const uint16_t
                           pack2(a[(g + 8) * 16 + 2 * t + 8], a[(g + 8) * 16 + 2 * t + 9])};
   const uint32_t fb[2] = {pack2(b[(2 * t) * 8 + g], b[(2 * t + 1) * 8 + g]),
                           pack2(b[(2 * t + 8) * 8 + g], b[(2 * t + 9) * 8 + g])};
-  const float fc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t], c[(g + 8) * 8 + 2 * t + 1]};
-  float fd[4];
-  mma_m16n8k16_bf16(fd, fa, fb, fc);
-  d[g * 8 + 2 * t] = fd[0];
-  d[g * 8 + 2 * t + 1] = fd[1];
-  d[(g + 8) * 8 + 2 * t] = fd[2];
-  d[(g + 8) * 8 + 2 * t + 1] = fd[3];
+  mma_with_c_from_global(d, fa, fb, c, g, t);
 }
 
 __global__ void mma_ldmatrix_kernel(float* d, const uint16_t* a, const uint16_t* b, const float* c) {
@@ -41,13 +47,7 @@ __global__ void mma_ldmatrix_kernel(float* d, const uint16_t* a, const uint16_t*
   ldmatrix<4, false>(fa, &sa[((q % 2) * 8 + r) * 16 + (q / 2) * 8]);
   // B is k-major (16 rows of 8): rows k 0-7, then 8-15, each transposed into the n-major fragment
   ldmatrix<2, true>(fb, &sb[((l / 8) % 2 * 8 + r) * 8]);
-  const float fc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t], c[(g + 8) * 8 + 2 * t + 1]};
-  float fd[4];
-  mma_m16n8k16_bf16(fd, fa, fb, fc);
-  d[g * 8 + 2 * t] = fd[0];
-  d[g * 8 + 2 * t + 1] = fd[1];
-  d[(g + 8) * 8 + 2 * t] = fd[2];
-  d[(g + 8) * 8 + 2 * t + 1] = fd[3];
+  mma_with_c_from_global(d, fa, fb, c, g, t);
 }
 
 template <int N, bool Trans>
