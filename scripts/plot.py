@@ -94,7 +94,7 @@ def plot_bench(path, out_dir):
     return written
 
 
-def plot_run(path, out):
+def plot_run(path, out, title=None):
     metrics = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
     if not os.path.isfile(metrics):
         sys.exit(f"plot.py: no {metrics} (give a run's output_dir or its metrics.jsonl)")
@@ -123,7 +123,9 @@ def plot_run(path, out):
     for ax in axes[1]:
         ax.set_xlabel("step")
     note = f"; checkpoints at {', '.join(map(str, checkpoints))}" if checkpoints else ""
-    fig.suptitle(f"{run_dir}{note}", fontsize=9)
+    # the run's name, never the machine's absolute path (a chart travels to READMEs and papers)
+    fig.suptitle(f"{title or os.path.basename(run_dir)}{note}", fontsize=9)
+    print(f"plot.py: title: {title or os.path.basename(run_dir)}{note}")
     fig.tight_layout()
     target = out or os.path.join(run_dir, "curves.png")
     fig.savefig(target, dpi=110)
@@ -140,8 +142,9 @@ def main():
     r = sub.add_parser("run", help="a training run's metrics.jsonl")
     r.add_argument("path")
     r.add_argument("--out", default=None)
+    r.add_argument("--title", default=None, help="the chart's title (default: the run directory's name)")
     a = p.parse_args()
-    written = plot_bench(a.results, a.out) if a.what == "bench" else plot_run(a.path, a.out)
+    written = plot_bench(a.results, a.out) if a.what == "bench" else plot_run(a.path, a.out, a.title)
     for w in written:
         print(f"plot.py: wrote {w}")
 

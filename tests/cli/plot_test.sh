@@ -10,7 +10,11 @@ trap 'rm -rf "$work"' EXIT
 cp -r "$src/tests/reference/plot/run" "$work/run"
 python3 "$src/scripts/plot.py" bench "$src/tests/reference/plot/bench_results.jsonl" --out "$work/charts" \
   || { echo "FAIL: plot.py bench"; exit 1; }
-python3 "$src/scripts/plot.py" run "$work/run" || { echo "FAIL: plot.py run"; exit 1; }
+python3 "$src/scripts/plot.py" run "$work/run" > "$work/run.out" || { echo "FAIL: plot.py run"; exit 1; }
+# the title names the run by its directory's name, never the machine's absolute path
+grep -q "^plot.py: title: run; checkpoints at" "$work/run.out" || { echo "FAIL: the title"; cat "$work/run.out"; exit 1; }
+python3 "$src/scripts/plot.py" run "$work/run" --title "my sweep" --out "$work/titled.png" > "$work/titled.out" &&
+  grep -q "title: my sweep" "$work/titled.out" || { echo "FAIL: --title"; cat "$work/titled.out"; exit 1; }
 # width x height from the PNG header (IHDR), and the signature
 for png in "$work/charts/bench_batch.png" "$work/charts/bench_seq_len.png" "$work/run/curves.png"; do
   size=$(python3 -c "
