@@ -281,6 +281,12 @@ class CudaBackend : public Backend {
                           int hs, const Dropout& drop) override {
     for (Tensor t : {dqkv, dout, qkv, out}) check_act(t, "attention_backward", "dqkv, dout, qkv, out");
     float* d = (float*)scratch(attn_d_, (size_t)B * T * NH * sizeof(float));
+    if (qkv.dtype == DType::bf16 && cuda::attention_impl() == cuda::AttentionImpl::flash &&
+        cuda::flash_attention_fits(hs)) {
+      cuda::attention_row_dots(d, dout.bf16(), out.bf16(), (int64_t)B * T * NH, hs, stream_);
+      return cuda::flash_attention_backward(dqkv.bf16(), dout.bf16(), qkv.bf16(), lse.f32(), d, B, T, NH, NKV, hs, drop,
+                                            stream_);
+    }
     by_dtype(qkv.dtype, "attention_backward", [&](auto tag) {
       using A = decltype(tag);
       cuda::attention_backward((A*)dqkv.data, (const A*)dout.data, (const A*)qkv.data, (const A*)out.data, lse.f32(),
@@ -447,7 +453,7 @@ std::string cuda_device_description(int device) {
 std::string cuda_attention_kernels(DType compute, int head_size) {
   if (compute == DType::bf16 && cuda::attention_impl() == cuda::AttentionImpl::flash &&
       cuda::flash_attention_fits(head_size))
-    return "flash forward (tensor cores), plain backward";
+    return "flash (tensor cores, forward and backward)";
   return "plain";
 }
 

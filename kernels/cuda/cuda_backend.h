@@ -45,7 +45,7 @@ std::string cuda_device_description(int device = 0);
 double cuda_peak_tflops(int device, DType compute, bool tf32);
 
 // Which attention kernels the CUDA backend runs for `compute` and head size `head_size`, for the
-// layout line and llmt bench: "flash forward (tensor cores), plain backward" or "plain"
+// layout line and llmt bench: "flash (tensor cores, forward and backward)" or "plain"
 // (LLMT_ATTENTION, kernels/cuda/flash_attention.h). Throws for a bad LLMT_ATTENTION.
 std::string cuda_attention_kernels(DType compute, int head_size);
 

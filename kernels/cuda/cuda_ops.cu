@@ -543,14 +543,19 @@ void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, 
 }
 
 template <typename T>
+void attention_row_dots(float* D, const T* dout, const T* out, int64_t rows, int hs, Stream stream) {
+  if (rows == 0) return;
+  LLMT_LAUNCH(attention_d_kernel, grid_stride_blocks(rows), kBlock, 0, stream, D, dout, out, hs, rows);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d, int B,
                         int T_, int NH, int NKV, int hs, const Dropout& drop, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(hs <= kMaxHeadSize, "cuda attention: head size %d over %d", hs, kMaxHeadSize);
   if (B == 0 || T_ == 0) return;
-  const int64_t rows = (int64_t)B * T_ * NH;
-  LLMT_LAUNCH(attention_d_kernel, grid_stride_blocks(rows), kBlock, 0, stream, scratch_d, dout, out, hs, rows);
-  CUDA_CHECK_LAUNCH();
+  attention_row_dots(scratch_d, dout, out, (int64_t)B * T_ * NH, hs, stream);
   LLMT_LAUNCH(attention_dq_kernel, dim3(NH, B), attention_threads(T_), 0, stream, dqkv, dout, qkv, lse, scratch_d, T_,
               NH, NKV, hs, drop);
   CUDA_CHECK_LAUNCH();
@@ -592,6 +597,7 @@ void accumulate_mixed(Td* dst, const Ts* src, int64_t n, Stream stream) {
   template void rope<T>(T*, int, int, int, int, int, const RopeSpec&, float, Stream);                                          \
   template void dropout<T>(T*, int, int, int, const Dropout&, Stream);                                               \
   template void attention_forward<T>(T*, float*, const T*, int, int, int, int, int, const Dropout&, Stream);         \
+  template void attention_row_dots<T>(float*, const T*, const T*, int64_t, int, Stream);                           \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, float*, int, int, int, int, int,  \
                                       const Dropout&, Stream);                                                       \
   template void cross_entropy<T>(double*, double*, T*, const T*, const int32_t*, int64_t, int, float, int*, Stream);

@@ -55,6 +55,10 @@ void dropout(T* x, int B, int T_, int C, const Dropout& d, Stream stream);
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, int NKV, int hs, const Dropout& drop,
                        Stream stream);
+// D[o] = rowsum(dout * out) for each of the `rows` rows (b, t, h) of attention's output: the term
+// every attention backward subtracts (FlashAttention-2's D).
+template <typename T>
+void attention_row_dots(float* D, const T* dout, const T* out, int64_t rows, int hs, Stream stream);
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d, int B,
                         int T_, int NH, int NKV, int hs, const Dropout& drop, Stream stream);

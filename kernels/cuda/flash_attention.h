@@ -1,6 +1,6 @@
-// Attention on tensor cores (flash_attention.cu): the forward of causal self-attention in bf16 at
-// head size 64 or 128, FlashAttention-2's way; the plain kernels of cuda_ops.cu do the rest and are
-// the reference it is checked against. A plain C++ header.
+// Attention on tensor cores (flash_attention.cu): causal self-attention's forward and backward in
+// bf16 at head size 64 or 128, FlashAttention-2's way; the plain kernels of cuda_ops.cu take every
+// other case and are the reference these are checked against. A plain C++ header.
 #pragma once
 #include <cstdint>
 
@@ -20,6 +20,11 @@ bool flash_attention_fits(int hs);
 // [q | k | v], scale 1/sqrt(hs), dropout on the probabilities as the Backend op says.
 void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T_, int NH, int NKV, int hs,
                              const Dropout& drop, Stream stream);
+// As attention_backward (cuda_ops.h) for bf16 tensors: dqkv (=) from dout, the forward's qkv and
+// lse, and D = rowsum(dout * out) from attention_row_dots. Deterministic: no atomics.
+void flash_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse,
+                              const float* D, int B, int T_, int NH, int NKV, int hs, const Dropout& drop,
+                              Stream stream);
 
 }  // namespace cuda
 }  // namespace llmt

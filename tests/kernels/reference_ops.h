@@ -179,6 +179,45 @@ inline DV attention(const DV& qkv, int B, int T, int NH, int NKV, int hs, DV* ls
   return out;
 }
 
+// attention's gradient, analytically: the dqkv for which sum(attention(qkv) * dout) changes by
+// dqkv . dqkv_step. Per query row t: P = softmax(scale q k^T), dP = (dout_t . v_u) drop(t, u),
+// dS = P (dP - sum_u P dP), dq = scale dS k, dk_u += scale dS_u q, dv_u += P_u drop(t, u) dout_t.
+inline DV attention_backward(const DV& qkv, const DV& dout, int B, int T, int NH, int NKV, int hs,
+                             const DropFn& drop = nullptr) {
+  const int R = (NH + 2 * NKV) * hs, group = NH / NKV;
+  const double scale = 1.0 / std::sqrt((double)hs);
+  DV dqkv(qkv.size(), 0.0);
+  std::vector<double> p((size_t)T), dp((size_t)T);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int t = 0; t < T; t++) {
+        const int64_t qrow = ((int64_t)b * T + t) * R + (int64_t)h * hs;
+        const double* q = &qkv[qrow];
+        const double* g = &dout[((int64_t)b * T + t) * NH * hs + (int64_t)h * hs];
+        auto key = [&](int u) { return ((int64_t)b * T + u) * R + (int64_t)(NH + h / group) * hs; };
+        auto val = [&](int u) { return key(u) + (int64_t)NKV * hs; };
+        double mx = -1e300, z = 0, D = 0;
+        for (int u = 0; u <= t; u++) {
+          double s = 0, d = 0;
+          for (int c = 0; c < hs; c++) s += q[c] * qkv[key(u) + c], d += g[c] * qkv[val(u) + c];
+          p[u] = s * scale;
+          dp[u] = drop ? d * drop(b, h, t, u) : d;
+          mx = std::max(mx, p[u]);
+        }
+        for (int u = 0; u <= t; u++) z += (p[u] = std::exp(p[u] - mx));
+        for (int u = 0; u <= t; u++) D += (p[u] /= z) * dp[u];
+        for (int u = 0; u <= t; u++) {
+          const double ds = p[u] * (dp[u] - D) * scale, pv = drop ? p[u] * drop(b, h, t, u) : p[u];
+          for (int c = 0; c < hs; c++) {
+            dqkv[qrow + c] += ds * qkv[key(u) + c];
+            dqkv[key(u) + c] += ds * q[c];
+            dqkv[val(u) + c] += pv * g[c];
+          }
+        }
+      }
+  return dqkv;
+}
+
 // Sum over rows whose target != -100 of -log softmax(logits[n])[target[n]].
 inline double cross_entropy(const DV& logits, const std::vector<int32_t>& targets, int64_t N, int V) {
   double total = 0;

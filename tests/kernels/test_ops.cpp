@@ -754,6 +754,50 @@ TEST_P(Ops, AttentionForwardHeadSizes64And128OverTiles) {
     }
 }
 
+// The backward at the same shapes, against the analytic reference (itself checked against finite
+// differences at a small shape first): on a GPU in bf16 the tensor-core backward, elsewhere the
+// plain one. dqkv is overwritten (garbage before), and a second run repeats it bit for bit.
+TEST_P(Ops, AttentionBackwardHeadSizes64And128OverTiles) {
+  std::mt19937 rng(55);
+  {
+    const int B = 1, T = 5, NH = 2, NKV = 1, hs = 4, R = (NH + 2 * NKV) * hs;
+    llmt::Dropout d{0.25f, 17, 1};
+    DV qkv = to_d(rand_f(rng, (size_t)B * T * R, -1.5f, 1.5f)), g = to_d(rand_f(rng, (size_t)B * T * NH * hs));
+    DV fd = fd_grad([&](const DV& v) { return dot(llmt_ref::attention(v, B, T, NH, NKV, hs, nullptr, attn_drop(d)), g); },
+                    qkv);
+    FV analytic;
+    for (double x : llmt_ref::attention_backward(qkv, g, B, T, NH, NKV, hs, attn_drop(d))) analytic.push_back((float)x);
+    ASSERT_TRUE(Close(analytic, fd, tol::kF32OpBackward)) << "the reference backward against finite differences";
+  }
+  struct Case {
+    int B, T, NH, NKV, hs;
+  };
+  for (Case c : {Case{2, 130, 4, 2, 64}, Case{1, 70, 2, 1, 128}, Case{1, 64, 2, 2, 64}})
+    for (float p : {0.0f, 0.25f}) {
+      SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.NKV
+                                        << " hs=" << c.hs << " dropout " << p);
+      const int R = (c.NH + 2 * c.NKV) * c.hs;
+      const int64_t rows = (int64_t)c.B * c.T;
+      llmt::Dropout d{p, 93, 1};
+      FV qkv = rand_act(rng, (size_t)(rows * R), -1.5f, 1.5f), g = rand_act(rng, (size_t)(rows * c.NH * c.hs));
+      BufP Q = Buf::act(qkv), Out = Buf::act_bytes(g.size()), dOut = Buf::act(g);
+      BufP dQ = Buf::act(rand_act(rng, qkv.size(), 5.f, 6.f));
+      Buf Lse((size_t)c.B * c.NH * c.T * 4);
+      be().attention_forward(Out->a({rows, c.NH * c.hs}), Lse.f32({c.B, c.NH, c.T}), Q->a({rows, R}), c.B, c.T, c.NH,
+                             c.NKV, c.hs, d);
+      auto backward = [&] {
+        be().attention_backward(dQ->a({rows, R}), dOut->a({rows, c.NH * c.hs}), Q->a({rows, R}),
+                                Out->a({rows, c.NH * c.hs}), Lse.f32({c.B, c.NH, c.T}), c.B, c.T, c.NH, c.NKV, c.hs, d);
+      };
+      backward();
+      DV want = llmt_ref::attention_backward(to_d(qkv), to_d(g), c.B, c.T, c.NH, c.NKV, c.hs, attn_drop(d));
+      EXPECT_TRUE(Close(dQ->rf(), want, grad_tol())) << "dqkv (=)";
+      FV first = dQ->rf();
+      backward();
+      EXPECT_EQ(dQ->rf(), first) << "a second backward differs";
+    }
+}
+
 TEST_P(Ops, AttentionBackwardVsFiniteDifferencesMhaGqaDropout) {
   std::mt19937 rng(53);
   for (AttnCfg c : {AttnCfg{3, 3}, AttnCfg{4, 2}, AttnCfg{3, 1}})
