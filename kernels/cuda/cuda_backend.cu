@@ -81,7 +81,7 @@ class CudaBackend : public Backend {
 #ifndef LLMT_SIMT
     lt_.reset();
 #endif
-    for (Scratch* s : {&row_losses_, &attn_d_, &partials_}) (void)cudaFree(s->p);
+    for (Scratch* s : {&row_losses_, &attn_d_, &partials_, &columns_}) (void)cudaFree(s->p);
     (void)cudaFree(err_);
     (void)cudaStreamDestroy(stream_);
     (void)cudaGetLastError();
@@ -158,8 +158,9 @@ class CudaBackend : public Backend {
   }
   void bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N) override {
     check_act(dout, "bias_backward", "dout");
-    by_dtype(dout.dtype, "bias_backward",
-             [&](auto tag) { cuda::bias_backward(dbias.f32(), (const decltype(tag)*)dout.data, M, N, stream_); });
+    by_dtype(dout.dtype, "bias_backward", [&](auto tag) {
+      cuda::bias_backward(dbias.f32(), (const decltype(tag)*)dout.data, M, N, columns(M, N), stream_);
+    });
   }
 
   // ---- embeddings ----
@@ -199,7 +200,7 @@ class CudaBackend : public Backend {
     by_dtype(x.dtype, "layernorm_backward", [&](auto tag) {
       using A = decltype(tag);
       cuda::layernorm_backward((A*)dx.data, dw.f32(), db.f32(), (const A*)dout.data, (const A*)x.data,
-                               (const A*)w.data, mean.f32(), rstd.f32(), N, C, stream_);
+                               (const A*)w.data, mean.f32(), rstd.f32(), N, C, columns(N, C), stream_);
     });
   }
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) override {
@@ -215,7 +216,7 @@ class CudaBackend : public Backend {
     by_dtype(x.dtype, "rmsnorm_backward", [&](auto tag) {
       using A = decltype(tag);
       cuda::rmsnorm_backward((A*)dx.data, dw.f32(), (const A*)dout.data, (const A*)x.data, (const A*)w.data,
-                             rstd.f32(), N, C, stream_);
+                             rstd.f32(), N, C, columns(N, C), stream_);
     });
   }
 
@@ -399,7 +400,9 @@ class CudaBackend : public Backend {
   int device_;
   cudaStream_t stream_ = nullptr;
   int* err_ = nullptr;
-  Scratch row_losses_, attn_d_, partials_;
+  Scratch row_losses_, attn_d_, partials_, columns_;
+  // the column sums' partials for N rows of C columns (bias and norm-weight gradients)
+  float* columns(int64_t N, int64_t C) { return (float*)scratch(columns_, cuda::column_partials_bytes(N, C)); }
 #ifndef LLMT_SIMT
   std::unique_ptr<cuda::LtMatmul> lt_;  // nullptr: the plain kernel
 #endif

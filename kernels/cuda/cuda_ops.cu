@@ -1,8 +1,9 @@
 // The plain CUDA kernels of the Backend ops cuda_kernels.cu does not cover (semantics in cuda_ops.h
 // and engine/backend/backend.h). Plain means: no tensor cores, no inline PTX, no cp.async — they run
 // under the SIMT emulator and on any GPU, and the fast paths are checked against them. Every sum
-// has a fixed order (block reductions whose every thread adds the warps' partials in warp order, or
-// one thread per output looping over its inputs), so a run repeats bit for bit.
+// has a fixed order (block reductions whose every thread adds the warps' partials in warp order,
+// column sums in chunks of rows added in chunk order, or one thread per output looping over its
+// inputs), so a run repeats bit for bit.
 #include "kernels/cuda/cuda_ops.h"
 
 #include <cmath>
@@ -15,6 +16,7 @@ namespace cuda {
 namespace {
 
 constexpr int kMaxHeadSize = 256;  // attention keeps a head's vectors in registers (local memory)
+constexpr int kColumnLanes = 8;    // row lanes per column in a column-sum block of 32 x 8 threads
 
 __device__ void report(int* err, int code, int value, int64_t pos, int bound) {
   if (atomicCAS(err, kErrNone, code) == kErrNone) {
@@ -103,13 +105,61 @@ __global__ void __launch_bounds__(kMmThreads) matmul_kernel(Tout* out, const Ta*
   }
 }
 
-template <typename T>
-__global__ void bias_backward_kernel(float* dbias, const T* dout, int64_t M, int64_t N) {
-  const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= N) return;
-  float s = 0.0f;
-  for (int64_t i = 0; i < M; i++) s += to_f32(dout[i * N + j]);
-  dbias[j] += s;
+// ---- column sums (bias and norm-weight gradients) in two stages, in an order fixed by N and C
+// alone: blocks of 32 columns x 8 row lanes sum a chunk of rows each into partials[chunk][c]
+// (each lane every 8th row, then the 8 lanes in order), then a thread per column adds the chunks in
+// order into the output (+=). No atomics, so a run repeats bit for bit; a chunk per ~256 rows
+// fills the GPU where a thread per column looping over every row did not. ----
+enum ColumnSum { kBiasGrad = 0, kLayerNormGrads = 1, kRmsNormGrad = 2 };
+
+template <typename T, int KIND>
+__global__ void column_partials_kernel(float* partials, const T* dout, const T* x, const float* mean,
+                                       const float* rstd, int64_t N, int C, int64_t rows_per_chunk) {
+  __shared__ float s0[kColumnLanes][33], s1[kColumnLanes][33];
+  const int cx = (int)threadIdx.x % 32, ry = (int)threadIdx.x / 32, chunk = (int)blockIdx.y;
+  const int c = (int)blockIdx.x * 32 + cx;
+  const int64_t r0 = chunk * rows_per_chunk, r1 = r0 + rows_per_chunk < N ? r0 + rows_per_chunk : N;
+  float a0 = 0.0f, a1 = 0.0f;
+  if (c < C)
+    for (int64_t r = r0 + ry; r < r1; r += kColumnLanes) {
+      const float d = to_f32(dout[r * C + c]);
+      if (KIND == kBiasGrad) a0 += d;
+      if (KIND == kLayerNormGrads) a0 += d * (to_f32(x[r * C + c]) - mean[r]) * rstd[r], a1 += d;
+      if (KIND == kRmsNormGrad) a0 += d * to_f32(x[r * C + c]) * rstd[r];
+    }
+  s0[ry][cx] = a0;
+  s1[ry][cx] = a1;
+  __syncthreads();
+  if (ry != 0 || c >= C) return;
+  float t0 = 0.0f, t1 = 0.0f;
+  for (int k = 0; k < kColumnLanes; k++) t0 += s0[k][cx], t1 += s1[k][cx];
+  const int chunks = (int)gridDim.y;
+  partials[(int64_t)chunk * C + c] = t0;
+  if (KIND == kLayerNormGrads) partials[(int64_t)(chunks + chunk) * C + c] = t1;
+}
+
+__global__ void column_finish_kernel(float* out0, float* out1, const float* partials, int chunks, int C) {
+  const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= C) return;
+  float t0 = 0.0f, t1 = 0.0f;
+  for (int k = 0; k < chunks; k++) t0 += partials[(int64_t)k * C + c];
+  out0[c] += t0;
+  if (!out1) return;
+  for (int k = 0; k < chunks; k++) t1 += partials[(int64_t)(chunks + k) * C + c];
+  out1[c] += t1;
+}
+
+template <typename T, int KIND>
+void column_sums(float* out0, float* out1, const T* dout, const T* x, const float* mean, const float* rstd, int64_t N,
+                 int C, float* partials, Stream stream) {
+  if (N == 0 || C == 0) return;
+  const int chunks = column_chunks(N);
+  const int64_t rows_per_chunk = (N + chunks - 1) / chunks;
+  LLMT_LAUNCH((column_partials_kernel<T, KIND>), dim3(blocks_for(C, 32), (unsigned)chunks), 32 * kColumnLanes, 0, stream,
+              partials, dout, x, mean, rstd, N, C, rows_per_chunk);
+  CUDA_CHECK_LAUNCH();
+  LLMT_LAUNCH(column_finish_kernel, blocks_for(C, kBlock), kBlock, 0, stream, out0, out1, partials, chunks, C);
+  CUDA_CHECK_LAUNCH();
 }
 
 // ---- embeddings ----
@@ -148,7 +198,7 @@ __global__ void embedding_backward_kernel(float* dwte, float* dwpe, const T* dou
   }
 }
 
-// ---- norms: a block per row for the row's statistics, a thread per channel for dw and db ----
+// ---- norms: a block per row for the row's statistics and dx; dw and db as column sums ----
 template <typename T>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* x, const T* w, const T* b, int C,
                                          float eps) {
@@ -188,21 +238,6 @@ __global__ void layernorm_backward_dx_kernel(T* dx, const T* dout, const T* x, c
 }
 
 template <typename T>
-__global__ void layernorm_backward_dw_kernel(float* dw, float* db, const T* dout, const T* x, const float* mean,
-                                             const float* rstd, int64_t N, int C) {
-  const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-  if (c >= C) return;
-  float sw = 0.0f, sb = 0.0f;
-  for (int64_t row = 0; row < N; row++) {
-    const float d = to_f32(dout[row * C + c]);
-    sw += d * (to_f32(x[row * C + c]) - mean[row]) * rstd[row];
-    sb += d;
-  }
-  dw[c] += sw;
-  if (db) db[c] += sb;
-}
-
-template <typename T>
 __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* w, int C, float eps) {
   const int64_t row = blockIdx.x;
   const T* xr = x + row * C;
@@ -228,15 +263,6 @@ __global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dout, const T* x, con
     const int64_t i = row * C + c;
     dx[i] = from_f32<T>(to_f32(dx[i]) + (to_f32(dout[i]) * to_f32(w[c]) - to_f32(x[i]) * r * mean_dnn) * r);
   }
-}
-
-template <typename T>
-__global__ void rmsnorm_backward_dw_kernel(float* dw, const T* dout, const T* x, const float* rstd, int64_t N, int C) {
-  const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-  if (c >= C) return;
-  float s = 0.0f;
-  for (int64_t row = 0; row < N; row++) s += to_f32(dout[row * C + c]) * to_f32(x[row * C + c]) * rstd[row];
-  dw[c] += s;
 }
 
 // ---- RoPE, rotate_half layout, angle t * inv_freq[j] (rope_inv_freq) as transformers computes it ----
@@ -450,10 +476,8 @@ void matmul(Tout* out, const Ta* a, const Ta* b, const Ta* bias, int64_t M, int6
 }
 
 template <typename T>
-void bias_backward(float* dbias, const T* dout, int64_t M, int64_t N, Stream stream) {
-  if (N == 0) return;
-  LLMT_LAUNCH(bias_backward_kernel, blocks_for(N, kBlock), kBlock, 0, stream, dbias, dout, M, N);
-  CUDA_CHECK_LAUNCH();
+void bias_backward(float* dbias, const T* dout, int64_t M, int64_t N, float* partials, Stream stream) {
+  column_sums<T, kBiasGrad>(dbias, nullptr, dout, (const T*)nullptr, nullptr, nullptr, M, (int)N, partials, stream);
 }
 
 template <typename T>
@@ -484,12 +508,11 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* x, const T* w,
 
 template <typename T>
 void layernorm_backward(T* dx, float* dw, float* db, const T* dout, const T* x, const T* w, const float* mean,
-                        const float* rstd, int64_t N, int C, Stream stream) {
+                        const float* rstd, int64_t N, int C, float* partials, Stream stream) {
   if (N == 0) return;
   LLMT_LAUNCH(layernorm_backward_dx_kernel, (unsigned)N, row_threads(C), 0, stream, dx, dout, x, w, mean, rstd, C);
   CUDA_CHECK_LAUNCH();
-  LLMT_LAUNCH(layernorm_backward_dw_kernel, blocks_for(C, kBlock), kBlock, 0, stream, dw, db, dout, x, mean, rstd, N, C);
-  CUDA_CHECK_LAUNCH();
+  column_sums<T, kLayerNormGrads>(dw, db, dout, x, mean, rstd, N, C, partials, stream);
 }
 
 template <typename T>
@@ -501,12 +524,11 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int
 
 template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t N, int C,
-                      Stream stream) {
+                      float* partials, Stream stream) {
   if (N == 0) return;
   LLMT_LAUNCH(rmsnorm_backward_dx_kernel, (unsigned)N, row_threads(C), 0, stream, dx, dout, x, w, rstd, C);
   CUDA_CHECK_LAUNCH();
-  LLMT_LAUNCH(rmsnorm_backward_dw_kernel, blocks_for(C, kBlock), kBlock, 0, stream, dw, dout, x, rstd, N, C);
-  CUDA_CHECK_LAUNCH();
+  column_sums<T, kRmsNormGrad>(dw, nullptr, dout, x, (const float*)nullptr, rstd, N, C, partials, stream);
 }
 
 template <typename T>
@@ -586,14 +608,15 @@ void accumulate_mixed(Td* dst, const Ts* src, int64_t n, Stream stream) {
 #define LLMT_ACT_TYPES(X) X(float) X(uint16_t)
 #define LLMT_INSTANTIATE(T)                                                                                          \
   template void matmul<T, T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool, bool, bool, Stream); \
-  template void bias_backward<T>(float*, const T*, int64_t, int64_t, Stream);                                        \
+  template void bias_backward<T>(float*, const T*, int64_t, int64_t, float*, Stream);                                        \
   template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int, int, int*, Stream);      \
   template void embedding_backward<T>(float*, float*, const T*, const int32_t*, int, int, int, int, int*, Stream);  \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int, float, Stream); \
   template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, const float*,   \
-                                      int64_t, int, Stream);                                                         \
+                                      int64_t, int, float*, Stream);                                                 \
   template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int, float, Stream);                     \
-  template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int64_t, int, Stream);   \
+  template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int64_t, int, float*,   \
+                                    Stream);                                                                         \
   template void rope<T>(T*, int, int, int, int, int, const RopeSpec&, float, Stream);                                          \
   template void dropout<T>(T*, int, int, int, const Dropout&, Stream);                                               \
   template void attention_forward<T>(T*, float*, const T*, int, int, int, int, int, const Dropout&, Stream);         \

@@ -24,8 +24,18 @@ constexpr int kErrNone = 0, kErrToken = 1, kErrTarget = 2;
 template <typename Ta, typename Tout>
 void matmul(Tout* out, const Ta* a, const Ta* b, const Ta* bias, int64_t M, int64_t N, int64_t K, bool trans_a,
             bool trans_b, bool accumulate, Stream stream);
+// Bias and norm-weight gradients are column sums in two stages (a chunk of rows per block, then the
+// chunks in order: deterministic) through `partials`, a device scratch of column_partials_bytes(N, C)
+// for N rows of C columns.
+constexpr int kColumnChunkRows = 256, kColumnMaxChunks = 128;
+inline int column_chunks(int64_t N) {
+  const int64_t chunks = (N + kColumnChunkRows - 1) / kColumnChunkRows;
+  return (int)(chunks < 1 ? 1 : chunks > kColumnMaxChunks ? kColumnMaxChunks : chunks);
+}
+inline size_t column_partials_bytes(int64_t N, int64_t C) { return (size_t)column_chunks(N) * (size_t)C * 2 * sizeof(float); }
+
 template <typename T>
-void bias_backward(float* dbias, const T* dout, int64_t M, int64_t N, Stream stream);
+void bias_backward(float* dbias, const T* dout, int64_t M, int64_t N, float* partials, Stream stream);
 
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_, int C, int V, int* err,
@@ -39,12 +49,12 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* x, const T* w,
                        Stream stream);
 template <typename T>
 void layernorm_backward(T* dx, float* dw, float* db, const T* dout, const T* x, const T* w, const float* mean,
-                        const float* rstd, int64_t N, int C, Stream stream);
+                        const float* rstd, int64_t N, int C, float* partials, Stream stream);
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int C, float eps, Stream stream);
 template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t N, int C,
-                      Stream stream);
+                      float* partials, Stream stream);
 
 template <typename T>
 void rope(T* qkv, int B, int T_, int NH, int NKV, int hs, const RopeSpec& rope, float sign, Stream stream);

@@ -517,6 +517,60 @@ TEST_P(Ops, RmsNormBackwardVsFiniteDifferencesAccumulates) {
       << "dw (+=)";
 }
 
+// The weight and bias gradients of the norms and the bias gradient over many rows (on a GPU: column
+// sums in chunks of rows, then the chunks in order), against direct sums with the forward's own
+// statistics; accumulating (+=), and a second run bitwise the same.
+TEST_P(Ops, NormAndBiasGradientsOverManyRows) {
+  std::mt19937 rng(35);
+  {  // the bias alone over 33000 rows: past 128 chunks of 256 rows
+    const int64_t N = 33000, C = 3;
+    FV dout = rand_act(rng, N * C), pre = rand_f(rng, C);
+    DV want = to_d(pre);
+    for (int64_t i = 0; i < N * C; i++) want[i % C] += dout[i];
+    BufP D = Buf::act(dout);
+    Buf DB(pre);
+    be().bias_backward(DB.f32({C}), D->a({N, C}), N, C);
+    EXPECT_TRUE(Close(DB.rf(), want, tol::kF32OpForward)) << "bias over 33000 rows (+=)";
+  }
+  {  // 600 rows: three chunks; 40 columns: a ragged second block of 32
+    const int64_t N = 600;
+    const int C = 40;
+    FV x = rand_act(rng, N * C), w = rand_act(rng, C), b = rand_act(rng, C), r = rand_act(rng, N * C);
+    FV pre_dw = rand_f(rng, C), pre_db = rand_f(rng, C);
+    BufP X = Buf::act(x), W = Buf::act(w), Bb = Buf::act(b), Out = Buf::act_bytes(N * C), R = Buf::act(r),
+         dX = Buf::act_bytes(N * C);
+    Buf Mean(N * 4), Rstd(N * 4), RmsRstd(N * 4);
+    be().layernorm_forward(Out->a({N, C}), Mean.f32({N}), Rstd.f32({N}), X->a({N, C}), W->a({C}), Bb->a({C}), N, C,
+                           1e-5f);
+    be().rmsnorm_forward(Out->a({N, C}), RmsRstd.f32({N}), X->a({N, C}), W->a({C}), N, C, 1e-6f);
+    FV mean = Mean.rf(), rstd = Rstd.rf(), rms_rstd = RmsRstd.rf();
+    DV want_ln_dw = to_d(pre_dw), want_ln_db = to_d(pre_db), want_rms_dw = to_d(pre_dw), want_bias = to_d(pre_db);
+    for (int64_t i = 0; i < N; i++)
+      for (int c = 0; c < C; c++) {
+        const double d = r[i * C + c], xv = x[i * C + c];
+        want_ln_dw[c] += d * (xv - mean[i]) * rstd[i];
+        want_ln_db[c] += d;
+        want_rms_dw[c] += d * xv * rms_rstd[i];
+        want_bias[c] += d;
+      }
+    FV got[4], again[4];
+    for (FV* out : {got, again}) {
+      Buf LnDw(pre_dw), LnDb(pre_db), RmsDw(pre_dw), Bias(pre_db);
+      be().layernorm_backward(dX->a({N, C}), LnDw.f32({C}), LnDb.f32({C}), R->a({N, C}), X->a({N, C}), W->a({C}),
+                              Mean.f32({N}), Rstd.f32({N}), N, C);
+      be().rmsnorm_backward(dX->a({N, C}), RmsDw.f32({C}), R->a({N, C}), X->a({N, C}), W->a({C}), RmsRstd.f32({N}), N,
+                            C);
+      be().bias_backward(Bias.f32({C}), R->a({N, C}), N, C);
+      out[0] = LnDw.rf(), out[1] = LnDb.rf(), out[2] = RmsDw.rf(), out[3] = Bias.rf();
+    }
+    EXPECT_TRUE(Close(got[0], want_ln_dw, tol::kF32OpForward)) << "layernorm dw (+=)";
+    EXPECT_TRUE(Close(got[1], want_ln_db, tol::kF32OpForward)) << "layernorm db (+=)";
+    EXPECT_TRUE(Close(got[2], want_rms_dw, tol::kF32OpForward)) << "rmsnorm dw (+=)";
+    EXPECT_TRUE(Close(got[3], want_bias, tol::kF32OpForward)) << "bias (+=)";
+    for (int k = 0; k < 4; k++) EXPECT_EQ(got[k], again[k]) << "gradient " << k << " differs in a second run";
+  }
+}
+
 // ======================= activations =======================
 
 TEST_P(Ops, GeluForwardMatchesTanhReference) {
