@@ -1,4 +1,4 @@
-#include "engine/dist/netcheck.h"
+#include "engine/diag/netcheck.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -10,9 +10,9 @@
 #include "cli/commands.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
+#include "engine/diag/nccl_log.h"
 #include "engine/dist/launch.h"
 #include "engine/dist/mpi_communicator.h"
-#include "engine/dist/nccl_log.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "train/flags.h"
 

@@ -4,14 +4,13 @@
 #include <atomic>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <queue>
-#include <sstream>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
 #include "data/unicode_norm.h"
+#include "data/utf8.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 
@@ -43,57 +42,13 @@ bool bytelevel_to_bytes(std::string_view s, std::string* out) {
   size_t n = s.size();
   for (size_t i = 0; i < n;) {
     uint32_t cp;
-    if (p[i] < 0x80) {
-      cp = p[i++];
-    } else if ((p[i] & 0xE0) == 0xC0 && i + 1 < n) {  // every byte-level character is below U+0800
-      cp = ((p[i] & 0x1Fu) << 6) | (p[i + 1] & 0x3Fu);
-      i += 2;
-    } else {
-      return false;
-    }
-    if (cp >= inverse.size() || inverse[cp] < 0) return false;
+    int bad;
+    const int len = utf8_decode(p + i, n - i, &cp, &bad);
+    if (len == 0 || cp >= inverse.size() || inverse[cp] < 0) return false;
+    i += (size_t)len;
     *out += (char)inverse[cp];
   }
   return true;
-}
-
-std::string utf8_replace_invalid(std::string_view bytes) {
-  const uint8_t* s = (const uint8_t*)bytes.data();
-  size_t n = bytes.size();
-  std::string out;
-  out.reserve(n);
-  for (size_t i = 0; i < n;) {
-    uint8_t b0 = s[i];
-    if (b0 < 0x80) {
-      out += (char)b0;
-      i++;
-      continue;
-    }
-    // the allowed range of the second byte depends on the first (no overlongs, surrogates, > U+10FFFF)
-    int need;
-    uint8_t lo = 0x80, hi = 0xBF;
-    if (b0 >= 0xC2 && b0 <= 0xDF) need = 1;
-    else if (b0 == 0xE0) need = 2, lo = 0xA0;
-    else if (b0 >= 0xE1 && b0 <= 0xEF) need = 2, hi = b0 == 0xED ? 0x9F : 0xBF;
-    else if (b0 == 0xF0) need = 3, lo = 0x90;
-    else if (b0 >= 0xF1 && b0 <= 0xF3) need = 3;
-    else if (b0 == 0xF4) need = 3, hi = 0x8F;
-    else need = 0;  // 0x80..0xC1, 0xF5..0xFF never start a character
-    size_t k = 1;   // bytes of the longest valid prefix
-    while ((int)k <= need && i + k < n) {
-      uint8_t b = s[i + k];
-      bool ok = k == 1 ? (b >= lo && b <= hi) : (b & 0xC0) == 0x80;
-      if (!ok) break;
-      k++;
-    }
-    if (need > 0 && (int)k == need + 1) {
-      out.append((const char*)s + i, k);
-    } else {
-      out += "\xEF\xBF\xBD";  // one U+FFFD for the maximal subpart
-    }
-    i += k;
-  }
-  return out;
 }
 
 uint64_t fnv1a_ids(const int32_t* ids, size_t n, uint64_t h) {
@@ -537,23 +492,6 @@ std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeSpec spec) { return std::make_u
 
 // ---- loaders: vocab.json + merges.txt, tokenizer.json ----
 
-static std::string read_file(const std::string& path, const char* what) {
-  std::ifstream f(path, std::ios::binary);
-  LLMT_CHECK(f.good(), "cannot open %s %s", what, path.c_str());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-static nlohmann::json parse_json(const std::string& text, const std::string& path) {
-  check_json_depth(text, path);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("%s is not valid JSON: %s", path.c_str(), e.what());  // the message names line and column
-  }
-}
-
 constexpr int64_t kIdSlack = 65536;  // ids allowed beyond a file's token count (holes, added tokens)
 
 // vocab (byte-level strings -> ids) into spec.tokens; returns the string -> id map for the merges.
@@ -627,7 +565,7 @@ static int32_t added_id(const BpeSpec& spec, const std::string& content) {
 std::unique_ptr<Tokenizer> load_bytelevel_bpe_files(const std::string& vocab_json, const std::string& merges_txt) {
   BpeSpec spec;
   spec.kind = "gpt2-bpe";
-  nlohmann::json vocab = parse_json(read_file(vocab_json, "vocabulary"), vocab_json);
+  nlohmann::json vocab = read_json(vocab_json, "vocabulary");
   auto ids = read_vocab(vocab, vocab_json, spec);
   std::string text = read_file(merges_txt, "merges file");
   size_t line_no = 0;

@@ -14,6 +14,7 @@
 
 #include "data/pretokenize.h"
 #include "data/tokenizer.h"
+#include "data/utf8.h"  // utf8_replace_invalid: how decode repairs bytes that are not UTF-8
 
 namespace llmt {
 
@@ -63,11 +64,6 @@ std::unique_ptr<Tokenizer> load_bytelevel_bpe_json(const nlohmann::json& j, cons
 const std::vector<uint32_t>& byte_to_unicode();
 // A byte-level vocabulary string back to bytes; false when a character is not one of the 256.
 bool bytelevel_to_bytes(std::string_view s, std::string* out);
-
-// Bytes as text, each ill-formed UTF-8 sequence replaced by U+FFFD the way Python's
-// bytes.decode("utf-8", errors="replace") and Rust's String::from_utf8_lossy do it (one U+FFFD
-// per maximal subpart of an ill-formed sequence).
-std::string utf8_replace_invalid(std::string_view bytes);
 
 // FNV-1a 64 over int32 ids as little-endian bytes: the hash the fixtures record.
 uint64_t fnv1a_ids(const int32_t* ids, size_t n, uint64_t h = 0xcbf29ce484222325ULL);

@@ -196,35 +196,6 @@ std::string read_data_file(const std::string& path, const std::string& what) {
   return text;
 }
 
-int64_t find_invalid_utf8(std::string_view s) {
-  const uint8_t* p = (const uint8_t*)s.data();
-  const int64_t n = (int64_t)s.size();
-  int64_t i = 0;
-  while (i < n) {
-    const uint8_t b = p[i];
-    if (b < 0x80) {
-      i++;
-      continue;
-    }
-    int len;
-    uint8_t lo = 0x80, hi = 0xbf;  // the allowed range of the second byte
-    if (b >= 0xc2 && b <= 0xdf) len = 2;
-    else if (b == 0xe0) len = 3, lo = 0xa0;  // no overlongs
-    else if (b >= 0xe1 && b <= 0xec) len = 3;
-    else if (b == 0xed) len = 3, hi = 0x9f;  // no surrogates
-    else if (b >= 0xee && b <= 0xef) len = 3;
-    else if (b == 0xf0) len = 4, lo = 0x90;
-    else if (b >= 0xf1 && b <= 0xf3) len = 4;
-    else if (b == 0xf4) len = 4, hi = 0x8f;  // nothing past U+10FFFF
-    else return i;
-    if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return i;
-    for (int k = 2; k < len; k++)
-      if (p[i + k] < 0x80 || p[i + k] > 0xbf) return i;
-    i += len;
-  }
-  return -1;
-}
-
 void line_and_column(std::string_view s, int64_t pos, int64_t* line, int64_t* col) {
   pos = std::max<int64_t>(0, std::min<int64_t>(pos, (int64_t)s.size()));
   int64_t l = 1, start = 0;

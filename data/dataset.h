@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "data/utf8.h"  // find_invalid_utf8, which the dataset readers check text with
 #include "engine/core/tensor.h"
 
 namespace llmt {
@@ -111,9 +112,6 @@ void check_regular_file(const std::string& path, const std::string& what);
 // read with an error. Errors name `what` and the path.
 std::string read_data_file(const std::string& path, const std::string& what);
 
-// Byte offset of the first invalid UTF-8 sequence in s (strict, as Python's decoder: no overlongs,
-// surrogates or code points past U+10FFFF), or -1 when s is valid.
-int64_t find_invalid_utf8(std::string_view s);
 // 1-based line and byte column of offset pos in s.
 void line_and_column(std::string_view s, int64_t pos, int64_t* line, int64_t* col);
 // Whether Tokenizer::encode may run on several OpenMP threads at once for this tokenizer (decided per

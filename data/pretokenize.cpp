@@ -1,6 +1,7 @@
 #include "data/pretokenize.h"
 
 #include "data/unicode_tables.h"
+#include "data/utf8.h"
 #include "engine/core/error.h"
 
 namespace llmt {
@@ -57,36 +58,18 @@ static inline int table_class(uint32_t cp) {
   return (kUniBlocks[kUniStage1[cp >> 8]][(cp & 255) >> 2] >> ((cp & 3) * 2)) & 3;
 }
 
-static inline bool cont(uint8_t b) { return (b & 0xC0) == 0x80; }
-
 static inline __attribute__((always_inline)) int class_at(const uint8_t* s, size_t n, size_t i, int* len) {
   uint8_t b0 = s[i];
   if (b0 < 0x80) {
     *len = 1;
     return kAscii.c[b0];
   }
-  // Strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF); anything else is one
-  // invalid byte of class "other".
-  size_t left = n - i;
-  if (b0 >= 0xC2 && b0 <= 0xDF && left >= 2 && cont(s[i + 1])) {
-    *len = 2;
-    return table_class(((b0 & 0x1Fu) << 6) | (s[i + 1] & 0x3Fu));
-  }
-  if (b0 >= 0xE0 && b0 <= 0xEF && left >= 3 && cont(s[i + 1]) && cont(s[i + 2])) {
-    uint8_t b1 = s[i + 1];
-    if ((b0 == 0xE0 && b1 < 0xA0) || (b0 == 0xED && b1 > 0x9F)) goto invalid;
-    *len = 3;
-    return table_class(((b0 & 0x0Fu) << 12) | ((b1 & 0x3Fu) << 6) | (s[i + 2] & 0x3Fu));
-  }
-  if (b0 >= 0xF0 && b0 <= 0xF4 && left >= 4 && cont(s[i + 1]) && cont(s[i + 2]) && cont(s[i + 3])) {
-    uint8_t b1 = s[i + 1];
-    if ((b0 == 0xF0 && b1 < 0x90) || (b0 == 0xF4 && b1 > 0x8F)) goto invalid;
-    *len = 4;
-    return table_class(((b0 & 0x07u) << 18) | ((b1 & 0x3Fu) << 12) | ((s[i + 2] & 0x3Fu) << 6) | (s[i + 3] & 0x3Fu));
-  }
-invalid:
-  *len = 1;
-  return kUniOther;
+  // A byte that starts no valid UTF-8 sequence is one character of class "other".
+  uint32_t cp;
+  int bad;
+  const int l = utf8_decode(s + i, n - i, &cp, &bad);
+  *len = l > 0 ? l : 1;
+  return l > 0 ? table_class(cp) : kUniOther;
 }
 
 int uni_class_at(const uint8_t* s, size_t n, size_t i, int* len) { return class_at(s, n, i, len); }

@@ -13,8 +13,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
-#include <iterator>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -22,6 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "data/protobuf_reader.h"
+#include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 
@@ -32,82 +32,6 @@ const char* const kMetaspace = "\xe2\x96\x81";  // "▁" U+2581, SentencePiece's
 
 // ---------------------------------------------------------------------------------------------
 // UTF-8
-
-// Decodes the UTF-8 sequence at s[0, n) (n >= 1). Returns its length and sets *cp, or returns 0 when
-// it is invalid and sets *bad to the length of its maximal subpart: the bytes one U+FFFD replaces, as
-// Python's bytes.decode(errors="replace") and Rust's from_utf8_lossy do.
-int utf8_decode(const unsigned char* s, size_t n, uint32_t* cp, int* bad) {
-  unsigned char c = s[0];
-  if (c < 0x80) {
-    *cp = c;
-    return 1;
-  }
-  int len;
-  uint32_t v;
-  unsigned char lo = 0x80, hi = 0xbf;  // range of the second byte; later bytes are 80..BF
-  if (c >= 0xc2 && c <= 0xdf) {
-    len = 2, v = c & 0x1f;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    len = 3, v = c & 0x0f;
-    if (c == 0xe0) lo = 0xa0;  // no overlong forms
-    if (c == 0xed) hi = 0x9f;  // no surrogates
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    len = 4, v = c & 0x07;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;  // nothing above U+10FFFF
-  } else {
-    *bad = 1;
-    return 0;
-  }
-  for (int i = 1; i < len; i++) {
-    if ((size_t)i >= n || s[i] < lo || s[i] > hi) {
-      *bad = i;
-      return 0;
-    }
-    v = v << 6 | (s[i] & 0x3f);
-    lo = 0x80, hi = 0xbf;
-  }
-  *cp = v;
-  return len;
-}
-
-bool valid_utf8(std::string_view s) {
-  const unsigned char* p = (const unsigned char*)s.data();
-  size_t i = 0, n = s.size();
-  while (i < n) {
-    if (p[i] < 0x80) {
-      i++;
-      continue;
-    }
-    uint32_t cp;
-    int bad;
-    int len = utf8_decode(p + i, n - i, &cp, &bad);
-    if (len == 0) return false;
-    i += (size_t)len;
-  }
-  return true;
-}
-
-// `s` with each maximal invalid subpart replaced by U+FFFD: the text Hugging Face would be given.
-std::string replace_invalid_utf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 8);
-  const unsigned char* p = (const unsigned char*)s.data();
-  size_t i = 0, n = s.size();
-  while (i < n) {
-    uint32_t cp;
-    int bad = 0;
-    int len = utf8_decode(p + i, n - i, &cp, &bad);
-    if (len > 0) {
-      out.append(s.data() + i, (size_t)len);
-      i += (size_t)len;
-    } else {
-      out.append("\xef\xbf\xbd");
-      i += (size_t)bad;
-    }
-  }
-  return out;
-}
 
 int utf8_length(std::string_view s) {  // code points in valid UTF-8
   int n = 0;
@@ -266,7 +190,7 @@ class SentencePieceBpe final : public Tokenizer {
   std::vector<int32_t> encode(std::string_view text) const override {
     std::string fixed;
     if (!valid_utf8(text)) {
-      fixed = replace_invalid_utf8(text);
+      fixed = utf8_replace_invalid(text);
       text = fixed;
     }
     std::vector<int32_t> out;
@@ -420,7 +344,7 @@ class SentencePieceBpe final : public Tokenizer {
     const unsigned char* p = (const unsigned char*)word.data();
     bool pending_unk = false;  // tokenizers adds an unknown piece lazily, fusing runs of them
     for (size_t i = 0; i < word.size();) {
-      uint32_t cp;
+      uint32_t cp = 0;
       int bad;
       int len = utf8_decode(p + i, word.size() - i, &cp, &bad);  // valid: the text was repaired
       int32_t id = cp < 128 ? ascii_ids_[cp] : -1;
@@ -578,14 +502,6 @@ std::vector<DecoderStep> llama_decoder(bool strip_leading_space) {
   return d;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  LLMT_CHECK(f.good(), "%s: cannot open the SentencePiece model file", path.c_str());
-  std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  LLMT_CHECK(!f.bad(), "%s: read error", path.c_str());
-  return data;
-}
-
 // ---------------------------------------------------------------------------------------------
 // tokenizer.model (sentencepiece.ModelProto; field numbers from sentencepiece_model.proto)
 
@@ -687,7 +603,7 @@ ModelProto parse_model_proto(const std::string& data, const std::string& path) {
 
 bool is_sentencepiece_model_file(const std::string& path) {
   try {
-    std::string data = read_file(path);
+    std::string data = read_file(path, "SentencePiece model file");
     ModelProto m = parse_model_proto(data, path);
     return !m.pieces.empty() && m.has_trainer_spec;
   } catch (const Error&) {
@@ -700,7 +616,7 @@ std::unique_ptr<Tokenizer> load_sentencepiece_model(const std::string& path) {
 }
 
 std::unique_ptr<Tokenizer> load_sentencepiece_model(const std::string& path, SentencePieceFlavor flavor) {
-  std::string data = read_file(path);
+  std::string data = read_file(path, "SentencePiece model file");
   LLMT_CHECK(!data.empty(), "%s: empty file (expected a SentencePiece ModelProto)", path.c_str());
   ModelProto m = parse_model_proto(data, path);
   const char* p = path.c_str();

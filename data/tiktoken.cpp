@@ -2,7 +2,6 @@
 
 #include <climits>
 #include <fstream>
-#include <sstream>
 #include <string_view>
 #include <unordered_map>
 
@@ -45,14 +44,6 @@ static bool base64_decode(std::string_view in, std::string* out) {
   return true;
 }
 
-static std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  LLMT_CHECK(f.good(), "cannot open tiktoken rank file %s", path.c_str());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 bool is_tiktoken_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f.good()) return false;
@@ -89,7 +80,7 @@ static BpeSpec read_ranks(const std::string& path) {
   BpeSpec spec;
   spec.kind = "tiktoken";
   spec.ignore_merges = true;  // tiktoken: a piece that is a token is that token
-  std::string text = read_all(path);
+  std::string text = read_file(path, "tiktoken rank file");
   std::vector<std::pair<std::string, int64_t>> entries;
   size_t line_no = 0;
   int64_t max_rank = -1;

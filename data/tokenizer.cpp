@@ -5,7 +5,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
-#include <sstream>
+#include <iterator>
 
 #include <nlohmann/json.hpp>
 
@@ -33,6 +33,24 @@ std::vector<int32_t> Tokenizer::encode_with_specials(std::string_view text) cons
   return ids;
 }
 
+std::string read_file(const std::string& path, const std::string& what) {
+  std::ifstream f(path, std::ios::binary);
+  LLMT_CHECK(f.good(), "cannot open %s %s", what.c_str(), path.c_str());
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  LLMT_CHECK(!f.bad(), "%s: read error in %s", what.c_str(), path.c_str());
+  return text;
+}
+
+nlohmann::json read_json(const std::string& path, const std::string& what) {
+  const std::string text = read_file(path, what);
+  check_json_depth(text, path);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("%s is not valid JSON: %s", path.c_str(), e.what());  // names line and column
+  }
+}
+
 namespace {
 
 bool is_file(const std::string& p) {
@@ -55,20 +73,6 @@ std::string dir_name(const std::string& p) {
   return s == std::string::npos ? "." : s == 0 ? "/" : p.substr(0, s);
 }
 
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  LLMT_CHECK(f.good(), "cannot open %s", path.c_str());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
-  check_json_depth(text, path);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("%s is not valid JSON: %s", path.c_str(), e.what());  // names line and column
-  }
-}
-
 // Mistral's tekken.json: {"config": {"pattern", "version", ...}, "vocab": [{"rank", "token_bytes"}, ...]}.
 bool is_tekken_json(const nlohmann::json& j) {
   return j.is_object() && j.contains("config") && j["config"].is_object() && j["config"].contains("pattern") &&
@@ -84,7 +88,7 @@ bool is_tekken_json(const nlohmann::json& j) {
 }
 
 std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path) {
-  nlohmann::json j = read_json(path);
+  nlohmann::json j = read_json(path, "JSON file");
   if (is_tekken_json(j)) refuse_tekken(path, j);
   LLMT_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
              "%s: expected a Hugging Face tokenizer.json (an object with a \"model\")", path.c_str());
@@ -108,7 +112,7 @@ bool llama3_release_of_dir(const std::string& dir, Llama3Release* release) {
   auto load = [&](const char* name, nlohmann::json* j) {
     const std::string p = dir + "/" + name;
     if (!is_file(p)) return false;
-    *j = read_json(p);
+    *j = read_json(p, "JSON file");
     return j->is_object();
   };
   auto is_int = [](const nlohmann::json& j, const char* key, int64_t v) {
@@ -214,8 +218,8 @@ bool special_token_id(const Tokenizer& t, const nlohmann::json& cfg, const char*
 
 std::unique_ptr<Tokenizer> apply_configs(std::unique_ptr<Tokenizer> t, const std::string& dir) {
   std::string cfg_path = dir + "/tokenizer_config.json", map_path = dir + "/special_tokens_map.json";
-  nlohmann::json cfg = is_file(cfg_path) ? read_json(cfg_path) : nlohmann::json();
-  nlohmann::json map = is_file(map_path) ? read_json(map_path) : nlohmann::json();
+  nlohmann::json cfg = is_file(cfg_path) ? read_json(cfg_path, "JSON file") : nlohmann::json();
+  nlohmann::json map = is_file(map_path) ? read_json(map_path, "JSON file") : nlohmann::json();
   if (cfg.is_null() && map.is_null()) return t;
   int bos = t->bos_id(), eos = t->eos_id();
   bool add_bos = t->adds_bos(), add_eos = t->adds_eos();

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace llmt {
 
 class Tokenizer {
@@ -45,5 +47,12 @@ class Tokenizer {
 // tokenizer is an error.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir_or_file,
                                           const std::string& llama3_special_tokens = "auto");
+
+// The whole of a tokenizer's file (vocab.json, merges.txt, tokenizer.model, a tiktoken rank file,
+// tokenizer.json); errors name `what` ("merges file") and the path.
+std::string read_file(const std::string& path, const std::string& what);
+// A tokenizer's JSON file (tokenizer.json, vocab.json, tokenizer_config.json), parsed after the
+// depth check (engine/core/json_text.h); errors name `what`, the path, and where the JSON breaks.
+nlohmann::json read_json(const std::string& path, const std::string& what);
 
 }  // namespace llmt

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "data/unicode_norm_tables.h"
+#include "data/utf8.h"
 
 namespace llmt {
 
@@ -20,30 +21,13 @@ constexpr uint32_t kRawByte = 0x80000000u;
 constexpr uint32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
 constexpr uint32_t kLCount = 19, kVCount = 21, kTCount = 28, kSCount = kLCount * kVCount * kTCount;
 
-// Strict UTF-8 as data/pretokenize.cpp reads it (no overlongs, surrogates or code points past
-// U+10FFFF); anything else is one raw byte. Returns the length.
+// The code point at s[i], or a raw byte (kRawByte | b) where s[i] starts no valid UTF-8 sequence.
+// Returns the length.
 int decode_at(const uint8_t* s, size_t n, size_t i, uint32_t* cp) {
-  auto cont = [&](size_t k) { return i + k < n && (s[i + k] & 0xC0) == 0x80; };
-  uint8_t b0 = s[i];
-  if (b0 < 0x80) {
-    *cp = b0;
-    return 1;
-  }
-  if (b0 >= 0xC2 && b0 <= 0xDF && cont(1)) {
-    *cp = ((b0 & 0x1Fu) << 6) | (s[i + 1] & 0x3Fu);
-    return 2;
-  }
-  if (b0 >= 0xE0 && b0 <= 0xEF && cont(1) && cont(2) && !(b0 == 0xE0 && s[i + 1] < 0xA0) &&
-      !(b0 == 0xED && s[i + 1] > 0x9F)) {
-    *cp = ((b0 & 0x0Fu) << 12) | ((s[i + 1] & 0x3Fu) << 6) | (s[i + 2] & 0x3Fu);
-    return 3;
-  }
-  if (b0 >= 0xF0 && b0 <= 0xF4 && cont(1) && cont(2) && cont(3) && !(b0 == 0xF0 && s[i + 1] < 0x90) &&
-      !(b0 == 0xF4 && s[i + 1] > 0x8F)) {
-    *cp = ((b0 & 0x07u) << 18) | ((s[i + 1] & 0x3Fu) << 12) | ((s[i + 2] & 0x3Fu) << 6) | (s[i + 3] & 0x3Fu);
-    return 4;
-  }
-  *cp = kRawByte | b0;
+  int bad;
+  const int len = utf8_decode(s + i, n - i, cp, &bad);
+  if (len > 0) return len;
+  *cp = kRawByte | s[i];
   return 1;
 }
 

@@ -15,6 +15,7 @@
 
 #include "data/token_cache.h"
 #include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/core/stop.h"
@@ -30,17 +31,11 @@ static bool py_space(uint32_t c) {
 bool is_python_whitespace(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
-    const uint8_t b = (uint8_t)s[i];
     uint32_t c;
-    int n;
-    if (b < 0x80) c = b, n = 1;
-    else if (b < 0xe0) c = b & 0x1f, n = 2;
-    else if (b < 0xf0) c = b & 0x0f, n = 3;
-    else c = b & 0x07, n = 4;
-    if (i + n > s.size()) return false;
-    for (int k = 1; k < n; k++) c = (c << 6) | ((uint8_t)s[i + k] & 0x3f);
-    if (!py_space(c)) return false;
-    i += n;
+    int bad;
+    const int n = utf8_decode((const uint8_t*)s.data() + i, s.size() - i, &c, &bad);
+    if (n == 0 || !py_space(c)) return false;
+    i += (size_t)n;
   }
   return true;
 }

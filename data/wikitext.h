@@ -37,6 +37,7 @@ TextLines split_lines(std::string text, LineRule rule, const std::string& what);
 TextLines read_lines(const std::string& path, LineRule rule);
 
 // Python's str.isspace() over the whole of s (true for ""): the wikitext script's `not row.strip()`.
+// False where s is not valid UTF-8.
 bool is_python_whitespace(std::string_view s);
 
 // The file of `split` ("train", "validation", "test") for wikitext config `config`

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/ckpt/safetensors.h"
+#include "engine/formats/safetensors.h"
 #include "models/config.h"
 #include "models/layout.h"
 

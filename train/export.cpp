@@ -13,6 +13,7 @@
 #include "engine/ckpt/train_state.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
+#include "engine/dist/agree.h"
 #include "engine/dist/mpi_communicator.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/hf_checkpoint.h"

@@ -14,9 +14,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "engine/ckpt/train_state.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
+#include "engine/dist/agree.h"
 
 
 namespace llmt {

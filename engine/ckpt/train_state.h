@@ -53,8 +53,4 @@ struct LoadedTrainState {
 LoadedTrainState load_train_state(const std::string& path, ControlComm& world, const ParamLayout& layout,
                                   FsdpStore& store, const std::string& config_json);
 
-// Throws, on every rank at once, when any rank's `ok` is false: the message is the lowest failing
-// rank's `what`, prefixed with its rank when the world has more than one. Collective.
-void agree_or_throw(ControlComm& world, bool ok, const std::string& what);
-
 }  // namespace llmt

@@ -146,4 +146,21 @@ void check_ranks_agree(ControlComm& world, const std::string& what, const Config
   throw Error(msg);
 }
 
+void agree_or_throw(ControlComm& world, bool ok, const std::string& what) {
+  if (world.all_reduce_sum(ok ? 0.0 : 1.0) == 0.0) return;
+  const int W = world.size(), me = world.rank();
+  std::vector<int32_t> failed((size_t)W);
+  int32_t mine = ok ? 0 : 1;
+  world.all_gather(&mine, failed.data(), 1, DType::i32);
+  int root = (int)(std::find(failed.begin(), failed.end(), 1) - failed.begin());
+  int32_t len = root == me ? (int32_t)what.size() : 0;
+  world.broadcast(&len, 1, DType::i32, root);
+  std::vector<int32_t> words((size_t)(len + 3) / 4 + 1, 0);
+  if (root == me) std::memcpy(words.data(), what.data(), what.size());
+  world.broadcast(words.data(), (int64_t)words.size(), DType::i32, root);
+  std::string msg((const char*)words.data(), (size_t)len);
+  if (W > 1) msg = strformat("rank %d: %s", root, msg.c_str());
+  throw Error(msg);
+}
+
 }  // namespace llmt

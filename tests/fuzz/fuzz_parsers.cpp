@@ -34,8 +34,8 @@
 #include "data/token_cache.h"
 #include "data/tokenizer.h"
 #include "engine/ckpt/checkpoint.h"
-#include "engine/ckpt/safetensors.h"
 #include "engine/core/error.h"
+#include "engine/formats/safetensors.h"
 #include "models/config.h"
 
 using namespace llmt;

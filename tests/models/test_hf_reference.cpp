@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "engine/ckpt/safetensors.h"
 #include "engine/dist/communicator.h"
+#include "engine/formats/safetensors.h"
 #include "engine/fsdp/fsdp.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "engine/core/error.h"
+#include "engine/diag/nccl_log.h"
 #include "engine/dist/mpi_communicator.h"
-#include "engine/dist/nccl_log.h"
 
 struct ncclComm {
   std::unique_ptr<llmt::DataComm> mpi;  // a duplicate of the MPI communicator of the same ranks

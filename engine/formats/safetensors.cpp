@@ -1,4 +1,4 @@
-#include "engine/ckpt/safetensors.h"
+#include "engine/formats/safetensors.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "engine/core/error.h"
-#include "engine/dist/netcheck.h"
+#include "engine/diag/netcheck.h"
 
 using namespace llmt;
 namespace fs = std::filesystem;

@@ -3,7 +3,7 @@
 // debug.cc: "host:pid:tid [cudaDev] NCCL INFO ").
 #include <gtest/gtest.h>
 
-#include "engine/dist/nccl_log.h"
+#include "engine/diag/nccl_log.h"
 
 using namespace llmt;
 

@@ -1,4 +1,4 @@
-#include "engine/dist/ibverbs.h"
+#include "engine/diag/ibverbs.h"
 
 #include <dlfcn.h>
 

@@ -2,7 +2,7 @@
 // interfaces, GPUs and their PCIe distance to the NICs, the NCCL library, the memlock limit), and the
 // NCCL settings that follow from it. Everything testable reads sysfs below a replaceable root
 // (default "/sys", or $LLMT_SYSFS_ROOT), so the tests build fake trees; libibverbs
-// (engine/dist/ibverbs.h) is only a cross-check on the real one.
+// (engine/diag/ibverbs.h) is only a cross-check on the real one.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,4 +1,4 @@
-#include "engine/dist/netcheck.h"
+#include "engine/diag/netcheck.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -26,7 +26,7 @@
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 #include "engine/dist/communicator.h"
-#include "engine/dist/ibverbs.h"
+#include "engine/diag/ibverbs.h"
 
 extern char** environ;
 
@@ -686,108 +686,117 @@ std::string env_of(const RankReport& r, const std::string& key) {
   return "";
 }
 
-}  // namespace
+// The ranks grouped by node, which every check below reads.
+struct Nodes {
+  std::map<int, std::vector<const RankReport*>> ranks_of;  // node -> its ranks, in rank order
+  std::vector<const RankReport*> reps;                     // one report per node: its lowest rank's
+};
 
-Analysis analyze(const std::vector<RankReport>& ranks) {
-  Analysis an;
-  LLMT_CHECK(!ranks.empty(), "netcheck: no rank reports to analyse");
-  auto warn = [&](const std::string& w) { an.warnings.push_back(w); };
-  auto note = [&](const std::string& w) { an.notes.push_back(w); };
-  auto set = [&](const std::string& k, const std::string& v, const std::string& why, bool write = true) {
-    an.settings.push_back({k, v, why, write});
-  };
+Nodes group_by_node(const std::vector<RankReport>& ranks) {
+  Nodes g;
+  for (const RankReport& r : ranks) g.ranks_of[r.node].push_back(&r);
+  for (auto& kv : g.ranks_of) g.reps.push_back(kv.second.front());
+  return g;
+}
 
-  // one representative report per node: its lowest rank
-  std::map<int, std::vector<const RankReport*>> by_node;
-  for (const RankReport& r : ranks) by_node[r.node].push_back(&r);
-  std::vector<const RankReport*> nodes;
-  for (auto& kv : by_node) nodes.push_back(kv.second.front());
-  const int num_nodes = (int)nodes.size();
-  auto node_name = [](const RankReport* n) { return strformat("node %d (%s)", n->node, n->hostname.c_str()); };
+std::string node_name(const RankReport* n) { return strformat("node %d (%s)", n->node, n->hostname.c_str()); }
 
+bool any_gpu(const Nodes& g) {
+  for (const RankReport* n : g.reps)
+    if (!n->gpus.empty()) return true;
+  return false;
+}
+
+void warn(Analysis& an, const std::string& w) { an.warnings.push_back(w); }
+void note(Analysis& an, const std::string& w) { an.notes.push_back(w); }
+void recommend(Analysis& an, const std::string& key, const std::string& value, const std::string& why,
+               bool write = true) {
+  an.settings.push_back({key, value, why, write});
+}
+
+// What one node has, for the report: RDMA devices with their ports and GIDs, the libibverbs
+// cross-check, interfaces, GPUs, CUDA, NCCL, nvidia_peermem, the memlock limits, each GPU's nearest
+// NIC. Warns of the cross-check's mismatches.
+void describe_node(const RankReport* n, const std::vector<const RankReport*>& members, Analysis& an) {
   std::string& t = an.text;
-  t += strformat("llmt netcheck: %d rank%s on %d node%s (%s)\n", (int)ranks.size(), ranks.size() == 1 ? "" : "s",
-                 num_nodes, num_nodes == 1 ? "" : "s", ranks[0].launcher.c_str());
-
-  // ---- per node ----
-  std::map<std::string, int> active_by_ll;  // link layer -> active ports over all nodes
-  for (const RankReport* n : nodes) {
-    const auto& members = by_node[n->node];
-    t += strformat("\n%s, ranks %d..%d\n", node_name(n).c_str(), members.front()->rank, members.back()->rank);
-    if (n->rdma.empty()) {
-      t += n->sysfs_infiniband ? "  RDMA: /sys/class/infiniband is empty: no RDMA device\n"
-                               : "  RDMA: none (no /sys/class/infiniband: no RDMA device or driver)\n";
-    }
-    for (const RdmaDevice& d : n->rdma) {
-      t += strformat("  %s%s%s%s%s\n", d.name.c_str(), d.hca_type.empty() ? "" : (" " + d.hca_type).c_str(),
-                     d.fw_ver.empty() ? "" : (" fw " + d.fw_ver).c_str(),
-                     d.netdevs.empty() ? "" : (" netdev " + d.netdevs.front()).c_str(),
-                     d.numa_node < 0 ? "" : strformat(" numa %d", d.numa_node).c_str());
-      for (const RdmaPort& p : d.ports) {
-        if (p.active()) active_by_ll[p.link_layer]++;
-        t += strformat("    port %d %-6s %-10s %-11s %s\n", p.port, p.state.c_str(), p.phys_state.c_str(),
-                       (p.link_layer == "Ethernet" ? "Ethernet (RoCE)" : p.link_layer).c_str(), p.rate.c_str());
-        int choice = p.roce() ? nccl_gid_index(p) : -1;
-        for (const GidEntry& g : p.gids)
-          t += strformat("      gid %-3d %-11s %-8s %s%s\n", g.index, g.type.empty() ? "-" : g.type.c_str(),
-                         g.ndev.empty() ? "-" : g.ndev.c_str(), gid_to_text(g.gid).c_str(),
-                         g.index == choice ? "   <- NCCL 2.21+ picks this" : "");
-      }
-    }
-    t += "  " + n->verbs + "\n";
-    std::set<std::string> seen;  // every rank of a node usually finds the same
-    for (const RankReport* m : members)
-      for (const std::string& mm : m->verbs_mismatches)
-        if (seen.insert(mm).second)
-          warn(strformat("%s (rank %d): verbs: %s", node_name(n).c_str(), m->rank, mm.c_str()));
-    // one line per interface, its addresses together
-    std::vector<std::string> names;
-    for (const NetInterface& i : n->ifaces)
-      if (std::find(names.begin(), names.end(), i.name) == names.end()) names.push_back(i.name);
-    if (names.empty()) t += "  interfaces: none with an address\n";
-    for (const std::string& name : names) {
-      std::string line = "  interface " + name;
-      bool up = false;
-      for (const NetInterface& i : n->ifaces)
-        if (i.name == name) line += strformat(" %s/%d", i.address.c_str(), i.prefix_len), up = up || i.up;
-      t += line + (up ? "" : " (down)") + "\n";
-    }
-    std::string gpus;
-    for (const GpuPci& g : n->gpus) gpus += (gpus.empty() ? "" : ", ") + g.bdf;
-    t += strformat("  GPUs on the PCI bus: %s\n", gpus.empty() ? "none" : gpus.c_str());
-    if (n->cuda_built)
-      for (const std::string& c : n->cuda) t += "  " + c + "\n";
-    else
-      t += "  CUDA: this llmt is built without CUDA\n";
-    t += "  NCCL: " + n->nccl_version +
-         (n->nccl_path.empty() ? std::string(" (libnccl.so.2)") : " (" + n->nccl_path + ")") + "\n";
-    t += strformat("  GPUDirect RDMA module (nvidia_peermem): %s\n", n->peermem ? "loaded" : "not loaded");
-    std::string ml;
-    bool same = true;
-    for (const RankReport* m : members) {
-      ml += strformat("%s%s", ml.empty() ? "" : ", ", human_bytes(m->memlock_soft).c_str());
-      same = same && m->memlock_soft == members.front()->memlock_soft;
-    }
-    if (same && members.size() > 1)
-      ml = human_bytes(members.front()->memlock_soft) + strformat(" (all %zu ranks)", members.size());
-    t += "  memlock limit per rank: " + ml + "\n";
-    // GPU to nearest active NIC
-    for (const GpuPci& g : n->gpus) {
-      std::string best, best_dev;
-      for (const RdmaDevice& d : n->rdma) {
-        bool active = false;
-        for (const RdmaPort& p : d.ports) active = active || p.active();
-        if (!active) continue;
-        std::string l = pci_distance(g.pci, g.numa_node, d.pci, d.numa_node);
-        if (best.empty() || (level_rank(l) && level_rank(l) < level_rank(best))) best = l, best_dev = d.name;
-      }
-      if (!best.empty())
-        t += strformat("  GPU %s: nearest active NIC %s (%s)\n", g.bdf.c_str(), best_dev.c_str(), best.c_str());
+  t += strformat("\n%s, ranks %d..%d\n", node_name(n).c_str(), members.front()->rank, members.back()->rank);
+  if (n->rdma.empty()) {
+    t += n->sysfs_infiniband ? "  RDMA: /sys/class/infiniband is empty: no RDMA device\n"
+                             : "  RDMA: none (no /sys/class/infiniband: no RDMA device or driver)\n";
+  }
+  for (const RdmaDevice& d : n->rdma) {
+    t += strformat("  %s%s%s%s%s\n", d.name.c_str(), d.hca_type.empty() ? "" : (" " + d.hca_type).c_str(),
+                   d.fw_ver.empty() ? "" : (" fw " + d.fw_ver).c_str(),
+                   d.netdevs.empty() ? "" : (" netdev " + d.netdevs.front()).c_str(),
+                   d.numa_node < 0 ? "" : strformat(" numa %d", d.numa_node).c_str());
+    for (const RdmaPort& p : d.ports) {
+      t += strformat("    port %d %-6s %-10s %-11s %s\n", p.port, p.state.c_str(), p.phys_state.c_str(),
+                     (p.link_layer == "Ethernet" ? "Ethernet (RoCE)" : p.link_layer).c_str(), p.rate.c_str());
+      int choice = p.roce() ? nccl_gid_index(p) : -1;
+      for (const GidEntry& g : p.gids)
+        t += strformat("      gid %-3d %-11s %-8s %s%s\n", g.index, g.type.empty() ? "-" : g.type.c_str(),
+                       g.ndev.empty() ? "-" : g.ndev.c_str(), gid_to_text(g.gid).c_str(),
+                       g.index == choice ? "   <- NCCL 2.21+ picks this" : "");
     }
   }
+  t += "  " + n->verbs + "\n";
+  std::set<std::string> seen;  // every rank of a node usually finds the same
+  for (const RankReport* m : members)
+    for (const std::string& mm : m->verbs_mismatches)
+      if (seen.insert(mm).second)
+        warn(an, strformat("%s (rank %d): verbs: %s", node_name(n).c_str(), m->rank, mm.c_str()));
+  // one line per interface, its addresses together
+  std::vector<std::string> names;
+  for (const NetInterface& i : n->ifaces)
+    if (std::find(names.begin(), names.end(), i.name) == names.end()) names.push_back(i.name);
+  if (names.empty()) t += "  interfaces: none with an address\n";
+  for (const std::string& name : names) {
+    std::string line = "  interface " + name;
+    bool up = false;
+    for (const NetInterface& i : n->ifaces)
+      if (i.name == name) line += strformat(" %s/%d", i.address.c_str(), i.prefix_len), up = up || i.up;
+    t += line + (up ? "" : " (down)") + "\n";
+  }
+  std::string gpus;
+  for (const GpuPci& g : n->gpus) gpus += (gpus.empty() ? "" : ", ") + g.bdf;
+  t += strformat("  GPUs on the PCI bus: %s\n", gpus.empty() ? "none" : gpus.c_str());
+  if (n->cuda_built)
+    for (const std::string& c : n->cuda) t += "  " + c + "\n";
+  else
+    t += "  CUDA: this llmt is built without CUDA\n";
+  t += "  NCCL: " + n->nccl_version +
+       (n->nccl_path.empty() ? std::string(" (libnccl.so.2)") : " (" + n->nccl_path + ")") + "\n";
+  t += strformat("  GPUDirect RDMA module (nvidia_peermem): %s\n", n->peermem ? "loaded" : "not loaded");
+  std::string ml;
+  bool same = true;
+  for (const RankReport* m : members) {
+    ml += strformat("%s%s", ml.empty() ? "" : ", ", human_bytes(m->memlock_soft).c_str());
+    same = same && m->memlock_soft == members.front()->memlock_soft;
+  }
+  if (same && members.size() > 1)
+    ml = human_bytes(members.front()->memlock_soft) + strformat(" (all %zu ranks)", members.size());
+  t += "  memlock limit per rank: " + ml + "\n";
+  // GPU to nearest active NIC
+  for (const GpuPci& g : n->gpus) {
+    std::string best, best_dev;
+    for (const RdmaDevice& d : n->rdma) {
+      bool active = false;
+      for (const RdmaPort& p : d.ports) active = active || p.active();
+      if (!active) continue;
+      std::string l = pci_distance(g.pci, g.numa_node, d.pci, d.numa_node);
+      if (best.empty() || (level_rank(l) && level_rank(l) < level_rank(best))) best = l, best_dev = d.name;
+    }
+    if (!best.empty())
+      t += strformat("  GPU %s: nearest active NIC %s (%s)\n", g.bdf.c_str(), best_dev.c_str(), best.c_str());
+  }
+}
 
-  // ---- differences between nodes ----
+// Each node against the first: active ports, the NCCL version, the number of GPUs, nvidia_peermem.
+void compare_nodes(const Nodes& g, Analysis& an) {
+  std::string& t = an.text;
   t += "\n";
+  const int num_nodes = (int)g.reps.size();
+  if (num_nodes <= 1) return;
   std::vector<std::string> diffs;
   auto active_set = [](const RankReport* n) {
     std::set<std::string> s;
@@ -796,149 +805,160 @@ Analysis analyze(const std::vector<RankReport>& ranks) {
         if (p.active()) s.insert(port_key(d, p) + "/" + ll_short(p.link_layer));
     return s;
   };
-  if (num_nodes > 1) {
-    const RankReport* n0 = nodes[0];
-    std::set<std::string> s0 = active_set(n0);
-    for (int i = 1; i < num_nodes; i++) {
-      const RankReport* n = nodes[i];
-      std::set<std::string> s = active_set(n);
-      std::string only0, onlyn;
-      for (const std::string& k : s0)
-        if (!s.count(k)) only0 += (only0.empty() ? "" : " ") + k;
-      for (const std::string& k : s)
-        if (!s0.count(k)) onlyn += (onlyn.empty() ? "" : " ") + k;
-      if (!only0.empty())
-        diffs.push_back(
-            strformat("%s lacks active %s that %s has", node_name(n).c_str(), only0.c_str(), node_name(n0).c_str()));
-      if (!onlyn.empty())
-        diffs.push_back(
-            strformat("%s has active %s that %s lacks", node_name(n).c_str(), onlyn.c_str(), node_name(n0).c_str()));
-      if (n->nccl_version != n0->nccl_version)
-        diffs.push_back(strformat("NCCL %s on %s, %s on %s", n0->nccl_version.c_str(), node_name(n0).c_str(),
-                                  n->nccl_version.c_str(), node_name(n).c_str()));
-      if (n->gpus.size() != n0->gpus.size())
-        diffs.push_back(strformat("%zu GPUs on %s, %zu on %s", n0->gpus.size(), node_name(n0).c_str(), n->gpus.size(),
-                                  node_name(n).c_str()));
-      if (n->peermem != n0->peermem)
-        diffs.push_back(strformat("nvidia_peermem loaded on %s only", node_name(n->peermem ? n : n0).c_str()));
-    }
+  const RankReport* n0 = g.reps[0];
+  std::set<std::string> s0 = active_set(n0);
+  for (int i = 1; i < num_nodes; i++) {
+    const RankReport* n = g.reps[i];
+    std::set<std::string> s = active_set(n);
+    std::string only0, onlyn;
+    for (const std::string& k : s0)
+      if (!s.count(k)) only0 += (only0.empty() ? "" : " ") + k;
+    for (const std::string& k : s)
+      if (!s0.count(k)) onlyn += (onlyn.empty() ? "" : " ") + k;
+    if (!only0.empty())
+      diffs.push_back(
+          strformat("%s lacks active %s that %s has", node_name(n).c_str(), only0.c_str(), node_name(n0).c_str()));
+    if (!onlyn.empty())
+      diffs.push_back(
+          strformat("%s has active %s that %s lacks", node_name(n).c_str(), onlyn.c_str(), node_name(n0).c_str()));
+    if (n->nccl_version != n0->nccl_version)
+      diffs.push_back(strformat("NCCL %s on %s, %s on %s", n0->nccl_version.c_str(), node_name(n0).c_str(),
+                                n->nccl_version.c_str(), node_name(n).c_str()));
+    if (n->gpus.size() != n0->gpus.size())
+      diffs.push_back(strformat("%zu GPUs on %s, %zu on %s", n0->gpus.size(), node_name(n0).c_str(), n->gpus.size(),
+                                node_name(n).c_str()));
+    if (n->peermem != n0->peermem)
+      diffs.push_back(strformat("nvidia_peermem loaded on %s only", node_name(n->peermem ? n : n0).c_str()));
   }
-  if (num_nodes > 1) {
-    t += diffs.empty() ? "differences between nodes: none\n" : "differences between nodes:\n";
-    for (const std::string& d : diffs) t += "  " + d + "\n";
-    for (const std::string& d : diffs) warn("nodes differ: " + d);
-  }
+  t += diffs.empty() ? "differences between nodes: none\n" : "differences between nodes:\n";
+  for (const std::string& d : diffs) t += "  " + d + "\n";
+  for (const std::string& d : diffs) warn(an, "nodes differ: " + d);
+}
 
-  // ---- RDMA: which ports, which link layer ----
+// Which RDMA ports NCCL should use: the active ports of one link layer (NCCL_IB_HCA), or none
+// (NCCL_IB_DISABLE). Checks nodes without an active port and the user's NCCL_IB_HCA and
+// NCCL_IB_DISABLE. Returns that link layer ("InfiniBand" or "Ethernet"), "" when no port is active.
+std::string choose_rdma_ports(const Nodes& g, Analysis& an) {
+  std::map<std::string, int> active_by_ll;  // link layer -> active ports over all nodes
+  for (const RankReport* n : g.reps)
+    for (const RdmaDevice& d : n->rdma)
+      for (const RdmaPort& p : d.ports)
+        if (p.active()) active_by_ll[p.link_layer]++;
   int total_active = 0;
   for (auto& kv : active_by_ll) total_active += kv.second;
   std::string ll;  // the link layer NCCL should use
   if (active_by_ll.size() > 1) {
     ll = active_by_ll["InfiniBand"] >= active_by_ll["Ethernet"] ? "InfiniBand" : "Ethernet";
-    warn(
-        strformat("mixed link layers: %d active InfiniBand and %d active Ethernet (RoCE) ports; NCCL cannot use both "
-                  "in one job, so NCCL_IB_HCA below lists the %s ports only",
-                  active_by_ll["InfiniBand"], active_by_ll["Ethernet"], ll.c_str()));
+    warn(an, strformat("mixed link layers: %d active InfiniBand and %d active Ethernet (RoCE) ports; NCCL cannot use "
+                       "both in one job, so NCCL_IB_HCA below lists the %s ports only",
+                       active_by_ll["InfiniBand"], active_by_ll["Ethernet"], ll.c_str()));
   } else if (!active_by_ll.empty()) {
     ll = active_by_ll.begin()->first;
   }
-  for (const RankReport* n : nodes) {
+  for (const RankReport* n : g.reps) {
     bool any_port = false, any_active = false;
     for (const RdmaDevice& d : n->rdma)
       for (const RdmaPort& p : d.ports) any_port = true, any_active = any_active || p.active();
     if (any_port && !any_active)
-      warn(
-          strformat("%s: no active RDMA port (every port is down or initialising): check the cable and the subnet "
-                    "manager (IB) or the switch port (RoCE) with `ibstat`",
-                    node_name(n).c_str()));
+      warn(an, strformat("%s: no active RDMA port (every port is down or initialising): check the cable and the "
+                         "subnet manager (IB) or the switch port (RoCE) with `ibstat`",
+                         node_name(n).c_str()));
     else if (!any_port && total_active > 0)
-      warn(strformat("%s has no RDMA device while other nodes do: NCCL will fall back to sockets or fail on this node",
-                     node_name(n).c_str()));
+      warn(an, strformat("%s has no RDMA device while other nodes do: NCCL will fall back to sockets or fail on this "
+                         "node",
+                         node_name(n).c_str()));
   }
   const bool rdma = total_active > 0;
   if (rdma) {
     // the union over nodes: an exact name a node lacks is simply not matched there
     std::vector<std::string> keys;
-    for (const RankReport* n : nodes)
+    for (const RankReport* n : g.reps)
       for (const RdmaDevice& d : n->rdma)
         for (const RdmaPort& p : d.ports)
           if (p.active() && p.link_layer == ll && std::find(keys.begin(), keys.end(), port_key(d, p)) == keys.end())
             keys.push_back(port_key(d, p));
     std::string hca = "=";
     for (size_t i = 0; i < keys.size(); i++) hca += (i ? "," : "") + keys[i];
-    set("NCCL_IB_HCA", hca,
-        strformat("the active %s ports, '=' for exact names (without it mlx5_1 also matches mlx5_10..19)",
-                  ll == "Ethernet" ? "RoCE" : "InfiniBand"));
+    recommend(an, "NCCL_IB_HCA", hca,
+              strformat("the active %s ports, '=' for exact names (without it mlx5_1 also matches mlx5_10..19)",
+                        ll == "Ethernet" ? "RoCE" : "InfiniBand"));
   } else {
-    set("NCCL_IB_DISABLE", "1", "no active RDMA port on any node: NCCL uses TCP sockets (NET/Socket)");
+    recommend(an, "NCCL_IB_DISABLE", "1", "no active RDMA port on any node: NCCL uses TCP sockets (NET/Socket)");
     bool any_dev = false;
-    for (const RankReport* n : nodes) any_dev = any_dev || !n->rdma.empty();
+    for (const RankReport* n : g.reps) any_dev = any_dev || !n->rdma.empty();
     if (!any_dev)
-      note(num_nodes == 1
-               ? "no RDMA devices on this node: one node needs none (NCCL uses NVLink/PCIe/SHM inside a node); across "
-                 "nodes NCCL would use TCP sockets"
-               : "no RDMA devices on any node: NCCL will move data between nodes over TCP sockets (NET/Socket), "
-                 "typically 10x slower than RDMA for FSDP's gathers");
+      note(an, g.reps.size() == 1
+                   ? "no RDMA devices on this node: one node needs none (NCCL uses NVLink/PCIe/SHM inside a node); "
+                     "across nodes NCCL would use TCP sockets"
+                   : "no RDMA devices on any node: NCCL will move data between nodes over TCP sockets (NET/Socket), "
+                     "typically 10x slower than RDMA for FSDP's gathers");
   }
   // the user's NCCL_IB_HCA against each node's devices
-  for (const RankReport* n : nodes) {
+  for (const RankReport* n : g.reps) {
     std::string v = env_of(*n, "NCCL_IB_HCA");
     if (v.empty()) continue;
-    for (const std::string& w : check_nccl_ib_hca(v, n->rdma)) warn(node_name(n) + ": " + w);
+    for (const std::string& w : check_nccl_ib_hca(v, n->rdma)) warn(an, node_name(n) + ": " + w);
   }
-  for (const RankReport* n : nodes)
+  for (const RankReport* n : g.reps)
     if (rdma && env_of(*n, "NCCL_IB_DISABLE") == "1")
-      warn(node_name(n) + ": NCCL_IB_DISABLE=1 is set although RDMA ports are active: NCCL will use sockets");
+      warn(an, node_name(n) + ": NCCL_IB_DISABLE=1 is set although RDMA ports are active: NCCL will use sockets");
+  return rdma ? ll : "";
+}
 
-  // ---- GID index (RoCE) ----
-  if (rdma && ll == "Ethernet") {
-    std::map<int, std::vector<std::string>> by_index;
-    for (const RankReport* n : nodes)
-      for (const RdmaDevice& d : n->rdma)
-        for (const RdmaPort& p : d.ports) {
-          if (!p.active() || !p.roce()) continue;
-          int idx = nccl_gid_index(p);
-          const GidEntry* g = find_gid(p, idx);
-          std::string where = n->hostname + " " + port_key(d, p);
-          if (!g || roce_version(g->type) != 2 || !gid_is_ipv4_mapped(g->gid)) {
-            warn(
-                strformat("%s: no RoCE v2 GID with an IPv4 address (NCCL would use index %d%s): give its net device "
-                          "%s an IPv4 address, or routed RoCE will not connect",
-                          where.c_str(), idx, g ? (", " + g->type).c_str() : "",
-                          d.netdevs.empty() ? "(see device/net)" : d.netdevs.front().c_str()));
-            continue;
-          }
-          if (!d.netdevs.empty() && !g->ndev.empty() &&
-              std::find(d.netdevs.begin(), d.netdevs.end(), g->ndev) == d.netdevs.end())
-            note(strformat("%s: GID %d belongs to %s, not to the port's own net device %s (a VLAN or bond?)",
-                           where.c_str(), idx, g->ndev.c_str(), d.netdevs.front().c_str()));
-          by_index[idx].push_back(where);
+// RoCE: every active port needs a RoCE v2 GID with an IPv4 address; NCCL_IB_GID_INDEX when one
+// index fits every port (needed before NCCL 2.21); the user's NCCL_IB_GID_INDEX against it.
+void check_roce_gid_index(const Nodes& g, Analysis& an) {
+  std::map<int, std::vector<std::string>> by_index;
+  for (const RankReport* n : g.reps)
+    for (const RdmaDevice& d : n->rdma)
+      for (const RdmaPort& p : d.ports) {
+        if (!p.active() || !p.roce()) continue;
+        int idx = nccl_gid_index(p);
+        const GidEntry* gid = find_gid(p, idx);
+        std::string where = n->hostname + " " + port_key(d, p);
+        if (!gid || roce_version(gid->type) != 2 || !gid_is_ipv4_mapped(gid->gid)) {
+          warn(an, strformat("%s: no RoCE v2 GID with an IPv4 address (NCCL would use index %d%s): give its net "
+                             "device %s an IPv4 address, or routed RoCE will not connect",
+                             where.c_str(), idx, gid ? (", " + gid->type).c_str() : "",
+                             d.netdevs.empty() ? "(see device/net)" : d.netdevs.front().c_str()));
+          continue;
         }
-    if (by_index.size() == 1) {
-      int idx = by_index.begin()->first;
-      int new_nccl = 1;
-      for (const RankReport* n : nodes) new_nccl = std::min(new_nccl, version_at_least(n->nccl_version, 2, 21));
-      set("NCCL_IB_GID_INDEX", std::to_string(idx),
-          new_nccl == 1 ? "the RoCE v2 IPv4 entry; NCCL 2.21+ (found here) picks it by itself: leave it unset"
-                        : "the RoCE v2 IPv4 entry, as NCCL 2.21+ would pick it; older NCCL uses index 0 unless told; "
-                          "leave it unset on 2.21+",
-          new_nccl != 1);
-    } else if (by_index.size() > 1) {
-      std::string list;
-      for (auto& kv : by_index)
-        list += strformat("%s%d on %s", list.empty() ? "" : "; ", kv.first, kv.second.front().c_str());
-      warn("the RoCE v2 IPv4 GID index differs between ports (" + list +
-           "): one NCCL_IB_GID_INDEX cannot fit all; leave it unset and use NCCL 2.21+, which chooses per port");
-    }
-    for (const RankReport* n : nodes) {
-      std::string v = env_of(*n, "NCCL_IB_GID_INDEX");
-      if (!v.empty() && by_index.size() == 1 && std::atoi(v.c_str()) != by_index.begin()->first)
-        warn(strformat("%s: NCCL_IB_GID_INDEX=%s is set, but the RoCE v2 IPv4 entry is %d", node_name(n).c_str(),
-                       v.c_str(), by_index.begin()->first));
-    }
+        if (!d.netdevs.empty() && !gid->ndev.empty() &&
+            std::find(d.netdevs.begin(), d.netdevs.end(), gid->ndev) == d.netdevs.end())
+          note(an, strformat("%s: GID %d belongs to %s, not to the port's own net device %s (a VLAN or bond?)",
+                             where.c_str(), idx, gid->ndev.c_str(), d.netdevs.front().c_str()));
+        by_index[idx].push_back(where);
+      }
+  if (by_index.size() == 1) {
+    int idx = by_index.begin()->first;
+    int new_nccl = 1;
+    for (const RankReport* n : g.reps) new_nccl = std::min(new_nccl, version_at_least(n->nccl_version, 2, 21));
+    recommend(an, "NCCL_IB_GID_INDEX", std::to_string(idx),
+              new_nccl == 1 ? "the RoCE v2 IPv4 entry; NCCL 2.21+ (found here) picks it by itself: leave it unset"
+                            : "the RoCE v2 IPv4 entry, as NCCL 2.21+ would pick it; older NCCL uses index 0 unless "
+                              "told; leave it unset on 2.21+",
+              new_nccl != 1);
+  } else if (by_index.size() > 1) {
+    std::string list;
+    for (auto& kv : by_index)
+      list += strformat("%s%d on %s", list.empty() ? "" : "; ", kv.first, kv.second.front().c_str());
+    warn(an, "the RoCE v2 IPv4 GID index differs between ports (" + list +
+                 "): one NCCL_IB_GID_INDEX cannot fit all; leave it unset and use NCCL 2.21+, which chooses per port");
   }
+  for (const RankReport* n : g.reps) {
+    std::string v = env_of(*n, "NCCL_IB_GID_INDEX");
+    if (!v.empty() && by_index.size() == 1 && std::atoi(v.c_str()) != by_index.begin()->first)
+      warn(an, strformat("%s: NCCL_IB_GID_INDEX=%s is set, but the RoCE v2 IPv4 entry is %d", node_name(n).c_str(),
+                         v.c_str(), by_index.begin()->first));
+  }
+}
 
-  // ---- the socket interface ----
+// NCCL_SOCKET_IFNAME: the interface NCCL's bootstrap (and, without RDMA, all its traffic) uses: on
+// one node its first usable one; across nodes one whose subnet holds every other node's address.
+// Warns of nodes no other node can reach and of a user's NCCL_SOCKET_IFNAME that names another.
+void choose_socket_interface(const Nodes& g, bool rdma, Analysis& an) {
+  const std::vector<const RankReport*>& nodes = g.reps;
+  const int num_nodes = (int)nodes.size();
   std::string ifname;
   std::string ifname_why;
   auto usable = [](const NetInterface& i) { return i.up && !i.loopback && !is_docker(i.name) && !link_local6(i); };
@@ -946,10 +966,9 @@ Analysis analyze(const std::vector<RankReport>& ranks) {
     bool other = false;
     for (const NetInterface& i : n->ifaces) other = other || usable(i);
     if (!other)
-      warn(
-          strformat("%s: only loopback or docker interfaces are up: other nodes cannot reach it (in a container, "
-                    "run with --net=host)",
-                    node_name(n).c_str()));
+      warn(an, strformat("%s: only loopback or docker interfaces are up: other nodes cannot reach it (in a "
+                         "container, run with --net=host)",
+                         node_name(n).c_str()));
   }
   if (num_nodes == 1) {
     const RankReport* n = nodes[0];
@@ -977,10 +996,9 @@ Analysis analyze(const std::vector<RankReport>& ranks) {
         if (all && std::find(reach[a].begin(), reach[a].end(), i.name) == reach[a].end()) reach[a].push_back(i.name);
       }
       if (reach[a].empty())
-        warn(
-            strformat("%s: no interface shares a subnet with every other node; NCCL's bootstrap needs one: set "
-                      "NCCL_SOCKET_IFNAME by hand to the interface that routes to them",
-                      node_name(nodes[a]).c_str()));
+        warn(an, strformat("%s: no interface shares a subnet with every other node; NCCL's bootstrap needs one: set "
+                           "NCCL_SOCKET_IFNAME by hand to the interface that routes to them",
+                           node_name(nodes[a]).c_str()));
     }
     // a name every node has, physical before virtual
     for (int pass = 0; pass < 2 && ifname.empty(); pass++)
@@ -1002,14 +1020,14 @@ Analysis analyze(const std::vector<RankReport>& ranks) {
       for (size_t i = 0; i < names.size(); i++) ifname += (i ? "," : "") + names[i];
       if (!ifname.empty()) {
         ifname_why = "the nodes reach each other through differently named interfaces; NCCL takes a list of prefixes";
-        note("NCCL_SOCKET_IFNAME lists several names (" + ifname + "): each node uses the one it has");
+        note(an, "NCCL_SOCKET_IFNAME lists several names (" + ifname + "): each node uses the one it has");
       }
     }
   }
   if (!ifname.empty()) {
-    set("NCCL_SOCKET_IFNAME", "=" + ifname,
-        ifname_why + " ('=' for exact names)" + "; used for NCCL's bootstrap" +
-            (rdma ? " and out-of-band setup" : " and all its traffic"));
+    recommend(an, "NCCL_SOCKET_IFNAME", "=" + ifname,
+              ifname_why + " ('=' for exact names)" + "; used for NCCL's bootstrap" +
+                  (rdma ? " and out-of-band setup" : " and all its traffic"));
   }
   for (const RankReport* n : nodes) {
     std::string v = env_of(*n, "NCCL_SOCKET_IFNAME");
@@ -1018,67 +1036,72 @@ Analysis analyze(const std::vector<RankReport>& ranks) {
     if (!bare.empty() && bare[0] == '^') continue;
     if (!bare.empty() && bare[0] == '=') bare = bare.substr(1);
     if (bare != ifname && ifname.compare(0, bare.size(), bare) != 0)
-      warn(strformat("%s: NCCL_SOCKET_IFNAME=%s is set, but the interface that reaches the other nodes is %s",
-                     node_name(n).c_str(), v.c_str(), ifname.c_str()));
+      warn(an, strformat("%s: NCCL_SOCKET_IFNAME=%s is set, but the interface that reaches the other nodes is %s",
+                         node_name(n).c_str(), v.c_str(), ifname.c_str()));
   }
+}
 
-  // ---- GPUDirect RDMA ----
-  bool any_gpu = false;
-  for (const RankReport* n : nodes) any_gpu = any_gpu || !n->gpus.empty();
-  if (rdma && any_gpu) {
-    std::string worst;
-    bool unknown = false;
-    for (const RankReport* n : nodes) {
-      for (const GpuPci& g : n->gpus) {
-        std::string best;
-        for (const RdmaDevice& d : n->rdma) {
-          bool usable_dev = false;
-          for (const RdmaPort& p : d.ports) usable_dev = usable_dev || (p.active() && p.link_layer == ll);
-          if (!usable_dev) continue;
-          std::string l = pci_distance(g.pci, g.numa_node, d.pci, d.numa_node);
-          if (level_rank(l) && (best.empty() || level_rank(l) < level_rank(best))) best = l;
-        }
-        if (best.empty()) {
-          unknown = true;
-          continue;
-        }
-        if (level_rank(best) > level_rank(worst)) worst = best;
-        if (best == "SYS")
-          warn(strformat("%s: GPU %s has no active NIC on its own CPU socket: NCCL will not use GPUDirect RDMA for it",
-                         node_name(n).c_str(), g.bdf.c_str()));
+// GPUDirect RDMA, when RDMA ports of link layer `ll` are in use ("" none): each GPU's PCIe distance to its nearest
+// such NIC sets NCCL_NET_GDR_LEVEL; warns of GPUs with no NIC on their socket and of nodes without
+// nvidia_peermem.
+void check_gpudirect_rdma(const Nodes& g, const std::string& ll, Analysis& an) {
+  if (ll.empty()) return;
+  if (!any_gpu(g)) {
+    note(an, "no NVIDIA GPU on the PCI bus: NCCL_NET_GDR_LEVEL does not apply");
+    return;
+  }
+  std::string worst;
+  bool unknown = false;
+  for (const RankReport* n : g.reps) {
+    for (const GpuPci& gpu : n->gpus) {
+      std::string best;
+      for (const RdmaDevice& d : n->rdma) {
+        bool usable_dev = false;
+        for (const RdmaPort& p : d.ports) usable_dev = usable_dev || (p.active() && p.link_layer == ll);
+        if (!usable_dev) continue;
+        std::string l = pci_distance(gpu.pci, gpu.numa_node, d.pci, d.numa_node);
+        if (level_rank(l) && (best.empty() || level_rank(l) < level_rank(best))) best = l;
       }
-      if (!n->peermem)
-        warn(
-            strformat("%s: nvidia_peermem is not loaded: GPUDirect RDMA needs it (`modprobe nvidia_peermem`) unless "
-                      "NCCL can use DMA-BUF (NCCL 2.13+, kernel 5.12+, open GPU driver); the transport report shows "
-                      "which (GDRDMA or not)",
-                      node_name(n).c_str()));
+      if (best.empty()) {
+        unknown = true;
+        continue;
+      }
+      if (level_rank(best) > level_rank(worst)) worst = best;
+      if (best == "SYS")
+        warn(an, strformat("%s: GPU %s has no active NIC on its own CPU socket: NCCL will not use GPUDirect RDMA for "
+                           "it",
+                           node_name(n).c_str(), gpu.bdf.c_str()));
     }
-    if (unknown || worst.empty()) {
-      note(
-          "the PCIe path between GPUs and NICs is unknown (a VM?): NCCL_NET_GDR_LEVEL left to NCCL or to the "
-          "provider's topology file (NCCL_TOPO_FILE)");
-    } else if (level_rank(worst) <= level_rank("PXB")) {
-      set("NCCL_NET_GDR_LEVEL", "PXB",
-          "every GPU has an active NIC behind the same PCIe switch: GPUDirect RDMA at NCCL's default level");
-    } else if (worst == "PHB") {
-      set("NCCL_NET_GDR_LEVEL", "PHB",
-          "some GPU meets its nearest NIC only at the CPU's root complex; PHB lets NCCL use GPUDirect RDMA there "
-          "(check GDRDMA in the transport report, and busbw with --bench)");
-    } else {
-      note(
-          "NCCL_NET_GDR_LEVEL left unset: some GPU's nearest NIC is on the other socket, where GPUDirect RDMA is "
-          "slower than staging through host memory");
-    }
-  } else if (rdma) {
-    note("no NVIDIA GPU on the PCI bus: NCCL_NET_GDR_LEVEL does not apply");
+    if (!n->peermem)
+      warn(an, strformat("%s: nvidia_peermem is not loaded: GPUDirect RDMA needs it (`modprobe nvidia_peermem`) "
+                         "unless NCCL can use DMA-BUF (NCCL 2.13+, kernel 5.12+, open GPU driver); the transport "
+                         "report shows which (GDRDMA or not)",
+                         node_name(n).c_str()));
   }
+  if (unknown || worst.empty()) {
+    note(an,
+         "the PCIe path between GPUs and NICs is unknown (a VM?): NCCL_NET_GDR_LEVEL left to NCCL or to the "
+         "provider's topology file (NCCL_TOPO_FILE)");
+  } else if (level_rank(worst) <= level_rank("PXB")) {
+    recommend(an, "NCCL_NET_GDR_LEVEL", "PXB",
+              "every GPU has an active NIC behind the same PCIe switch: GPUDirect RDMA at NCCL's default level");
+  } else if (worst == "PHB") {
+    recommend(an, "NCCL_NET_GDR_LEVEL", "PHB",
+              "some GPU meets its nearest NIC only at the CPU's root complex; PHB lets NCCL use GPUDirect RDMA there "
+              "(check GDRDMA in the transport report, and busbw with --bench)");
+  } else {
+    note(an,
+         "NCCL_NET_GDR_LEVEL left unset: some GPU's nearest NIC is on the other socket, where GPUDirect RDMA is "
+         "slower than staging through host memory");
+  }
+}
 
-  // ---- memlock ----
-  // one line per node and limit: the ranks of a node usually share it
-  for (const RankReport* n : nodes) {
+// The memlock limit: RDMA registration pins memory. One line per node and limit (the ranks of a
+// node usually share it): a warning when RDMA is used, a note otherwise.
+void check_memlock(const Nodes& g, bool rdma, Analysis& an) {
+  for (const RankReport* n : g.reps) {
     std::map<std::pair<int64_t, int64_t>, std::vector<int>> by_limit;
-    for (const RankReport* m : by_node[n->node])
+    for (const RankReport* m : g.ranks_of.at(n->node))
       if (m->memlock_soft >= 0) by_limit[{m->memlock_soft, m->memlock_hard}].push_back(m->rank);
     for (auto& kv : by_limit) {
       const std::vector<int>& rs = kv.second;
@@ -1088,20 +1111,26 @@ Analysis analyze(const std::vector<RankReport>& ranks) {
           strformat("%s: memlock limit %s (hard %s) for %s", node_name(n).c_str(), human_bytes(kv.first.first).c_str(),
                     human_bytes(kv.first.second).c_str(), who.c_str());
       if (rdma)
-        warn(msg +
-             ": RDMA registration pins memory and NCCL fails with \"ibv_reg_mr failed\" past it; set memlock "
-             "unlimited (limits.conf, Slurm's PropagateResourceLimits, docker --ulimit memlock=-1)");
+        warn(an, msg +
+                     ": RDMA registration pins memory and NCCL fails with \"ibv_reg_mr failed\" past it; set memlock "
+                     "unlimited (limits.conf, Slurm's PropagateResourceLimits, docker --ulimit memlock=-1)");
       else
-        note(msg + ": too low for RDMA, which pins memory; irrelevant while no RDMA port is used");
+        note(an, msg + ": too low for RDMA, which pins memory; irrelevant while no RDMA port is used");
     }
   }
+}
 
-  // ---- NCCL itself ----
-  for (const RankReport* n : nodes)
-    if (n->nccl_version == "not found" && (rdma || any_gpu))
-      note(node_name(n) + ": libnccl.so.2 is not on the library path (the CUDA trainer will need it)");
+// Nodes without libnccl.so.2 where NCCL would be needed (RDMA ports or GPUs).
+void check_nccl_found(const Nodes& g, bool rdma, Analysis& an) {
+  if (!rdma && !any_gpu(g)) return;
+  for (const RankReport* n : g.reps)
+    if (n->nccl_version == "not found")
+      note(an, node_name(n) + ": libnccl.so.2 is not on the library path (the CUDA trainer will need it)");
+}
 
-  // ---- print ----
+// The settings, the environment rank 0 runs in, the notes and the warnings, at the report's end.
+void append_summary(const std::vector<RankReport>& ranks, Analysis& an) {
+  std::string& t = an.text;
   t += "recommended settings (written by --write-env):\n";
   size_t width = 0;
   for (const Setting& s : an.settings) width = std::max(width, s.key.size() + s.value.size() + 1);
@@ -1116,6 +1145,26 @@ Analysis analyze(const std::vector<RankReport>& ranks) {
   for (const std::string& n : an.notes) t += "  " + n + "\n";
   t += an.warnings.empty() ? "warnings: none\n" : strformat("warnings (%zu):\n", an.warnings.size());
   for (const std::string& w : an.warnings) t += "  " + w + "\n";
+}
+
+}  // namespace
+
+Analysis analyze(const std::vector<RankReport>& ranks) {
+  Analysis an;
+  LLMT_CHECK(!ranks.empty(), "netcheck: no rank reports to analyse");
+  const Nodes g = group_by_node(ranks);
+  const int num_nodes = (int)g.reps.size();
+  an.text += strformat("llmt netcheck: %d rank%s on %d node%s (%s)\n", (int)ranks.size(), ranks.size() == 1 ? "" : "s",
+                       num_nodes, num_nodes == 1 ? "" : "s", ranks[0].launcher.c_str());
+  for (const RankReport* n : g.reps) describe_node(n, g.ranks_of.at(n->node), an);
+  compare_nodes(g, an);
+  const std::string ll = choose_rdma_ports(g, an);  // "" when no RDMA port is active
+  if (ll == "Ethernet") check_roce_gid_index(g, an);
+  choose_socket_interface(g, !ll.empty(), an);
+  check_gpudirect_rdma(g, ll, an);
+  check_memlock(g, !ll.empty(), an);
+  check_nccl_found(g, !ll.empty(), an);
+  append_summary(ranks, an);
   return an;
 }
 

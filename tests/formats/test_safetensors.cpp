@@ -1,4 +1,4 @@
-#include "engine/ckpt/safetensors.h"
+#include "engine/formats/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

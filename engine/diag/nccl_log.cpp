@@ -1,4 +1,4 @@
-#include "engine/dist/nccl_log.h"
+#include "engine/diag/nccl_log.h"
 
 #include <unistd.h>
 
