@@ -1056,10 +1056,11 @@ TEST_P(Ops, BadArgumentsAreRefusedByTheEntry) {
   expect_error([&] { be().sum_squares(X->f32({1}), Y->f32({n}), n); },
                {name + " sum_squares: out is f32, expected f64"});
   // a tensor too small for the sizes given, and one with no data
-  expect_error([&] { be().layernorm_forward(Big->a({5, 8}), X->f32({5}), Y->f32({5}), Z->a({2, 8}), Z->a({8}), Z->a({8}), 5,
-                                            8, 1e-5f); },
+  expect_error([&] { be().layernorm_forward(Big->a({5, 8}), X->f32({5}), Y->f32({5}), Z->a({2, 8}), Z->a({8}),
+                                            Z->a({8}), 5, 8, 1e-5f); },
                {name + " layernorm_forward: x holds 16 elements ([2, 8]), needs 40"});
-  expect_error([&] { be().add(X->a({n}), Y->a({n}), Z->a({n / 2}), n); }, {name + " add: b holds 32 elements", "needs 64"});
+  expect_error([&] { be().add(X->a({n}), Y->a({n}), Z->a({n / 2}), n); },
+               {name + " add: b holds 32 elements", "needs 64"});
   expect_error([&] { be().matmul(Z->a({8, 8}), null_act({8, 8}), Y->a({8, 8}), null_act({8}), 8, 8, 8, false, false,
                                  false); },
                {name + " matmul: a has no data"});
