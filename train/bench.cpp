@@ -15,7 +15,6 @@
 #include "llmt_commit.h"
 
 #include "engine/backend/backend.h"
-#include "engine/backend/profiling.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/dist/mpi_communicator.h"
@@ -175,7 +174,9 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
   const DType compute = a.bf16 ? DType::bf16 : DType::f32;
   const bool cuda = a.device == "cuda";
   const int gpu = cuda ? launch.local_rank % std::max(1, cuda_device_count()) : -1;
-  ProfilingBackend be(cuda ? make_cuda_backend(gpu, compute, a.tf32) : make_cpu_backend(threads, compute));
+  std::unique_ptr<Backend> backend =
+      cuda ? make_cuda_backend(gpu, compute, a.tf32) : make_cpu_backend(threads, compute);
+  Backend& be = *backend;
   Transformer model(cfg, be, a.batch, a.seq_len, a.gradient_checkpointing);
   const ModelLayout& L = model.layout();
   Strategy strategy = parse_fsdp(a.fsdp);
@@ -217,7 +218,9 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
     comm_per_step = store.comm_bytes() + data->stats().total() - comm0;
     return std::make_pair(dt, r.loss);
   };
+  BackendCounters counted;  // at the first measured step
   for (int it = 0; it < a.warmup + a.steps; it++) {
+    if (it == a.warmup) counted = be.counters();
     auto [dt, loss] = timed_step(it);
     if (it >= a.warmup) ms.push_back(dt);
     if (world.rank() == 0)
@@ -226,17 +229,18 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
   }
   // one more step with every op timed on its own: where the step's time goes (the time outside the
   // ops is communication and host work)
-  be.enable(true);
+  const BackendCounters after = be.counters();
+  be.profile_ops(true);
   double profiled_ms = timed_step(a.warmup + a.steps).first;
-  be.enable(false);
+  be.profile_ops(false);
   nlohmann::json breakdown = nlohmann::json::object();
   double in_ops = 0.0;
-  for (auto& [category, t] : be.ms()) {
+  for (auto& [category, t] : be.op_ms()) {
     breakdown[category] = t;
     in_ops += t;
   }
   breakdown["communication and host"] = std::max(0.0, profiled_ms - in_ops);
-  auto in = [&](const char* category) { return be.ms().count(category) ? be.ms().at(category) : 0.0; };
+  auto in = [&](const char* category) { return be.op_ms().count(category) ? be.op_ms().at(category) : 0.0; };
   const double matmul_ms = in("matmul"), adamw_ms = in("adamw");
   // the "everything else": neither matmuls nor the optimizer's memory-bound passes over every
   // parameter (AdamW, the gradient norm, zeroing the gradients) nor communication
@@ -289,6 +293,8 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
                       {"gflop_per_step", flops_per_token * global_tokens / 1e9},
                       {"achieved_gflops", flops_per_token * global_tokens / (median / 1000.0) / 1e9},
                       {"comm_bytes_per_step_per_rank", comm_per_step},
+                      {"launches_per_step", (double)(after.launches - counted.launches) / a.steps},
+                      {"host_syncs_per_step", (double)(after.host_syncs - counted.host_syncs) / a.steps},
                       {"compute_dtype", dtype_name(be.compute_dtype())},
                       {"profiled_step_ms", profiled_ms},
                       {"breakdown_ms", breakdown},

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -64,6 +65,25 @@ struct RopeSpec {
   float factor = 1.0f, low_freq_factor = 1.0f, high_freq_factor = 4.0f, original_max = 8192.0f;
 };
 
+// Work a backend has done since it was made, for llmt bench (issue 21's launches and host syncs
+// per step). ops: op entries that ran (the CPU's launches: one per op). launches: on the CUDA
+// backend every kernel launch, a cuBLASLt matmul as one. host_syncs: the times the host waited for
+// the stream (synchronize, copy_to_host, Event::synchronize; on a device also alloc and a scratch
+// buffer growing).
+struct BackendCounters {
+  int64_t ops = 0;
+  int64_t launches = 0;
+  int64_t host_syncs = 0;
+};
+
+// The op set has two layers. The public op below is one non-virtual entry per op (backend.cpp):
+// it checks the arguments against the conventions above (dtypes, that each tensor holds what the
+// explicit sizes need, non-null data, sizes in range) and throws llmt::Error naming the backend,
+// the op, the argument and what was expected; then it counts the op, times it when op profiling
+// is on (llmt bench) and calls the backend's protected <op>_impl. An implementation may therefore
+// take its arguments as checked and only checks what only it can see (token ids on a device).
+// An impl never calls a public op of its backend (that would count and time it twice); it calls
+// another impl.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -79,10 +99,10 @@ class Backend {
   // ---- memory ----
   virtual void* alloc(size_t bytes) = 0;  // zero-filled, 64-byte aligned
   virtual void release(void* p) = 0;
-  virtual void zero(void* p, size_t bytes) = 0;
+  void zero(void* p, size_t bytes);  // timed as "gradient zeroing"
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;  // returns with the data on the host
-  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  void copy(void* dst, const void* src, size_t bytes);  // timed as "copies"
   virtual void synchronize() = 0;  // the host waits for all issued work
   // The memory alloc() draws from when it is not the host's (a GPU's): free and total bytes, as the
   // driver reports them now. False on the CPU.
@@ -92,89 +112,150 @@ class Backend {
     return false;
   }
 
+  // ---- counters and op profiling (llmt bench) ----
+  virtual BackendCounters counters() const { return counters_; }
+  // While on, every op waits for the stream before and after it and adds its milliseconds to its
+  // category (matmul, attention, loss, ...): where a step's time goes.
+  void profile_ops(bool on) { profiling_ = on; }
+  void reset_op_ms() { op_ms_.clear(); }
+  const std::map<std::string, double>& op_ms() const { return op_ms_; }
+
   // ---- dense ----
   // out[M,N] (= or +=) op(a) @ op(b) + bias[N]
   //   op(a): a stored [M,K], or [K,M] with trans_a;  op(b): b stored [K,N], or [N,K] with trans_b.
   //   a, b: act; bias: b's dtype, or data == nullptr; out: act, or f32 (parameter gradients).
-  //   accumulate adds to out instead of overwriting it (one rounding of out).
-  virtual void matmul(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K,
-                      bool trans_a, bool trans_b, bool accumulate) = 0;
+  //   accumulate adds to out instead of overwriting it (one rounding of out). M or N = 0: nothing.
+  void matmul(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
+              bool trans_b, bool accumulate);
   // dbias[N] (f32) += sum over rows of dout[M,N] (act)
-  virtual void bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N) = 0;
+  void bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N);
 
   // ---- embeddings ----
   // out[B*T,C] (act) = wte[token] (+ wpe[t] when wpe.data != nullptr). Token ids must lie in [0, V).
-  virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C, int V) = 0;
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C, int V);
   // dwte[token] (f32, [V, C]) += dout (act); dwpe[t] (f32) += dout (when dwpe.data != nullptr). A token id
   // outside [0, V) is an error (thrown, or reported at the next synchronize) and writes nothing outside dwte.
-  virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) = 0;
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C);
 
   // ---- norms ----
   // out = (x - mean) * rstd * w + b over each row of C; mean[N] and rstd[N] (f32) are saved for backward.
-  virtual void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b,
-                                 int64_t N, int C, float eps) = 0;
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b, int64_t N, int C,
+                         float eps);
   // dx (act) += ..., dw (f32) += ..., db (f32) += ...
-  virtual void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w,
-                                  Tensor mean, Tensor rstd, int64_t N, int C) = 0;
+  void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean, Tensor rstd,
+                          int64_t N, int C);
   // out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) (f32) saved for backward.
-  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) = 0;
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps);
   // dx (act) += ..., dw (f32) += ...
-  virtual void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd,
-                                int64_t N, int C) = 0;
+  void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N, int C);
 
   // ---- activations (act) ----
   // GELU, tanh form (gelu_new). out = gelu(x); dx = dout * gelu'(x) (dx may alias dout).
-  virtual void gelu_forward(Tensor out, Tensor x, int64_t n) = 0;
-  virtual void gelu_backward(Tensor dx, Tensor x, Tensor dout, int64_t n) = 0;
+  void gelu_forward(Tensor out, Tensor x, int64_t n);
+  void gelu_backward(Tensor dx, Tensor x, Tensor dout, int64_t n);
   // SwiGLU over rows of gate_up[N, 2I] = [gate | up]: out[N,I] = silu(gate) * up.
   // dgate_up (=) from dout[N,I].
-  virtual void swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I) = 0;
-  virtual void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) = 0;
+  void swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I);
+  void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I);
   // x[B*T, C] (=) x * mask / (1 - p) in place, element (b, t, c) kept as dropout_keep(d.key,
-  // dropout_row(d.row0 + b, t), c, d.p) says. The backward of a dropout is the same call on the gradient.
-  virtual void dropout(Tensor x, int B, int T, int C, const Dropout& d) = 0;
+  // dropout_row(d.row0 + b, t), c, d.p) says; 0 <= p < 1. The backward of a dropout is the same call
+  // on the gradient.
+  void dropout(Tensor x, int B, int T, int C, const Dropout& d);
 
   // ---- attention (act, lse f32) ----
-  // qkv rows are [q (NH*hs) | k (NKV*hs) | v (NKV*hs)] for each of the B*T tokens.
+  // qkv rows are [q (NH*hs) | k (NKV*hs) | v (NKV*hs)] for each of the B*T tokens; hs is even.
   // RoPE in place on the q and k parts, Hugging Face rotate_half layout, positions 0..T-1,
   // inv_freq[i] = rope_inv_freq(rope, i, hs). rope_backward applies the inverse rotation to dq and
   // dk in place.
-  virtual void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) = 0;
-  virtual void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) = 0;
-  // Causal self-attention with grouped-query heads (head h reads kv head h / (NH/NKV)), scale 1/sqrt(hs),
-  // dropout on the probabilities as `drop` says (its row index counts sequences). out[B*T, NH*hs] (=);
-  // lse[B,NH,T] (=) keeps each query row's log-sum-exp of the scaled scores: all that backward needs
-  // to recompute the probabilities, so no T x T buffer exists.
-  virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                                 const Dropout& drop) = 0;
+  void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope);
+  void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope);
+  // Causal self-attention with grouped-query heads (head h reads kv head h / (NH/NKV); NH % NKV == 0),
+  // scale 1/sqrt(hs), dropout on the probabilities as `drop` says (its row index counts sequences).
+  // out[B*T, NH*hs] (=); lse[B,NH,T] (=) keeps each query row's log-sum-exp of the scaled scores: all
+  // that backward needs to recompute the probabilities, so no T x T buffer exists.
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
+                         const Dropout& drop);
   // dqkv (=) from dout, given the forward's qkv, out and lse (FlashAttention-2's backward).
-  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
-                                  int NH, int NKV, int hs, const Dropout& drop) = 0;
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH, int NKV,
+                          int hs, const Dropout& drop);
 
-  // ---- elementwise ----
-  virtual void add(Tensor out, Tensor a, Tensor b, int64_t n) = 0;  // out = a + b, one dtype (out may alias a or b)
-  virtual void accumulate(Tensor dst, Tensor src, int64_t n) = 0;  // dst += src (any float dtypes)
-  virtual void scale(Tensor x, float s, int64_t n) = 0;             // x *= s
+  // ---- elementwise (f32 or bf16) ----
+  void add(Tensor out, Tensor a, Tensor b, int64_t n);  // out = a + b, one dtype (out may alias a or b)
+  void accumulate(Tensor dst, Tensor src, int64_t n);   // dst += src (any float dtypes)
+  void scale(Tensor x, float s, int64_t n);             // x *= s
 
   // ---- loss ----
   // Softmax cross-entropy over rows of logits[N,V] (act) with targets[N] (i32; kIgnoreIndex = ignored),
   // in fp32. loss_sum[1] (f64, on the backend) += the sum of the per-row losses over rows not ignored.
   // When dlogits.data != nullptr: dlogits (act, =) grad_scale * (softmax - onehot), zero on ignored
   // rows; dlogits may alias logits. A target outside [0, V) other than kIgnoreIndex is an error.
-  virtual void cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                             float grad_scale) = 0;
+  void cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
+                     float grad_scale);
 
   // ---- optimizer and reductions ----
   // AdamW as torch.optim.AdamW on f32 p, g, m, v: p *= 1 - lr*wd; m, v updated with g*grad_scale;
-  // bias-corrected step t (1-based). When p_compute.data != nullptr it receives p's rounding to its
-  // dtype (the compute copy of the shard).
-  virtual void adamw(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1,
-                     float beta2, float eps, float weight_decay, int t, float grad_scale) = 0;
+  // bias-corrected step t (1-based). When p_compute.data != nullptr it receives p's rounding to bf16
+  // (the compute copy of the shard).
+  void adamw(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1, float beta2,
+             float eps, float weight_decay, int t, float grad_scale);
   // out[1] (f64, on the backend) += sum of x[i]^2 (x f32)
-  virtual void sum_squares(Tensor out, Tensor x, int64_t n) = 0;
+  void sum_squares(Tensor out, Tensor x, int64_t n);
 
   // ---- dtype conversion ----
-  virtual void convert(Tensor out, Tensor in, int64_t n) = 0;  // f32 <-> bf16 (round to nearest even), or a copy
+  void convert(Tensor out, Tensor in, int64_t n);  // f32 <-> bf16 (round to nearest even), or a copy
+
+ protected:
+  // What each backend implements: the ops above, arguments already checked.
+  virtual void zero_impl(void* p, size_t bytes) = 0;
+  virtual void copy_impl(void* dst, const void* src, size_t bytes) = 0;
+  virtual void matmul_impl(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K,
+                           bool trans_a, bool trans_b, bool accumulate) = 0;
+  virtual void bias_backward_impl(Tensor dbias, Tensor dout, int64_t M, int64_t N) = 0;
+  virtual void embedding_forward_impl(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C,
+                                      int V) = 0;
+  virtual void embedding_backward_impl(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) = 0;
+  virtual void layernorm_forward_impl(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b, int64_t N,
+                                      int C, float eps) = 0;
+  virtual void layernorm_backward_impl(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w,
+                                       Tensor mean, Tensor rstd, int64_t N, int C) = 0;
+  virtual void rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) = 0;
+  virtual void rmsnorm_backward_impl(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N,
+                                     int C) = 0;
+  virtual void gelu_forward_impl(Tensor out, Tensor x, int64_t n) = 0;
+  virtual void gelu_backward_impl(Tensor dx, Tensor x, Tensor dout, int64_t n) = 0;
+  virtual void swiglu_forward_impl(Tensor out, Tensor gate_up, int64_t N, int I) = 0;
+  virtual void swiglu_backward_impl(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) = 0;
+  virtual void dropout_impl(Tensor x, int B, int T, int C, const Dropout& d) = 0;
+  virtual void rope_forward_impl(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) = 0;
+  virtual void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) = 0;
+  virtual void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
+                                      const Dropout& drop) = 0;
+  virtual void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
+                                       int NH, int NKV, int hs, const Dropout& drop) = 0;
+  virtual void add_impl(Tensor out, Tensor a, Tensor b, int64_t n) = 0;
+  virtual void accumulate_impl(Tensor dst, Tensor src, int64_t n) = 0;
+  virtual void scale_impl(Tensor x, float s, int64_t n) = 0;
+  virtual void cross_entropy_impl(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
+                                  float grad_scale) = 0;
+  virtual void adamw_impl(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1,
+                          float beta2, float eps, float weight_decay, int t, float grad_scale) = 0;
+  virtual void sum_squares_impl(Tensor out, Tensor x, int64_t n) = 0;
+  virtual void convert_impl(Tensor out, Tensor in, int64_t n) = 0;
+
+  BackendCounters counters_;  // ops counted by the entries; the backend adds host_syncs (and launches)
+
+ private:
+  // Counts the op and runs f, timed into op_ms_[category] while profiling.
+  template <class F>
+  void run(const char* category, F&& f);
+  // The argument checks the entries share (backend.cpp).
+  void need_act(const char* op, const char* arg, const Tensor& t, int64_t n) const;
+  void need(const char* op, const char* arg, const Tensor& t, DType dtype, int64_t n) const;
+  void need_float(const char* op, const char* arg, const Tensor& t, int64_t n) const;
+  void need_elems(const char* op, const char* arg, const Tensor& t, int64_t n) const;
+
+  bool profiling_ = false;
+  std::map<std::string, double> op_ms_;
 };
 
 // A backend allocation that releases itself: one tensor, zero-filled.

@@ -71,8 +71,12 @@ void by_dtype(DType t, const char* op, F&& f) {
   else fail("cpu %s: %s tensors are not supported", op, dtype_name(t));
 }
 
+// Everything has run when the host gets here; the wait is counted all the same (host_syncs counts
+// the places a program waits, the same on every backend).
 struct CpuEvent : Event {
-  void synchronize() override {}
+  explicit CpuEvent(int64_t& host_syncs) : host_syncs_(host_syncs) {}
+  void synchronize() override { host_syncs_++; }
+  int64_t& host_syncs_;
 };
 
 class CpuBackend : public Backend {
@@ -91,7 +95,7 @@ class CpuBackend : public Backend {
   DType compute_dtype() const override { return compute_; }
   bool is_host_memory() const override { return true; }
   void* native_stream() override { return nullptr; }
-  std::unique_ptr<Event> make_event() override { return std::make_unique<CpuEvent>(); }
+  std::unique_ptr<Event> make_event() override { return std::make_unique<CpuEvent>(counters_.host_syncs); }
   void record(Event&) override {}
   void wait(Event&) override {}
 
@@ -104,32 +108,31 @@ class CpuBackend : public Backend {
     return p;
   }
   void release(void* p) override { std::free(p); }
-  void zero(void* p, size_t bytes) override {
+  void zero_impl(void* p, size_t bytes) override {
     chunked(bytes, [&](size_t at, size_t n) { std::memset((char*)p + at, 0, n); });
   }
   void copy_from_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void copy(void* dst, const void* src, size_t bytes) override {
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    counters_.host_syncs++;
+    std::memcpy(dst, src, bytes);
+  }
+  void copy_impl(void* dst, const void* src, size_t bytes) override {
     const char *s = (const char*)src, *d = (const char*)dst;
     if (d + bytes <= s || s + bytes <= d)  // no overlap: the threads' pieces are independent
       chunked(bytes, [&](size_t at, size_t n) { std::memcpy((char*)dst + at, s + at, n); });
     else
       std::memmove(dst, src, bytes);
   }
-  void synchronize() override {}
+  void synchronize() override { counters_.host_syncs++; }
+  BackendCounters counters() const override {
+    BackendCounters c = counters_;
+    c.launches = c.ops;  // each op is one parallel region (or one oneDNN call)
+    return c;
+  }
 
   // ---- dense ----
-  void matmul(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
-              bool trans_b, bool accumulate) override {
-    check_act(a, "matmul", "a");
-    check_act(b, "matmul", "b");
-    LLMT_CHECK(out.dtype == compute_ || out.dtype == DType::f32, "cpu matmul: out is %s, expected %s or f32",
-               dtype_name(out.dtype), dtype_name(compute_));
-    LLMT_CHECK(!bias.data || bias.dtype == b.dtype, "cpu matmul: bias is %s, b is %s", dtype_name(bias.dtype),
-               dtype_name(b.dtype));
-    if (M == 0 || N == 0) return;
-    LLMT_CHECK(M > 0 && N > 0 && K > 0, "cpu matmul: bad shape %lld x %lld x %lld", (long long)M, (long long)N,
-               (long long)K);
+  void matmul_impl(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
+                   bool trans_b, bool accumulate) override {
     // fp32: oneDNN's BLAS-like sgemm, except a x b^T (the forward's shape), where its matmul primitive
     // is as fast or faster; on a GPT-2 step's shapes this pair beats either alone by 15%
     // (docs/performance.md). Same arithmetic either way: fp32 products, fp32 sums.
@@ -169,12 +172,11 @@ class CpuBackend : public Backend {
     if (bias.data) args[DNNL_ARG_BIAS] = dnnl::memory(m.bias, engine_, pbias);
     m.prim.execute(stream_, args);
     stream_.wait();
-    if (round_out) convert(out, Tensor(pout, DType::f32, {M * N}), M * N);
+    if (round_out) convert_impl(out, Tensor(pout, DType::f32, {M * N}), M * N);
   }
 
-  void bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N) override {
+  void bias_backward_impl(Tensor dbias, Tensor dout, int64_t M, int64_t N) override {
     float* db = dbias.f32();
-    check_act(dout, "bias_backward", "dout");
     by_dtype(dout.dtype, "bias_backward", [&](auto tag) {
       using A = decltype(tag);
       const A* d = (const A*)dout.data;
@@ -190,10 +192,8 @@ class CpuBackend : public Backend {
   }
 
   // ---- embeddings ----
-  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C, int V) override {
+  void embedding_forward_impl(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C, int V) override {
     const int32_t* tok = tokens.i32();
-    check_act(out, "embedding_forward", "out");
-    check_act(wte, "embedding_forward", "wte");
     for (int64_t i = 0; i < (int64_t)B * T; i++)
       LLMT_CHECK(tok[i] >= 0 && tok[i] < V, "embedding: token id %d at position %lld is outside the vocabulary [0, %d)",
                  tok[i], (long long)i, V);
@@ -210,13 +210,10 @@ class CpuBackend : public Backend {
     });
   }
 
-  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) override {
+  void embedding_backward_impl(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) override {
     float* dte = dwte.f32();
     float* dpe = dwpe.data ? dwpe.f32() : nullptr;
     const int32_t* tok = tokens.i32();
-    check_act(dout, "embedding_backward", "dout");
-    LLMT_CHECK(dwte.ndim == 2 && dwte.shape[1] == C, "cpu embedding_backward: dwte is %s, expected [V, %d]",
-               dwte.shape_str().c_str(), C);
     for (int64_t i = 0; i < (int64_t)B * T; i++)  // before anything is written
       LLMT_CHECK(tok[i] >= 0 && tok[i] < dwte.shape[0],
                  "embedding: token id %d at position %lld is outside the vocabulary [0, %lld)", tok[i], (long long)i,
@@ -242,11 +239,10 @@ class CpuBackend : public Backend {
   }
 
   // ---- norms ----
-  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b, int64_t N, int C,
-                         float eps) override {
+  void layernorm_forward_impl(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b, int64_t N, int C,
+                              float eps) override {
     float* mu = mean.f32();
     float* rs = rstd.f32();
-    for (Tensor t : {out, x, w, b}) check_act(t, "layernorm_forward", "out, x, w, b");
     by_dtype(x.dtype, "layernorm_forward", [&](auto tag) {
       using A = decltype(tag);
       A* o = (A*)out.data;
@@ -274,13 +270,12 @@ class CpuBackend : public Backend {
     });
   }
 
-  void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean, Tensor rstd,
-                          int64_t N, int C) override {
+  void layernorm_backward_impl(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean,
+                               Tensor rstd, int64_t N, int C) override {
     float* DW = dw.f32();
     float* DB = db.f32();
     const float* mu = mean.f32();
     const float* rs = rstd.f32();
-    for (Tensor t : {dx, dout, x, w}) check_act(t, "layernorm_backward", "dx, dout, x, w");
     // Weight and bias gradients: per-thread partial sums over rows, reduced in thread order.
     std::vector<float> partial((size_t)nthreads_ * 2 * C, 0.0f);
     by_dtype(x.dtype, "layernorm_backward", [&](auto tag) {
@@ -323,9 +318,8 @@ class CpuBackend : public Backend {
     }
   }
 
-  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) override {
+  void rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) override {
     float* rs = rstd.f32();
-    for (Tensor t : {out, x, w}) check_act(t, "rmsnorm_forward", "out, x, w");
     by_dtype(x.dtype, "rmsnorm_forward", [&](auto tag) {
       using A = decltype(tag);
       A* o = (A*)out.data;
@@ -345,11 +339,10 @@ class CpuBackend : public Backend {
     });
   }
 
-  void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N,
-                        int C) override {
+  void rmsnorm_backward_impl(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N,
+                             int C) override {
     float* DW = dw.f32();
     const float* rs = rstd.f32();
-    for (Tensor t : {dx, dout, x, w}) check_act(t, "rmsnorm_backward", "dx, dout, x, w");
     std::vector<float> partial((size_t)nthreads_ * C, 0.0f);
     by_dtype(x.dtype, "rmsnorm_backward", [&](auto tag) {
       using A = decltype(tag);
@@ -381,8 +374,7 @@ class CpuBackend : public Backend {
   }
 
   // ---- activations ----
-  void gelu_forward(Tensor out, Tensor x, int64_t n) override {
-    for (Tensor t : {out, x}) check_act(t, "gelu_forward", "out, x");
+  void gelu_forward_impl(Tensor out, Tensor x, int64_t n) override {
     by_dtype(x.dtype, "gelu_forward", [&](auto tag) {
       using A = decltype(tag);
       A* o = (A*)out.data;
@@ -395,8 +387,7 @@ class CpuBackend : public Backend {
     });
   }
 
-  void gelu_backward(Tensor dx, Tensor x, Tensor dout, int64_t n) override {
-    for (Tensor t : {dx, x, dout}) check_act(t, "gelu_backward", "dx, x, dout");
+  void gelu_backward_impl(Tensor dx, Tensor x, Tensor dout, int64_t n) override {
     by_dtype(x.dtype, "gelu_backward", [&](auto tag) {
       using A = decltype(tag);
       A* DX = (A*)dx.data;
@@ -411,8 +402,7 @@ class CpuBackend : public Backend {
     });
   }
 
-  void swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I) override {
-    for (Tensor t : {out, gate_up}) check_act(t, "swiglu_forward", "out, gate_up");
+  void swiglu_forward_impl(Tensor out, Tensor gate_up, int64_t N, int I) override {
     by_dtype(out.dtype, "swiglu_forward", [&](auto tag) {
       using A = decltype(tag);
       A* o = (A*)out.data;
@@ -428,8 +418,7 @@ class CpuBackend : public Backend {
     });
   }
 
-  void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) override {
-    for (Tensor t : {dgate_up, dout, gate_up}) check_act(t, "swiglu_backward", "dgate_up, dout, gate_up");
+  void swiglu_backward_impl(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) override {
     by_dtype(dout.dtype, "swiglu_backward", [&](auto tag) {
       using A = decltype(tag);
       A* dgu = (A*)dgate_up.data;
@@ -447,10 +436,8 @@ class CpuBackend : public Backend {
     });
   }
 
-  void dropout(Tensor x, int B, int T, int C, const Dropout& d) override {
+  void dropout_impl(Tensor x, int B, int T, int C, const Dropout& d) override {
     if (!d.active()) return;
-    check_act(x, "dropout", "x");
-    LLMT_CHECK(d.p < 1.0f, "dropout: p = %g must be below 1", d.p);
     const float keep_scale = 1.0f / (1.0f - d.p);
     by_dtype(x.dtype, "dropout", [&](auto tag) {
       using A = decltype(tag);
@@ -482,8 +469,6 @@ class CpuBackend : public Backend {
 
   // Rotates the q and k heads of every token by +angle (forward) or -angle (backward).
   void rope_apply(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope, float sign) {
-    LLMT_CHECK(hs % 2 == 0, "rope: head size %d is odd", hs);
-    check_act(qkv, "rope", "qkv");
     std::vector<float> cs, sn;
     rope_table(cs, sn, T, hs, rope);
     const int half = hs / 2;
@@ -507,20 +492,18 @@ class CpuBackend : public Backend {
       }
     });
   }
-  void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
+  void rope_forward_impl(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
     rope_apply(qkv, B, T, NH, NKV, hs, rope, 1.0f);
   }
-  void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
+  void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
     rope_apply(dqkv, B, T, NH, NKV, hs, rope, -1.0f);  // a rotation's transpose is its inverse
   }
 
   // Forward, one query row at a time: scores against every earlier key, their log-sum-exp, the
   // weighted sum of values. Only lse is kept; the probabilities live in a row of scratch. Keys are
   // held transposed ([hs][T]) so that a row's scores accumulate over t2 in vector lanes.
-  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                         const Dropout& drop) override {
-    LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
-    for (Tensor t : {out, qkv}) check_act(t, "attention_forward", "out, qkv");
+  void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
+                              const Dropout& drop) override {
     float* L = lse.f32();
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
     const int group = NH / NKV;
@@ -581,10 +564,8 @@ class CpuBackend : public Backend {
   // recomputes its probabilities from lse; D = rowsum(dout * out) stands in for the softmax's
   // row sums. dk and dv accumulate in fp32 scratch and are stored once. Rows of scores and their
   // gradients run over t2 in vector lanes (keys and values held both ways).
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                          int NKV, int hs, const Dropout& drop) override {
-    LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
-    for (Tensor t : {dqkv, dout, qkv, out}) check_act(t, "attention_backward", "dqkv, dout, qkv, out");
+  void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
+                               int NKV, int hs, const Dropout& drop) override {
     const float* L = lse.f32();
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
     const int group = NH / NKV;
@@ -677,9 +658,7 @@ class CpuBackend : public Backend {
   }
 
   // ---- elementwise ----
-  void add(Tensor out, Tensor a, Tensor b, int64_t n) override {
-    LLMT_CHECK(out.dtype == a.dtype && a.dtype == b.dtype, "cpu add: dtypes %s = %s + %s differ", dtype_name(out.dtype),
-               dtype_name(a.dtype), dtype_name(b.dtype));
+  void add_impl(Tensor out, Tensor a, Tensor b, int64_t n) override {
     by_dtype(out.dtype, "add", [&](auto tag) {
       using A = decltype(tag);
       A* o = (A*)out.data;
@@ -688,7 +667,7 @@ class CpuBackend : public Backend {
       for (int64_t i = 0; i < n; i++) st(o, i, ld(Av, i) + ld(Bv, i));
     });
   }
-  void accumulate(Tensor dst, Tensor src, int64_t n) override {
+  void accumulate_impl(Tensor dst, Tensor src, int64_t n) override {
     by_dtype(dst.dtype, "accumulate", [&](auto dtag) {
       by_dtype(src.dtype, "accumulate", [&](auto stag) {
         using D = decltype(dtag);
@@ -700,7 +679,7 @@ class CpuBackend : public Backend {
       });
     });
   }
-  void scale(Tensor x, float s, int64_t n) override {
+  void scale_impl(Tensor x, float s, int64_t n) override {
     by_dtype(x.dtype, "scale", [&](auto tag) {
       using A = decltype(tag);
       A* X = (A*)x.data;
@@ -710,12 +689,10 @@ class CpuBackend : public Backend {
   }
 
   // ---- loss ----
-  void cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                     float grad_scale) override {
+  void cross_entropy_impl(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
+                          float grad_scale) override {
     double* out = loss_sum.f64();
     const int32_t* tg = targets.i32();
-    check_act(logits, "cross_entropy", "logits");
-    if (dlogits.data) check_act(dlogits, "cross_entropy", "dlogits");
     for (int64_t i = 0; i < N; i++)
       LLMT_CHECK(tg[i] == kIgnoreIndex || (tg[i] >= 0 && tg[i] < V),
                  "cross_entropy: target %d at row %lld is outside the vocabulary [0, %d) and is not %d", tg[i],
@@ -765,8 +742,8 @@ class CpuBackend : public Backend {
   }
 
   // ---- optimizer and reductions ----
-  void adamw(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1, float beta2,
-             float eps, float weight_decay, int t, float grad_scale) override {
+  void adamw_impl(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int t, float grad_scale) override {
     float* P = p.f32();
     const float* G = g.f32();
     float* Mm = m.f32();
@@ -790,7 +767,7 @@ class CpuBackend : public Backend {
     }
   }
 
-  void sum_squares(Tensor out, Tensor x, int64_t n) override {
+  void sum_squares_impl(Tensor out, Tensor x, int64_t n) override {
     const float* X = x.f32();
     double total = 0.0;
 #pragma omp parallel for simd reduction(+ : total) num_threads(nthreads_)
@@ -799,7 +776,7 @@ class CpuBackend : public Backend {
   }
 
   // ---- dtype conversion ----
-  void convert(Tensor out, Tensor in, int64_t n) override {
+  void convert_impl(Tensor out, Tensor in, int64_t n) override {
     by_dtype(out.dtype, "convert", [&](auto otag) {
       by_dtype(in.dtype, "convert", [&](auto itag) {
         using O = decltype(otag);
@@ -827,11 +804,6 @@ class CpuBackend : public Backend {
     }
   }
 
-  void check_act(const Tensor& t, const char* op, const char* what) const {
-    LLMT_CHECK(t.dtype == compute_, "cpu %s: %s is %s, the backend computes in %s", op, what, dtype_name(t.dtype),
-               dtype_name(compute_));
-  }
-
   // One head's rows [T, hs] of q, k or v (at column `off` of rows `row` apart) widened to fp32;
   // load_head_t stores them transposed, [hs, T].
   template <class A>
@@ -856,7 +828,7 @@ class CpuBackend : public Backend {
   // a bf16 tensor's n values as fp32 in `scratch`
   void* widen(const Tensor& t, int64_t n, std::vector<float>& scratch) {
     scratch.resize((size_t)n);
-    convert(Tensor(scratch.data(), DType::f32, {n}), t, n);
+    convert_impl(Tensor(scratch.data(), DType::f32, {n}), t, n);
     return scratch.data();
   }
   static dnnl::memory::data_type dnnl_type(DType t) {

@@ -117,6 +117,7 @@ void LtMatmul::run(void* out, const void* a, const void* b, const void* bias, in
   if (bias)  // the pointer is per call
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  launch_count().fetch_add(1, std::memory_order_relaxed);  // one launch, whatever cuBLASLt runs inside
   CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, out, p.c, out, p.c, &p.algo, workspace_,
                               workspace_bytes_, stream));
 }

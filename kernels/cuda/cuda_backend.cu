@@ -38,13 +38,17 @@ void by_dtype(DType t, const char* op, F&& f) {
 
 class CudaEvent : public Event {
  public:
-  CudaEvent() { CUDA_CHECK(cudaEventCreate(&e_)); }
+  explicit CudaEvent(int64_t& host_syncs) : host_syncs_(host_syncs) { CUDA_CHECK(cudaEventCreate(&e_)); }
   ~CudaEvent() override { (void)cudaEventDestroy(e_); }
-  void synchronize() override { CUDA_CHECK(cudaEventSynchronize(e_)); }
+  void synchronize() override {
+    host_syncs_++;
+    CUDA_CHECK(cudaEventSynchronize(e_));
+  }
   cudaEvent_t get() const { return e_; }
 
  private:
   cudaEvent_t e_ = nullptr;
+  int64_t& host_syncs_;  // the backend's counter
 };
 
 // A device scratch buffer that grows on demand (after the stream has finished with the old one).
@@ -88,6 +92,11 @@ class CudaBackend : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
+  BackendCounters counters() const override {
+    BackendCounters c = counters_;
+    c.launches = cuda::launch_count().load() - launches0_;
+    return c;
+  }
   int threads() const override { return 1; }
   DType compute_dtype() const override { return compute_; }
   bool is_host_memory() const override { return false; }
@@ -97,18 +106,19 @@ class CudaBackend : public Backend {
     return true;
   }
   void* native_stream() override { return stream_; }
-  std::unique_ptr<Event> make_event() override { return std::make_unique<CudaEvent>(); }
+  std::unique_ptr<Event> make_event() override { return std::make_unique<CudaEvent>(counters_.host_syncs); }
   void record(Event& e) override { CUDA_CHECK(cudaEventRecord(static_cast<CudaEvent&>(e).get(), stream_)); }
   void wait(Event& e) override { CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(e).get(), 0)); }
 
   // ---- memory ----
   void* alloc(size_t bytes) override {
     void* p = cuda::device_alloc(std::max<size_t>(bytes, 1));  // zero-filled, 256-byte aligned
-    CUDA_CHECK(cudaDeviceSynchronize());                        // the fill is done before the stream uses p
+    counters_.host_syncs++;
+    CUDA_CHECK(cudaDeviceSynchronize());  // the fill is done before the stream uses p
     return p;
   }
   void release(void* p) override { cuda::device_free(p); }  // cudaFree waits for work that may use p
-  void zero(void* p, size_t bytes) override {
+  void zero_impl(void* p, size_t bytes) override {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
   }
   void copy_from_host(void* dst, const void* src, size_t bytes) override {
@@ -119,26 +129,18 @@ class CudaBackend : public Backend {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     synchronize();
   }
-  void copy(void* dst, const void* src, size_t bytes) override {
+  void copy_impl(void* dst, const void* src, size_t bytes) override {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
   void synchronize() override {
+    counters_.host_syncs++;
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     check_error_word();
   }
 
   // ---- dense ----
-  void matmul(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
-              bool trans_b, bool accumulate) override {
-    check_act(a, "matmul", "a");
-    check_act(b, "matmul", "b");
-    LLMT_CHECK(out.dtype == compute_ || out.dtype == DType::f32, "cuda matmul: out is %s, expected %s or f32",
-               dtype_name(out.dtype), dtype_name(compute_));
-    LLMT_CHECK(!bias.data || bias.dtype == b.dtype, "cuda matmul: bias is %s, b is %s", dtype_name(bias.dtype),
-               dtype_name(b.dtype));
-    if (M == 0 || N == 0) return;
-    LLMT_CHECK(M > 0 && N > 0 && K > 0, "cuda matmul: bad shape %lld x %lld x %lld", (long long)M, (long long)N,
-               (long long)K);
+  void matmul_impl(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
+                   bool trans_b, bool accumulate) override {
 #ifndef LLMT_SIMT
     if (lt_) {
       lt_->run(out.data, a.data, b.data, bias.data, M, N, K, trans_a, trans_b, accumulate, a.dtype, out.dtype, stream_);
@@ -156,28 +158,21 @@ class CudaBackend : public Backend {
                                        trans_a, trans_b, accumulate, stream_);
     }
   }
-  void bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N) override {
-    check_act(dout, "bias_backward", "dout");
+  void bias_backward_impl(Tensor dbias, Tensor dout, int64_t M, int64_t N) override {
     by_dtype(dout.dtype, "bias_backward", [&](auto tag) {
       cuda::bias_backward(dbias.f32(), (const decltype(tag)*)dout.data, M, N, columns(M, N), stream_);
     });
   }
 
   // ---- embeddings ----
-  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C, int V) override {
-    check_act(out, "embedding_forward", "out");
-    check_act(wte, "embedding_forward", "wte");
-    if (wpe.data) check_act(wpe, "embedding_forward", "wpe");
+  void embedding_forward_impl(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C, int V) override {
     by_dtype(out.dtype, "embedding_forward", [&](auto tag) {
       using A = decltype(tag);
       cuda::embedding_forward((A*)out.data, tokens.i32(), (const A*)wte.data, (const A*)wpe.data, B, T, C, V, err_,
                               stream_);
     });
   }
-  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) override {
-    check_act(dout, "embedding_backward", "dout");
-    LLMT_CHECK(dwte.ndim == 2 && dwte.shape[1] == C, "cuda embedding_backward: dwte is %s, expected [V, %d]",
-               dwte.shape_str().c_str(), C);
+  void embedding_backward_impl(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) override {
     by_dtype(dout.dtype, "embedding_backward", [&](auto tag) {
       cuda::embedding_backward(dwte.f32(), dwpe.data ? dwpe.f32() : nullptr, (const decltype(tag)*)dout.data,
                                tokens.i32(), B, T, C, (int)dwte.shape[0], err_, stream_);
@@ -185,34 +180,30 @@ class CudaBackend : public Backend {
   }
 
   // ---- norms ----
-  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b, int64_t N, int C,
-                         float eps) override {
-    for (Tensor t : {out, x, w, b}) check_act(t, "layernorm_forward", "out, x, w, b");
+  void layernorm_forward_impl(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b, int64_t N, int C,
+                              float eps) override {
     by_dtype(x.dtype, "layernorm_forward", [&](auto tag) {
       using A = decltype(tag);
       cuda::layernorm_forward((A*)out.data, mean.f32(), rstd.f32(), (const A*)x.data, (const A*)w.data,
                               (const A*)b.data, N, C, eps, stream_);
     });
   }
-  void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean, Tensor rstd,
-                          int64_t N, int C) override {
-    for (Tensor t : {dx, dout, x, w}) check_act(t, "layernorm_backward", "dx, dout, x, w");
+  void layernorm_backward_impl(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean,
+                               Tensor rstd, int64_t N, int C) override {
     by_dtype(x.dtype, "layernorm_backward", [&](auto tag) {
       using A = decltype(tag);
       cuda::layernorm_backward((A*)dx.data, dw.f32(), db.f32(), (const A*)dout.data, (const A*)x.data,
                                (const A*)w.data, mean.f32(), rstd.f32(), N, C, columns(N, C), stream_);
     });
   }
-  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) override {
-    for (Tensor t : {out, x, w}) check_act(t, "rmsnorm_forward", "out, x, w");
+  void rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) override {
     by_dtype(x.dtype, "rmsnorm_forward", [&](auto tag) {
       using A = decltype(tag);
       cuda::rmsnorm_forward((A*)out.data, rstd.f32(), (const A*)x.data, (const A*)w.data, N, C, eps, stream_);
     });
   }
-  void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N,
-                        int C) override {
-    for (Tensor t : {dx, dout, x, w}) check_act(t, "rmsnorm_backward", "dx, dout, x, w");
+  void rmsnorm_backward_impl(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N,
+                             int C) override {
     by_dtype(x.dtype, "rmsnorm_backward", [&](auto tag) {
       using A = decltype(tag);
       cuda::rmsnorm_backward((A*)dx.data, dw.f32(), (const A*)dout.data, (const A*)x.data, (const A*)w.data,
@@ -221,48 +212,37 @@ class CudaBackend : public Backend {
   }
 
   // ---- activations ----
-  void gelu_forward(Tensor out, Tensor x, int64_t n) override {
-    check_act(out, "gelu_forward", "out");
-    check_act(x, "gelu_forward", "x");
+  void gelu_forward_impl(Tensor out, Tensor x, int64_t n) override {
     if (compute_ == DType::f32) cuda::gelu_forward_f32(out.f32(), x.f32(), n, stream_);
     else cuda::gelu_forward_bf16(out.bf16(), x.bf16(), n, stream_);
   }
-  void gelu_backward(Tensor dx, Tensor x, Tensor dout, int64_t n) override {
-    for (Tensor t : {dx, x, dout}) check_act(t, "gelu_backward", "dx, x, dout");
+  void gelu_backward_impl(Tensor dx, Tensor x, Tensor dout, int64_t n) override {
     if (compute_ == DType::f32) cuda::gelu_backward_f32(dx.f32(), x.f32(), dout.f32(), n, stream_);
     else cuda::gelu_backward_bf16(dx.bf16(), x.bf16(), dout.bf16(), n, stream_);
   }
-  void swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I) override {
-    check_act(out, "swiglu_forward", "out");
-    check_act(gate_up, "swiglu_forward", "gate_up");
+  void swiglu_forward_impl(Tensor out, Tensor gate_up, int64_t N, int I) override {
     if (compute_ == DType::f32) cuda::swiglu_forward_f32(out.f32(), gate_up.f32(), N, I, stream_);
     else cuda::swiglu_forward_bf16(out.bf16(), gate_up.bf16(), N, I, stream_);
   }
-  void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) override {
-    for (Tensor t : {dgate_up, dout, gate_up}) check_act(t, "swiglu_backward", "dgate_up, dout, gate_up");
+  void swiglu_backward_impl(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) override {
     if (compute_ == DType::f32) cuda::swiglu_backward_f32(dgate_up.f32(), dout.f32(), gate_up.f32(), N, I, stream_);
     else cuda::swiglu_backward_bf16(dgate_up.bf16(), dout.bf16(), gate_up.bf16(), N, I, stream_);
   }
-  void dropout(Tensor x, int B, int T, int C, const Dropout& d) override {
-    check_act(x, "dropout", "x");
+  void dropout_impl(Tensor x, int B, int T, int C, const Dropout& d) override {
     by_dtype(x.dtype, "dropout", [&](auto tag) { cuda::dropout((decltype(tag)*)x.data, B, T, C, d, stream_); });
   }
 
   // ---- attention ----
-  void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
-    check_act(qkv, "rope_forward", "qkv");
+  void rope_forward_impl(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
     by_dtype(qkv.dtype, "rope_forward",
              [&](auto tag) { cuda::rope((decltype(tag)*)qkv.data, B, T, NH, NKV, hs, rope, 1.0f, stream_); });
   }
-  void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
-    check_act(dqkv, "rope_backward", "dqkv");
+  void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
     by_dtype(dqkv.dtype, "rope_backward",
              [&](auto tag) { cuda::rope((decltype(tag)*)dqkv.data, B, T, NH, NKV, hs, rope, -1.0f, stream_); });
   }
-  void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                         const Dropout& drop) override {
-    check_act(out, "attention_forward", "out");
-    check_act(qkv, "attention_forward", "qkv");
+  void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
+                              const Dropout& drop) override {
     if (qkv.dtype == DType::bf16 && cuda::attention_impl() == cuda::AttentionImpl::flash) {
       if (cuda::flash_attention_fits(hs))
         return cuda::flash_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), B, T, NH, NKV, hs, drop, stream_);
@@ -278,9 +258,8 @@ class CudaBackend : public Backend {
       cuda::attention_forward((A*)out.data, lse.f32(), (const A*)qkv.data, B, T, NH, NKV, hs, drop, stream_);
     });
   }
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH, int NKV,
-                          int hs, const Dropout& drop) override {
-    for (Tensor t : {dqkv, dout, qkv, out}) check_act(t, "attention_backward", "dqkv, dout, qkv, out");
+  void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
+                               int NKV, int hs, const Dropout& drop) override {
     float* d = (float*)scratch(attn_d_, (size_t)B * T * NH * sizeof(float));
     if (qkv.dtype == DType::bf16 && cuda::attention_impl() == cuda::AttentionImpl::flash &&
         cuda::flash_attention_fits(hs)) {
@@ -296,15 +275,13 @@ class CudaBackend : public Backend {
   }
 
   // ---- elementwise ----
-  void add(Tensor out, Tensor a, Tensor b, int64_t n) override {
-    LLMT_CHECK(out.dtype == a.dtype && a.dtype == b.dtype, "cuda add: dtypes %s = %s + %s differ",
-               dtype_name(out.dtype), dtype_name(a.dtype), dtype_name(b.dtype));
+  void add_impl(Tensor out, Tensor a, Tensor b, int64_t n) override {
     by_dtype(out.dtype, "add", [&](auto tag) {
       if constexpr (std::is_same_v<decltype(tag), float>) cuda::add_f32(out.f32(), a.f32(), b.f32(), n, stream_);
       else cuda::add_bf16(out.bf16(), a.bf16(), b.bf16(), n, stream_);
     });
   }
-  void accumulate(Tensor dst, Tensor src, int64_t n) override {
+  void accumulate_impl(Tensor dst, Tensor src, int64_t n) override {
     by_dtype(dst.dtype, "accumulate", [&](auto dtag) {
       by_dtype(src.dtype, "accumulate", [&](auto stag) {
         using D = decltype(dtag);
@@ -318,7 +295,7 @@ class CudaBackend : public Backend {
       });
     });
   }
-  void scale(Tensor x, float s, int64_t n) override {
+  void scale_impl(Tensor x, float s, int64_t n) override {
     by_dtype(x.dtype, "scale", [&](auto tag) {
       if constexpr (std::is_same_v<decltype(tag), float>) cuda::scale_f32(x.f32(), s, n, stream_);
       else cuda::scale_bf16(x.bf16(), s, n, stream_);
@@ -326,10 +303,8 @@ class CudaBackend : public Backend {
   }
 
   // ---- loss ----
-  void cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                     float grad_scale) override {
-    check_act(logits, "cross_entropy", "logits");
-    if (dlogits.data) check_act(dlogits, "cross_entropy", "dlogits");
+  void cross_entropy_impl(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
+                          float grad_scale) override {
     double* rows = (double*)scratch(row_losses_, (size_t)std::max<int64_t>(N, 1) * sizeof(double));
     by_dtype(logits.dtype, "cross_entropy", [&](auto tag) {
       using A = decltype(tag);
@@ -339,23 +314,23 @@ class CudaBackend : public Backend {
   }
 
   // ---- optimizer and reductions ----
-  void adamw(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1, float beta2,
-             float eps, float weight_decay, int t, float grad_scale) override {
+  void adamw_impl(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int t, float grad_scale) override {
     cuda::adamw(p.f32(), p_compute.data ? p_compute.bf16() : nullptr, g.f32(), m.f32(), v.f32(), n, lr, beta1, beta2,
                 eps, weight_decay, t, grad_scale, stream_);
   }
-  void sum_squares(Tensor out, Tensor x, int64_t n) override {
+  void sum_squares_impl(Tensor out, Tensor x, int64_t n) override {
     double* partials = (double*)scratch(partials_, cuda::kSumSquaresPartials * sizeof(double));
     cuda::sum_squares_f32(out.f64(), partials, x.f32(), n, /*accumulate=*/true, stream_);
   }
 
   // ---- dtype conversion ----
-  void convert(Tensor out, Tensor in, int64_t n) override {
+  void convert_impl(Tensor out, Tensor in, int64_t n) override {
     by_dtype(out.dtype, "convert", [&](auto otag) {
       by_dtype(in.dtype, "convert", [&](auto itag) {
         using O = decltype(otag);
         using I = decltype(itag);
-        if constexpr (std::is_same_v<O, I>) copy(out.data, in.data, (size_t)n * sizeof(O));
+        if constexpr (std::is_same_v<O, I>) copy_impl(out.data, in.data, (size_t)n * sizeof(O));
         else if constexpr (std::is_same_v<O, float>) cuda::convert_bf16_to_f32(out.f32(), in.bf16(), n, stream_);
         else cuda::convert_f32_to_bf16(out.bf16(), in.f32(), n, stream_);
       });
@@ -363,14 +338,10 @@ class CudaBackend : public Backend {
   }
 
  private:
-  void check_act(const Tensor& t, const char* op, const char* what) const {
-    LLMT_CHECK(t.dtype == compute_, "cuda %s: %s is %s, the backend computes in %s", op, what, dtype_name(t.dtype),
-               dtype_name(compute_));
-  }
-
   // A scratch buffer of at least `bytes`; growing it waits for the stream to finish with the old one.
   void* scratch(Scratch& s, size_t bytes) {
     if (bytes > s.bytes) {
+      counters_.host_syncs++;
       CUDA_CHECK(cudaStreamSynchronize(stream_));
       cuda::device_free(s.p);
       s.p = nullptr;
@@ -398,6 +369,9 @@ class CudaBackend : public Backend {
 
   DType compute_;
   int device_;
+  // launch_count() when the backend was made: its launches are the process's since (a process runs
+  // one CUDA backend; a kernel launched outside it in the meantime counts as its own)
+  const int64_t launches0_ = cuda::launch_count().load();
   cudaStream_t stream_ = nullptr;
   int* err_ = nullptr;
   Scratch row_losses_, attn_d_, partials_, columns_;

@@ -6,6 +6,9 @@
 //
 // A failure throws llmt::Error naming the call, file:line, and the CUDA error name and string.
 #pragma once
+#include <atomic>
+#include <cstdint>
+
 #include "engine/core/error.h"
 #include "kernels/cuda/cuda_platform.h"
 #ifndef LLMT_SIMT
@@ -26,6 +29,13 @@ namespace cuda {
                         call, cublasLtGetStatusString(st)));
 }
 #endif
+
+// Kernel launches in this process so far: CUDA_CHECK_LAUNCH counts one after every launch, a
+// cuBLASLt matmul counts one (the CUDA backend's launches counter, llmt bench).
+inline std::atomic<int64_t>& launch_count() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
 
 }  // namespace cuda
 }  // namespace llmt
@@ -48,5 +58,10 @@ namespace cuda {
   } while (0)
 #endif
 
-// After a kernel launch: catches bad launch configurations (not asynchronous faults inside the kernel).
-#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+// After a kernel launch: counts it, and catches bad launch configurations (not asynchronous faults
+// inside the kernel).
+#define CUDA_CHECK_LAUNCH()                                               \
+  do {                                                                    \
+    ::llmt::cuda::launch_count().fetch_add(1, std::memory_order_relaxed); \
+    CUDA_CHECK(cudaGetLastError());                                       \
+  } while (0)

@@ -32,4 +32,16 @@ for path, device, dtype in ((sys.argv[1], "cpu", "bf16"), (sys.argv[2], "cuda", 
         assert all(l["peak_tflops"] == 0 and l["fraction_of_peak"] is None for l in lines), "FAIL: the emulator has a peak"
     print(f"{device}: {len(lines)} ops, attention backward {lines[1]['ms_median']:.3f} ms")
 PY
+# and one training step on the emulated CUDA backend: its counters in the JSON (kernel launches
+# counted where kernels launch) beside the op breakdown
+OMP_NUM_THREADS=1 "$simt" bench --model gpt2-tiny --seq_len 16 --per_device_train_batch_size 2 --steps 2 --warmup 1 \
+  --threads 1 --device cuda > "$work/step.jsonl" 2> "$work/step.err" ||
+  { echo "FAIL: llmt_simt bench --device cuda"; cat "$work/step.err"; exit 1; }
+python3 - "$work/step.jsonl" << 'PY' || exit 1
+import json, sys
+p = json.loads(open(sys.argv[1]).readline())
+assert p["device"] == "cuda" and p["launches_per_step"] > 50 and p["host_syncs_per_step"] >= 1, f"FAIL: counters {p}"
+assert {"matmul", "attention", "norms", "loss", "adamw"} <= set(p["breakdown_ms"]), f"FAIL: {p['breakdown_ms']}"
+print(f"cuda step: {p['launches_per_step']:.0f} launches, {p['host_syncs_per_step']:.0f} host syncs")
+PY
 echo PASS

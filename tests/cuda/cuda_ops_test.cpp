@@ -434,6 +434,39 @@ TEST_F(CudaOps, SumSquares) {
   EXPECT_EQ(gpu(0, 0, false), 0.0);
 }
 
+// ---- the backend's counters (llmt bench's launches_per_step and host_syncs_per_step) ----
+
+// A known sequence of ops through the CUDA backend: each kernel launch counts once (sum_squares is
+// two kernels, a same-dtype convert a copy and no kernel, a matmul one launch whether native or
+// cuBLASLt), and each wait of the host once.
+TEST_F(CudaOps, BackendCountsLaunchesAndHostSyncs) {
+  std::unique_ptr<Backend> be = make_cuda_backend(0, DType::f32, false);
+  const int64_t n = 64;
+  std::vector<void*> p;
+  for (int i = 0; i < 4; i++) p.push_back(be->alloc(n * 8));
+  Tensor a(p[0], DType::f32, {8, 8}), b(p[1], DType::f32, {8, 8}), c(p[2], DType::f32, {8, 8});
+  Tensor s(p[3], DType::f64, {1});
+  be->sum_squares(s, a.view(0, {n}), n);  // its scratch buffer is made (and waited for) here, not below
+  std::unique_ptr<Event> e = be->make_event();
+  const BackendCounters c0 = be->counters();
+  be->add(c.view(0, {n}), a.view(0, {n}), b.view(0, {n}), n);                // 1 kernel
+  be->sum_squares(s, a.view(0, {n}), n);                                     // 2
+  be->convert(Tensor(p[3], DType::bf16, {n}), a.view(0, {n}), n);            // 1
+  be->convert(c.view(0, {n}), a.view(0, {n}), n);                            // 0: a copy
+  be->matmul(c, a, b, Tensor(), 8, 8, 8, false, false, false);               // 1
+  be->zero(p[1], n * 4);                                                     // 0: a memset
+  be->synchronize();                                                         // 1 host sync
+  float h[4];
+  be->copy_to_host(h, p[2], sizeof(h));                                      // 1
+  be->record(*e);
+  e->synchronize();                                                          // 1
+  const BackendCounters c1 = be->counters();
+  EXPECT_EQ(c1.ops - c0.ops, 6);
+  EXPECT_EQ(c1.launches - c0.launches, 5);
+  EXPECT_EQ(c1.host_syncs - c0.host_syncs, 3);
+  for (void* q : p) be->release(q);
+}
+
 // ---- tensor cores (kernels/cuda/mma.cuh): the PTX ISA's fragment layouts ----
 // The same tests run on the emulator (ctest) and on silicon (the GPU self-test's layout step), so a
 // layout the emulator got wrong is caught by the hardware. Products of bf16 values are exact in f32;

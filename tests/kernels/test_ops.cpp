@@ -22,6 +22,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -1111,6 +1112,93 @@ TEST_P(Ops, ConvertBf16ToF32KeepsSpecials) {
   be().convert(O.f32({n}), I.bf16({n}), n);
   FV out = O.rf();
   for (int64_t i = 0; i < n; i++) EXPECT_EQ(bits(out[i]), (uint32_t)h[i] << 16) << "bf16 0x" << std::hex << h[i];
+}
+
+// ======================= argument checks =======================
+
+// Bad arguments are refused by the op's one entry (engine/backend/backend.cpp), the same on every
+// backend, with a message naming the backend, the op, the argument and what was expected, and
+// before anything runs: the op is not counted.
+// Runs f and expects an llmt::Error whose message holds every one of `parts` (as tests/test_util.h's,
+// which this file cannot include: llmt_simt_asan_tests builds it without LLMT_SOURCE_DIR).
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const llmt::Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "\"" << p << "\" not in: " << msg;
+    return;
+  }
+  ADD_FAILURE() << "expected an llmt::Error";
+}
+
+TEST_P(Ops, BadArgumentsAreRefusedByTheEntry) {
+  const std::string name = be().name();
+  const DType other = is_bf16() ? DType::f32 : DType::bf16;
+  const int64_t n = 64;
+  // act buffers of 2n elements: room for n f32 values too
+  BufP X = Buf::act_bytes(2 * n), Y = Buf::act_bytes(2 * n), Z = Buf::act_bytes(2 * n), Big = Buf::act_bytes(8 * n);
+  const int64_t ops_before = be().counters().ops;
+  // an act tensor in the wrong dtype
+  expect_error([&] { be().gelu_forward(Tensor(X->p(), other, {n}), Y->a({n}), n); },
+               {name + " gelu_forward: out is " + llmt::dtype_name(other), "the backend computes in " +
+                std::string(llmt::dtype_name(act_dtype()))});
+  expect_error([&] { be().matmul(Z->f32({8, 8}), Tensor(X->p(), other, {8, 8}), Y->a({8, 8}), null_act({8}), 8, 8, 8,
+                                 false, false, false); },
+               {name + " matmul: a is " + llmt::dtype_name(other)});
+  // the fixed dtypes: f32 gradients and statistics, i32 ids, f64 scalars
+  expect_error([&] { be().bias_backward(Tensor(X->p(), DType::bf16, {8}), Y->a({8, 8}), 8, 8); },
+               {name + " bias_backward: dbias is bf16, expected f32"});
+  expect_error([&] { be().embedding_forward(Big->a({4, 8}), X->f32({4}), Y->a({4, 8}), null_act({4, 8}), 2, 2, 8, 4); },
+               {name + " embedding_forward: tokens is f32, expected i32"});
+  expect_error([&] { be().sum_squares(X->f32({1}), Y->f32({n}), n); },
+               {name + " sum_squares: out is f32, expected f64"});
+  // a tensor too small for the sizes given, and one with no data
+  expect_error([&] { be().layernorm_forward(Big->a({5, 8}), X->f32({5}), Y->f32({5}), Z->a({2, 8}), Z->a({8}),
+                                            Z->a({8}), 5, 8, 1e-5f); },
+               {name + " layernorm_forward: x holds 16 elements ([2, 8]), needs 40"});
+  expect_error([&] { be().add(X->a({n}), Y->a({n}), Z->a({n / 2}), n); },
+               {name + " add: b holds 32 elements", "needs 64"});
+  expect_error([&] { be().matmul(Z->a({8, 8}), null_act({8, 8}), Y->a({8, 8}), null_act({8}), 8, 8, 8, false, false,
+                                 false); },
+               {name + " matmul: a has no data"});
+  // sizes out of range: heads that do not group, an odd head size, a step t of 0
+  const int B = 1, T = 2, hs = 2;
+  expect_error([&] { be().attention_forward(Big->a({B * T, 3 * hs}), X->f32({B * 3 * T}), Big->a({B * T, 7 * hs}), B, T,
+                                            3, 2, hs, llmt::Dropout{}); },
+               {name + " attention_forward: 3 heads do not group over 2 kv heads"});
+  expect_error([&] { be().attention_backward(Big->a({B * T, 8 * hs}), Y->a({B * T, 3 * hs}), Big->a({B * T, 8 * hs}),
+                                             Z->a({B * T, 3 * hs}), X->f32({B * 3 * T}), B, T, 3, 2, hs,
+                                             llmt::Dropout{}); },
+               {name + " attention_backward: 3 heads do not group over 2 kv heads"});
+  expect_error([&] { be().rope_forward(Big->a({B * T, 4 * 3}), B, T, 2, 1, 3, llmt::RopeSpec{}); },
+               {name + " rope_forward: head size 3 is odd"});
+  expect_error([&] { be().adamw(X->f32({n}), Tensor(), Y->f32({n}), Z->f32({n}), Big->f32({n}), n, 1e-3f, 0.9f, 0.999f,
+                                1e-8f, 0.f, 0, 1.f); },
+               {name + " adamw: step t (1-based) = 0, expected at least 1"});
+  expect_error([&] { be().dropout(X->a({n}), 1, 1, n, llmt::Dropout{1.0f, 7, 0}); },
+               {name + " dropout: p = 1, expected 0 <= p < 1"});
+  EXPECT_EQ(be().counters().ops, ops_before) << "a refused op was counted (it ran)";
+}
+
+// The counters llmt bench reports: every op that runs counts once; on the CPU each is one launch.
+// (The CUDA backend's launches are counted where kernels launch: tests/cuda/simt_test.cpp.)
+TEST_P(Ops, CountersCountOpsAndHostSyncs) {
+  const int64_t n = 256;
+  FV h(n, 0.5f);
+  BufP A = Buf::act(h), Bv = Buf::act(h);
+  Buf S(8);
+  const llmt::BackendCounters c0 = be().counters();
+  be().add(A->a({n}), A->a({n}), Bv->a({n}), n);
+  be().scale(A->a({n}), 2.f, n);
+  be().dropout(A->a({n}), 1, 1, n, llmt::Dropout{});  // p = 0: nothing runs, nothing is counted
+  be().synchronize();
+  double back = 0;
+  be().copy_to_host(&back, S.p(), sizeof(back));
+  const llmt::BackendCounters c1 = be().counters();
+  EXPECT_EQ(c1.ops - c0.ops, 2);
+  EXPECT_EQ(c1.host_syncs - c0.host_syncs, 2) << "synchronize and copy_to_host";
+  EXPECT_EQ(c1.launches - c0.launches, 2) << "one launch per op on the CPU; add and scale are one kernel each";
 }
 
 // ======================= elementwise =======================

@@ -1,0 +1,374 @@
+// The Backend's op entries: each checks its arguments once, for every backend, against the
+// conventions in backend.h, then counts the op, times it when op profiling is on, and calls the
+// backend's implementation. Messages name the backend, the op, the argument and what was expected:
+//   cpu matmul: a is f32, the backend computes in bf16
+//   cuda layernorm_forward: x holds 12 elements ([3, 4]), needs 20 (N * C)
+#include "engine/backend/backend.h"
+
+#include <chrono>
+
+#include "engine/core/error.h"
+
+namespace llmt {
+
+namespace {
+
+// value >= lo, else an error naming the size
+void need_size(const Backend& be, const char* op, const char* what, int64_t value, int64_t lo) {
+  LLMT_CHECK(value >= lo, "%s %s: %s = %lld, expected at least %lld", be.name().c_str(), op, what, (long long)value,
+             (long long)lo);
+}
+
+}  // namespace
+
+template <class F>
+void Backend::run(const char* category, F&& f) {
+  counters_.ops++;
+  if (!profiling_) return f();
+  synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  synchronize();
+  op_ms_[category] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// t holds at least n elements, with data when n > 0.
+void Backend::need_elems(const char* op, const char* arg, const Tensor& t, int64_t n) const {
+  if (n <= 0) return;
+  LLMT_CHECK(t.data != nullptr, "%s %s: %s has no data, needs %lld elements", name().c_str(), op, arg, (long long)n);
+  LLMT_CHECK(t.numel() >= n, "%s %s: %s holds %lld elements (%s), needs %lld", name().c_str(), op, arg,
+             (long long)t.numel(), t.shape_str().c_str(), (long long)n);
+}
+// t is in the compute dtype and holds n elements
+void Backend::need_act(const char* op, const char* arg, const Tensor& t, int64_t n) const {
+  LLMT_CHECK(t.dtype == compute_dtype(), "%s %s: %s is %s, the backend computes in %s", name().c_str(), op, arg,
+             dtype_name(t.dtype), dtype_name(compute_dtype()));
+  need_elems(op, arg, t, n);
+}
+// t is `dtype` (f32 gradients and statistics, f64 scalars, i32 ids) and holds n elements
+void Backend::need(const char* op, const char* arg, const Tensor& t, DType dtype, int64_t n) const {
+  LLMT_CHECK(t.dtype == dtype, "%s %s: %s is %s, expected %s", name().c_str(), op, arg, dtype_name(t.dtype),
+             dtype_name(dtype));
+  need_elems(op, arg, t, n);
+}
+// t is f32 or bf16 and holds n elements
+void Backend::need_float(const char* op, const char* arg, const Tensor& t, int64_t n) const {
+  LLMT_CHECK(t.dtype == DType::f32 || t.dtype == DType::bf16, "%s %s: %s is %s, expected f32 or bf16",
+             name().c_str(), op, arg, dtype_name(t.dtype));
+  need_elems(op, arg, t, n);
+}
+
+// ---- memory ----
+
+void Backend::zero(void* p, size_t bytes) {
+  LLMT_CHECK(p != nullptr || bytes == 0, "%s zero: no memory given for %zu bytes", name().c_str(), bytes);
+  run("gradient zeroing", [&] { zero_impl(p, bytes); });
+}
+void Backend::copy(void* dst, const void* src, size_t bytes) {
+  LLMT_CHECK((dst != nullptr && src != nullptr) || bytes == 0, "%s copy: no memory given for %zu bytes",
+             name().c_str(), bytes);
+  run("copies", [&] { copy_impl(dst, src, bytes); });
+}
+
+// ---- dense ----
+
+void Backend::matmul(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
+                     bool trans_b, bool accumulate) {
+  const char* op = "matmul";
+  LLMT_CHECK(a.dtype == compute_dtype(), "%s matmul: a is %s, the backend computes in %s", name().c_str(),
+             dtype_name(a.dtype), dtype_name(compute_dtype()));
+  LLMT_CHECK(b.dtype == compute_dtype(), "%s matmul: b is %s, the backend computes in %s", name().c_str(),
+             dtype_name(b.dtype), dtype_name(compute_dtype()));
+  LLMT_CHECK(out.dtype == compute_dtype() || out.dtype == DType::f32, "%s matmul: out is %s, expected %s or f32",
+             name().c_str(), dtype_name(out.dtype), dtype_name(compute_dtype()));
+  LLMT_CHECK(!bias.data || bias.dtype == b.dtype, "%s matmul: bias is %s, b is %s", name().c_str(),
+             dtype_name(bias.dtype), dtype_name(b.dtype));
+  LLMT_CHECK(M >= 0 && N >= 0 && K >= 0, "%s matmul: bad shape %lld x %lld x %lld", name().c_str(), (long long)M,
+             (long long)N, (long long)K);
+  if (M == 0 || N == 0) return;
+  LLMT_CHECK(K > 0, "%s matmul: bad shape %lld x %lld x %lld", name().c_str(), (long long)M, (long long)N,
+             (long long)K);
+  need_elems(op, "a", a, M * K);
+  need_elems(op, "b", b, K * N);
+  need_elems(op, "out", out, M * N);
+  if (bias.data) need_elems(op, "bias", bias, N);
+  run("matmul", [&] { matmul_impl(out, a, b, bias, M, N, K, trans_a, trans_b, accumulate); });
+}
+
+void Backend::bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N) {
+  const char* op = "bias_backward";
+  need_size(*this, op, "M", M, 0);
+  need_size(*this, op, "N", N, 0);
+  need(op, "dbias", dbias, DType::f32, N);
+  need_act(op, "dout", dout, M * N);
+  run("matmul", [&] { bias_backward_impl(dbias, dout, M, N); });
+}
+
+// ---- embeddings ----
+
+void Backend::embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C, int V) {
+  const char* op = "embedding_forward";
+  need_size(*this, op, "B", B, 1);
+  need_size(*this, op, "T", T, 1);
+  need_size(*this, op, "C", C, 1);
+  need_size(*this, op, "V", V, 1);
+  const int64_t BT = (int64_t)B * T;
+  need_act(op, "out", out, BT * C);
+  need(op, "tokens", tokens, DType::i32, BT);
+  need_act(op, "wte", wte, (int64_t)V * C);
+  if (wpe.data) need_act(op, "wpe", wpe, (int64_t)T * C);
+  run("embedding", [&] { embedding_forward_impl(out, tokens, wte, wpe, B, T, C, V); });
+}
+
+void Backend::embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) {
+  const char* op = "embedding_backward";
+  need_size(*this, op, "B", B, 1);
+  need_size(*this, op, "T", T, 1);
+  need_size(*this, op, "C", C, 1);
+  const int64_t BT = (int64_t)B * T;
+  LLMT_CHECK(dwte.ndim == 2 && dwte.shape[1] == C && dwte.shape[0] > 0,
+             "%s embedding_backward: dwte is %s, expected [V, %d]", name().c_str(), dwte.shape_str().c_str(), C);
+  need(op, "dwte", dwte, DType::f32, dwte.numel());
+  if (dwpe.data) need(op, "dwpe", dwpe, DType::f32, (int64_t)T * C);
+  need_act(op, "dout", dout, BT * C);
+  need(op, "tokens", tokens, DType::i32, BT);
+  run("embedding", [&] { embedding_backward_impl(dwte, dwpe, dout, tokens, B, T, C); });
+}
+
+// ---- norms ----
+
+void Backend::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b, int64_t N, int C,
+                                float eps) {
+  const char* op = "layernorm_forward";
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "C", C, 1);
+  need_act(op, "out", out, N * C);
+  need_act(op, "x", x, N * C);
+  need_act(op, "w", w, C);
+  need_act(op, "b", b, C);
+  need(op, "mean", mean, DType::f32, N);
+  need(op, "rstd", rstd, DType::f32, N);
+  run("norms", [&] { layernorm_forward_impl(out, mean, rstd, x, w, b, N, C, eps); });
+}
+
+void Backend::layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean,
+                                 Tensor rstd, int64_t N, int C) {
+  const char* op = "layernorm_backward";
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "C", C, 1);
+  need_act(op, "dx", dx, N * C);
+  need_act(op, "dout", dout, N * C);
+  need_act(op, "x", x, N * C);
+  need_act(op, "w", w, C);
+  need(op, "dw", dw, DType::f32, C);
+  need(op, "db", db, DType::f32, C);
+  need(op, "mean", mean, DType::f32, N);
+  need(op, "rstd", rstd, DType::f32, N);
+  run("norms", [&] { layernorm_backward_impl(dx, dw, db, dout, x, w, mean, rstd, N, C); });
+}
+
+void Backend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) {
+  const char* op = "rmsnorm_forward";
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "C", C, 1);
+  need_act(op, "out", out, N * C);
+  need_act(op, "x", x, N * C);
+  need_act(op, "w", w, C);
+  need(op, "rstd", rstd, DType::f32, N);
+  run("norms", [&] { rmsnorm_forward_impl(out, rstd, x, w, N, C, eps); });
+}
+
+void Backend::rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N, int C) {
+  const char* op = "rmsnorm_backward";
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "C", C, 1);
+  need_act(op, "dx", dx, N * C);
+  need_act(op, "dout", dout, N * C);
+  need_act(op, "x", x, N * C);
+  need_act(op, "w", w, C);
+  need(op, "dw", dw, DType::f32, C);
+  need(op, "rstd", rstd, DType::f32, N);
+  run("norms", [&] { rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, N, C); });
+}
+
+// ---- activations ----
+
+void Backend::gelu_forward(Tensor out, Tensor x, int64_t n) {
+  const char* op = "gelu_forward";
+  need_size(*this, op, "n", n, 0);
+  need_act(op, "out", out, n);
+  need_act(op, "x", x, n);
+  run("activations", [&] { gelu_forward_impl(out, x, n); });
+}
+
+void Backend::gelu_backward(Tensor dx, Tensor x, Tensor dout, int64_t n) {
+  const char* op = "gelu_backward";
+  need_size(*this, op, "n", n, 0);
+  need_act(op, "dx", dx, n);
+  need_act(op, "x", x, n);
+  need_act(op, "dout", dout, n);
+  run("activations", [&] { gelu_backward_impl(dx, x, dout, n); });
+}
+
+void Backend::swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I) {
+  const char* op = "swiglu_forward";
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "I", I, 1);
+  need_act(op, "out", out, N * I);
+  need_act(op, "gate_up", gate_up, N * 2 * I);
+  run("activations", [&] { swiglu_forward_impl(out, gate_up, N, I); });
+}
+
+void Backend::swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) {
+  const char* op = "swiglu_backward";
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "I", I, 1);
+  need_act(op, "dgate_up", dgate_up, N * 2 * I);
+  need_act(op, "dout", dout, N * I);
+  need_act(op, "gate_up", gate_up, N * 2 * I);
+  run("activations", [&] { swiglu_backward_impl(dgate_up, dout, gate_up, N, I); });
+}
+
+void Backend::dropout(Tensor x, int B, int T, int C, const Dropout& d) {
+  const char* op = "dropout";
+  LLMT_CHECK(d.p >= 0.0f && d.p < 1.0f, "%s dropout: p = %g, expected 0 <= p < 1", name().c_str(), d.p);
+  need_size(*this, op, "B", B, 0);
+  need_size(*this, op, "T", T, 0);
+  need_size(*this, op, "C", C, 0);
+  need_act(op, "x", x, (int64_t)B * T * C);
+  if (!d.active()) return;  // p = 0: nothing to do, and nothing counted
+  run("activations", [&] { dropout_impl(x, B, T, C, d); });
+}
+
+// ---- attention ----
+
+namespace {
+
+// B, T, NH, NKV, hs in range for rope and attention: heads group evenly, hs even (RoPE's halves)
+void need_heads(const Backend& be, const char* op, int B, int T, int NH, int NKV, int hs) {
+  need_size(be, op, "B", B, 1);
+  need_size(be, op, "T", T, 1);
+  need_size(be, op, "hs", hs, 1);
+  LLMT_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "%s %s: %d heads do not group over %d kv heads (NH %% NKV != 0)",
+             be.name().c_str(), op, NH, NKV);
+}
+
+}  // namespace
+
+void Backend::rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) {
+  const char* op = "rope_forward";
+  need_heads(*this, op, B, T, NH, NKV, hs);
+  LLMT_CHECK(hs % 2 == 0, "%s rope_forward: head size %d is odd", name().c_str(), hs);
+  need_act(op, "qkv", qkv, (int64_t)B * T * (NH + 2 * NKV) * hs);
+  run("attention", [&] { rope_forward_impl(qkv, B, T, NH, NKV, hs, rope); });
+}
+
+void Backend::rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) {
+  const char* op = "rope_backward";
+  need_heads(*this, op, B, T, NH, NKV, hs);
+  LLMT_CHECK(hs % 2 == 0, "%s rope_backward: head size %d is odd", name().c_str(), hs);
+  need_act(op, "dqkv", dqkv, (int64_t)B * T * (NH + 2 * NKV) * hs);
+  run("attention", [&] { rope_backward_impl(dqkv, B, T, NH, NKV, hs, rope); });
+}
+
+void Backend::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
+                                const Dropout& drop) {
+  const char* op = "attention_forward";
+  need_heads(*this, op, B, T, NH, NKV, hs);
+  LLMT_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "%s attention_forward: dropout p = %g, expected 0 <= p < 1",
+             name().c_str(), drop.p);
+  const int64_t BT = (int64_t)B * T;
+  need_act(op, "out", out, BT * NH * hs);
+  need(op, "lse", lse, DType::f32, BT * NH);
+  need_act(op, "qkv", qkv, BT * (NH + 2 * NKV) * hs);
+  run("attention", [&] { attention_forward_impl(out, lse, qkv, B, T, NH, NKV, hs, drop); });
+}
+
+void Backend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
+                                 int NKV, int hs, const Dropout& drop) {
+  const char* op = "attention_backward";
+  need_heads(*this, op, B, T, NH, NKV, hs);
+  LLMT_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "%s attention_backward: dropout p = %g, expected 0 <= p < 1",
+             name().c_str(), drop.p);
+  const int64_t BT = (int64_t)B * T;
+  need_act(op, "dqkv", dqkv, BT * (NH + 2 * NKV) * hs);
+  need_act(op, "dout", dout, BT * NH * hs);
+  need_act(op, "qkv", qkv, BT * (NH + 2 * NKV) * hs);
+  need_act(op, "out", out, BT * NH * hs);
+  need(op, "lse", lse, DType::f32, BT * NH);
+  run("attention", [&] { attention_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs, drop); });
+}
+
+// ---- elementwise ----
+
+void Backend::add(Tensor out, Tensor a, Tensor b, int64_t n) {
+  const char* op = "add";
+  need_size(*this, op, "n", n, 0);
+  LLMT_CHECK(out.dtype == a.dtype && a.dtype == b.dtype, "%s add: dtypes %s = %s + %s differ", name().c_str(),
+             dtype_name(out.dtype), dtype_name(a.dtype), dtype_name(b.dtype));
+  need_float(op, "out", out, n);
+  need_elems(op, "a", a, n);
+  need_elems(op, "b", b, n);
+  run("elementwise", [&] { add_impl(out, a, b, n); });
+}
+
+void Backend::accumulate(Tensor dst, Tensor src, int64_t n) {
+  const char* op = "accumulate";
+  need_size(*this, op, "n", n, 0);
+  need_float(op, "dst", dst, n);
+  need_float(op, "src", src, n);
+  run("elementwise", [&] { accumulate_impl(dst, src, n); });
+}
+
+void Backend::scale(Tensor x, float s, int64_t n) {
+  need_size(*this, "scale", "n", n, 0);
+  need_float("scale", "x", x, n);
+  run("elementwise", [&] { scale_impl(x, s, n); });
+}
+
+// ---- loss ----
+
+void Backend::cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
+                            float grad_scale) {
+  const char* op = "cross_entropy";
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "V", V, 1);
+  need(op, "loss_sum", loss_sum, DType::f64, 1);
+  need_act(op, "logits", logits, N * V);
+  if (dlogits.data) need_act(op, "dlogits", dlogits, N * V);
+  need(op, "targets", targets, DType::i32, N);
+  run("loss", [&] { cross_entropy_impl(loss_sum, dlogits, logits, targets, N, V, grad_scale); });
+}
+
+// ---- optimizer and reductions ----
+
+void Backend::adamw(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, int t, float grad_scale) {
+  const char* op = "adamw";
+  need_size(*this, op, "n", n, 0);
+  need_size(*this, op, "step t (1-based)", t, 1);
+  need(op, "p", p, DType::f32, n);
+  if (p_compute.data) need(op, "p_compute", p_compute, DType::bf16, n);
+  need(op, "g", g, DType::f32, n);
+  need(op, "m", m, DType::f32, n);
+  need(op, "v", v, DType::f32, n);
+  run("adamw", [&] { adamw_impl(p, p_compute, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale); });
+}
+
+void Backend::sum_squares(Tensor out, Tensor x, int64_t n) {
+  need_size(*this, "sum_squares", "n", n, 0);
+  need("sum_squares", "out", out, DType::f64, 1);
+  need("sum_squares", "x", x, DType::f32, n);
+  run("grad norm", [&] { sum_squares_impl(out, x, n); });
+}
+
+// ---- dtype conversion ----
+
+void Backend::convert(Tensor out, Tensor in, int64_t n) {
+  need_size(*this, "convert", "n", n, 0);
+  need_float("convert", "out", out, n);
+  need_float("convert", "in", in, n);
+  run("elementwise", [&] { convert_impl(out, in, n); });
+}
+
+}  // namespace llmt
