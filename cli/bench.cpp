@@ -16,6 +16,8 @@ int cli_bench(const std::vector<std::string>& args) {
         "  --steps N (10)     --warmup N (2)\n"
         "  --fsdp SPEC        full_shard auto_wrap | shard_grad_op | hybrid_shard | no_shard (under mpirun)\n"
         "  --gradient_checkpointing True|False\n"
+        "  --ddp_backend nccl|mpi  the data collectives on cuda, as llmt train's (default: nccl when each rank has\n"
+        "                     its own GPU and the build has NCCL, else mpi staged through host memory)\n"
         "  --sweep KEY=V1,V2  repeatable: every combination in turn (per_device_train_batch_size, seq_len, threads,\n"
         "                     model, fsdp, gradient_checkpointing, bf16, tf32, mixed_precision_reduce)\n"
         "  --results FILE     append each point's JSON line to FILE (scripts/plot.py draws them)\n"

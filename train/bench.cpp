@@ -25,6 +25,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "models/transformer.h"
 #include "train/plan.h"
+#include "train/session.h"
 #include "train/step.h"
 #include "train/train_args.h"
 
@@ -45,6 +46,7 @@ BenchArgs parse_bench_args(Flags& f) {
   a.mixed_precision_reduce = f.get_string("mixed_precision_reduce", a.mixed_precision_reduce);
   a.dropout = f.get_double("dropout", a.dropout);
   a.ops = f.get_bool("ops", false);
+  a.ddp_backend = f.get_string("ddp_backend", a.ddp_backend);
   parse_reduce_dtype(a.mixed_precision_reduce);
   LLMT_CHECK(a.batch > 0 && a.seq_len > 1 && a.steps > 0 && a.warmup >= 0,
              "llmt bench: batch, seq_len and steps must be positive and warmup not negative");
@@ -53,6 +55,9 @@ BenchArgs parse_bench_args(Flags& f) {
   LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "llmt bench: --device must be cpu or cuda, got \"%s\"",
              a.device.c_str());
   parse_fsdp(a.fsdp);
+  LLMT_CHECK(a.ddp_backend.empty() || a.ddp_backend == "nccl" || a.ddp_backend == "mpi",
+             "llmt bench: --ddp_backend must be nccl or mpi, got \"%s\"", a.ddp_backend.c_str());
+  LLMT_CHECK(a.ddp_backend != "nccl" || a.device == "cuda", "llmt bench: --ddp_backend nccl needs --device cuda");
   a.sweeps = f.get_all("sweep");
   a.results = f.get_string("results", a.results);
   for (const auto& point : bench_points(a.sweeps)) {  // every value checked before the first point runs
@@ -171,23 +176,31 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
     if (cfg.arch == Arch::gpt2) cfg.embd_pdrop = cfg.resid_pdrop = (float)a.dropout;
     validate_config(cfg, "--dropout");
   }
-  int threads = a.threads > 0 ? a.threads : default_threads_per_rank(launch);
-  const DType compute = a.bf16 ? DType::bf16 : DType::f32;
+  // the session training would build for these flags: the same backend, communicators and store
+  SessionSettings sset;
+  sset.device = a.device;
+  sset.threads = a.threads;
+  sset.bf16 = a.bf16;
+  sset.tf32 = a.tf32;
+  sset.ddp_backend = a.ddp_backend;
+  sset.profile = true;
+  sset.log = false;  // stdout is for the JSON lines
+  sset.batch = a.batch;
+  sset.seq_len = a.seq_len;
+  sset.gradient_checkpointing = a.gradient_checkpointing;
+  sset.strategy = parse_fsdp(a.fsdp);
+  sset.reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
+  Session session = make_session(world, launch, sset, cfg);
+  init_parameters(session, cfg, 1337);
   const bool cuda = a.device == "cuda";
-  const int gpu = cuda ? launch.local_rank % std::max(1, cuda_device_count()) : -1;
-  ProfilingBackend be(cuda ? make_cuda_backend(gpu, compute, a.tf32) : make_cpu_backend(threads, compute));
-  Transformer model(cfg, be, a.batch, a.seq_len, a.gradient_checkpointing);
-  const ModelLayout& L = model.layout();
-  Strategy strategy = parse_fsdp(a.fsdp);
-  std::unique_ptr<DataComm> data = make_mpi_data_comm(world);
-  if (cuda) data = make_staged_data_comm(std::move(data), be);
-  FsdpStore store(be, L, strategy, *data, launch.local_size, parse_reduce_dtype(a.mixed_precision_reduce));
-  std::vector<float> host;
-  for (size_t u = 0; u < L.units.size(); u++) {
-    host.resize((size_t)L.units[u].numel);
-    init_unit_params(cfg, L.units[u], (int)u, 1337, host.data());
-    store.set_unit((int)u, host.data());
-  }
+  const DType compute = a.bf16 ? DType::bf16 : DType::f32;
+  const int gpu = session.gpu;
+  ProfilingBackend& be = *session.profiling;
+  Transformer& model = *session.model;
+  FsdpStore& store = *session.store;
+  DataComm* data = session.data.get();
+  const ModelLayout& L = session.layout();
+  const Strategy strategy = store.strategy();
 
   // synthetic tokens, different on every rank
   const int64_t N = (int64_t)a.batch * a.seq_len;
@@ -269,6 +282,7 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
                       {"ranks", W},
                       {"threads", be.threads()},
                       {"fsdp", strategy_name(strategy)},
+                      {"ddp_backend", session.ddp_backend},
                       {"dropout", cfg.has_dropout()},
                       {"batch", a.batch},
                       {"seq_len", a.seq_len},
@@ -340,7 +354,7 @@ static std::string bench_memory_problem(const BenchArgs& a, ControlComm& world, 
   std::string where;
   std::unique_ptr<Backend> gpu;  // a device's memory is its backend's to tell
   if (a.device == "cuda")
-    gpu = make_cuda_backend(launch.local_rank % std::max(1, cuda_device_count()), DType::f32, false);
+    gpu = make_cuda_backend(cuda_device_for_rank(launch), DType::f32, false);
   const double have = memory_per_rank_gib(gpu.get(), launch.local_rank, launch.local_size, &where);
   const bool fits = have <= 0 || need <= have;
   if (world.all_reduce_sum(fits ? 0.0 : 1.0) == 0) return "";

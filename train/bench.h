@@ -28,6 +28,7 @@ struct BenchArgs {
   bool bf16 = false;
   bool tf32 = false;  // fp32 matmuls on TF32 tensor cores (cuda)
   std::string mixed_precision_reduce = "float32";
+  std::string ddp_backend;      // nccl, mpi, or "" (as llmt train chooses: train/session.h)
   double dropout = -1.0;        // >= 0: every dropout probability of the model set to this
   bool ops = false;             // the step's main ops alone (train/op_bench.cpp) instead of whole steps
   std::vector<std::string> sweeps;  // "KEY=V1,V2,...", outermost first

@@ -26,22 +26,17 @@
 #include "engine/core/log.h"
 #include "engine/core/stop.h"
 #include "engine/dist/agree.h"
-#include "engine/dist/mpi_communicator.h"
-#include "engine/dist/nccl_log.h"
 #include "engine/dist/watchdog.h"
 #include "engine/fsdp/fsdp.h"
-#include "engine/fsdp/staged_comm.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/schedule.h"
-#include "kernels/cpu/cpu_backend.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
 #include "train/checkpointer.h"
 #include "train/export.h"
 #include "train/metrics.h"
-#include "train/plan.h"
 #include "train/run_dir.h"
+#include "train/session.h"
 #include "train/step.h"
 
 namespace llmt {
@@ -122,7 +117,7 @@ struct LoopSettings {
   int64_t eval_every = 0, save_steps = 0;          // eval_every: --eval_steps, else --logging_steps
   bool do_eval = false;
   int eval_batch = 0;               // --per_device_eval_batch_size (0: the train batch)
-  std::string output_dir;
+  std::string output_dir, nccl_log_dir;
 };
 
 // Everything one run holds. The constructor sets it up; run() is the loop of steps and their hooks.
@@ -134,14 +129,8 @@ class Trainer {
  private:
   // setup, from the flags
   void build_model(const TrainArgs& a);
-  int cuda_device_for_rank(const LaunchInfo& launch);
-  std::unique_ptr<DataComm> make_device_data_comm(const TrainArgs& a);
-  void report_nccl_transports();
-  void describe_gpus(bool bf16);
   void load_data(const TrainArgs& a);
   void load_parameters(const TrainArgs& a);
-  PlanArgs plan_args(const TrainArgs& a) const;
-  void check_memory_fits(const TrainArgs& a);
   void describe(const TrainArgs& a);
   void resume(const TrainArgs& a);
   // the loop: a step, then its hooks
@@ -158,21 +147,15 @@ class Trainer {
   ControlComm& world_;
   const LaunchInfo& launch_;
   LoopSettings ls_;
-  std::unique_ptr<DataComm> data_ = make_mpi_data_comm(world_);  // the world's data collectives
-  Strategy strategy_ = Strategy::no_shard;
-  DType reduce_dtype_ = DType::f32;
   const int W_ = world_.size();
   ModelConfig cfg_;
-  int threads_ = 0;
-  std::unique_ptr<Backend> be_;
+  Session session_;  // the backend, the data communicator, the model and its store (train/session.h)
   std::unique_ptr<Tokenizer> tok_;
   std::string tokenizer_dir_;  // copied beside saved models
   std::string save_dtype_ = "F32";  // what saved models are written in (--torch_dtype)
   TokenDataset train_, eval_;
   DataIdentity data_id_;  // the training data's identity, recorded in checkpoints and compared on resume
-  int B_ = 0, T_ = 0, pad_id_ = 0, local_size_ = 1;
-  std::unique_ptr<Transformer> model_;
-  std::unique_ptr<FsdpStore> store_;
+  int B_ = 0, T_ = 0, pad_id_ = 0;
   std::unique_ptr<Sampler> sampler_;
   int64_t steps_per_epoch_ = 1, total_steps_ = 0, first_step_ = 0;
   int64_t global_batch_ = 1;  // sequences per step over every rank: with the seed, it fixes the data order
@@ -186,7 +169,6 @@ class Trainer {
   double run_start_ = 0.0, comm_before_ = 0.0, comm_first_step_ = 0.0, planned_comm_bytes_ = 0.0;
   int64_t run_tokens_ = 0;
   double lr_ = 0.0;
-  bool log_nccl_ = false;  // NCCL writes its log where report_nccl_transports reads it
   int lock_fd_ = -1;  // rank 0: the open lock on output_dir (claim_output_dir), held for the run's life
   // Fault injection for the tests: LLMT_FAIL_AT_STEP=rank:step makes that rank fail at that step.
   int fail_rank_ = -1;
@@ -206,8 +188,7 @@ Trainer::Trainer(const TrainArgs& a, ControlComm& world, const LaunchInfo& launc
   ls_.do_eval = a.do_eval;
   ls_.eval_batch = a.per_device_eval_batch_size;
   ls_.output_dir = a.output_dir;
-  strategy_ = parse_fsdp(a.fsdp);
-  reduce_dtype_ = parse_reduce_dtype(a.mixed_precision_reduce);
+  ls_.nccl_log_dir = a.output_dir + "/nccl_logs";
   if (a.tf32 && a.device == "cpu")
     log_info("note   --tf32 selects TF32 for fp32 matmuls on a GPU; the CPU has no TF32 and ignores it");
   install_stop_handlers();  // again, for callers other than `llmt train` (which installs them first thing)
@@ -232,6 +213,7 @@ static std::string dataset_identity(const TokenDataset& d) {
   return strformat("%lld examples, %lld tokens, CRC-32C %08x", (long long)n, (long long)tokens, crc);
 }
 
+// The model's configuration (agreed by every rank) and its tokenizer.
 void Trainer::build_model(const TrainArgs& a) {
   cfg_ = resolve_model_config(!a.model_name_or_path.empty() ? a.model_name_or_path : a.model_config);
   {  // the same flags may still name different files on different nodes
@@ -247,107 +229,6 @@ void Trainer::build_model(const TrainArgs& a) {
   }
   tok_ = pick_tokenizer(a, cfg_);
   tokenizer_dir_ = tokenizer_dir(tokenizer_source(a));
-  threads_ = a.threads > 0 ? a.threads : default_threads_per_rank(launch_);
-  const DType compute = a.bf16 ? DType::bf16 : DType::f32;
-  if (a.device == "cpu") {
-    be_ = make_cpu_backend(threads_, compute);
-    return;
-  }
-  be_ = make_cuda_backend(cuda_device_for_rank(launch_), compute, a.tf32);
-  describe_gpus(a.bf16);
-  data_ = make_device_data_comm(a);
-}
-
-// --ddp_backend for --device cuda: NCCL unless the ranks of a node share a GPU (NCCL refuses two ranks
-// on one device) or the build has no NCCL; else MPI, staged through host memory.
-std::unique_ptr<DataComm> Trainer::make_device_data_comm(const TrainArgs& a) {
-  const bool emulated = std::string(cuda_build_kind()) == "simt";  // the stand-in takes any layout
-  const bool shared_gpu = !emulated && launch_.local_size > cuda_device_count();
-  std::string backend = a.ddp_backend;
-  if (backend.empty()) backend = shared_gpu || !nccl_available() || emulated ? "mpi" : "nccl";
-  LLMT_CHECK(!(backend == "nccl" && shared_gpu), "--ddp_backend nccl: %d ranks per node share %d GPU%s, and NCCL "
-             "refuses two ranks on one device; start one rank per GPU or use --ddp_backend mpi", launch_.local_size,
-             cuda_device_count(), cuda_device_count() == 1 ? "" : "s");
-  if (backend == "mpi") {
-    log_info("comm   data collectives over MPI, staged through host memory (--ddp_backend mpi): nothing overlaps");
-    return make_staged_data_comm(std::move(data_), *be_);
-  }
-  log_nccl_ = !std::getenv("NCCL_DEBUG");  // the user's own NCCL_DEBUG settings win
-  if (log_nccl_) {
-    // NCCL's own account of its transports, one file per process, read back after the first step
-    const std::string dir = a.output_dir + "/nccl_logs";
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-      fail("cannot create %s for NCCL's logs: %s", dir.c_str(), std::strerror(errno));
-    setenv("NCCL_DEBUG", "INFO", 1);
-    setenv("NCCL_DEBUG_SUBSYS", "INIT,NET", 1);
-    setenv("NCCL_DEBUG_FILE", (dir + "/nccl.%h.%p").c_str(), 1);
-  }
-  std::unique_ptr<DataComm> nccl = make_nccl_data_comm(world_, *be_, a.ddp_timeout);
-  log_info("comm   data collectives over NCCL %s on a communication stream of their own (--ddp_backend nccl)",
-           nccl_build_version().c_str());
-  return nccl;
-}
-
-// One GPU per rank: the rank's index among its node's ranks, over the devices it can see
-// (CUDA_VISIBLE_DEVICES applies). More ranks than GPUs on a node share them, with a warning.
-int Trainer::cuda_device_for_rank(const LaunchInfo& launch) {
-  const int n = cuda_device_count();
-  LLMT_CHECK(n > 0, "--device cuda: rank %d sees no usable CUDA device (%s)", world_.rank(),
-             cuda_device_description(0).c_str());
-  if (launch.local_size > n && world_.rank() == 0)
-    log_info("warning %d ranks per node share %d GPU%s: fine for tests, slow for training", launch.local_size, n,
-             n == 1 ? "" : "s");
-  return launch.local_rank % n;
-}
-
-// After the first step, when NCCL has connected its channels: every rank's NCCL log, gathered on
-// rank 0 and summarised by the netcheck parser (which path each connection takes: NET/IB with
-// GDRDMA, NET/Socket, P2P, SHM) with its warnings, e.g. sockets between nodes that have RDMA.
-void Trainer::report_nccl_transports() {
-  std::string text;
-  for (const std::string& l : read_text_lines(nccl_debug_file_path())) text += l + "\n";
-  const size_t kMax = 256 << 10;  // a few thousand lines is plenty for a summary
-  if (text.size() > kMax) text.resize(kMax);
-  int32_t len = (int32_t)text.size(), longest = 0;
-  std::vector<int32_t> lens((size_t)W_);
-  world_.all_gather(&len, lens.data(), 1, DType::i32);
-  for (int32_t l : lens) longest = std::max(longest, l);
-  const int64_t words = (longest + 3) / 4;
-  text.resize((size_t)words * 4, '\0');
-  std::vector<char> all((size_t)words * 4 * W_);
-  world_.all_gather(text.data(), all.data(), words, DType::i32);
-  if (world_.rank() != 0) return;
-  std::vector<std::string> lines;
-  for (int r = 0; r < W_; r++) {
-    const char* p = all.data() + (size_t)r * words * 4;
-    std::string one(p, (size_t)lens[r]);
-    for (size_t at = 0, nl; at < one.size(); at = nl + 1) {
-      nl = one.find('\n', at);
-      if (nl == std::string::npos) nl = one.size();
-      lines.push_back(one.substr(at, nl - at));
-    }
-  }
-  const std::string summary = summarize_nccl_logs(lines);
-  for (size_t at = 0, nl; at < summary.size(); at = nl + 1) {
-    nl = summary.find('\n', at);
-    if (nl == std::string::npos) nl = summary.size();
-    if (nl > at) log_info("nccl   %s", summary.substr(at, nl - at).c_str());
-  }
-  log_info("nccl   (each rank's whole log: %s/nccl_logs/)", ls_.output_dir.c_str());
-}
-
-// Which GPU each rank drives, as every rank sees it, on rank 0's log.
-void Trainer::describe_gpus(bool bf16) {
-  char line[256] = {0};
-  std::snprintf(line, sizeof(line), "%s", cuda_device_description(cuda_device_for_rank(launch_)).c_str());
-  std::vector<char> all((size_t)W_ * sizeof(line));
-  world_.all_gather(line, all.data(), sizeof(line) / 4, DType::i32);
-  if (world_.rank() != 0) return;
-  for (int r = 0; r < W_; r++)
-    log_info("gpu    rank %d: %s%s", r, all.data() + (size_t)r * sizeof(line),
-             std::string(cuda_build_kind()) == "simt" ? " [the SIMT emulator: CUDA kernels on the CPU]" : "");
-  log_info("gpu    attention: %s",
-           cuda_attention_kernels(bf16 ? DType::bf16 : DType::f32, cfg_.head_size()).c_str());
 }
 
 void Trainer::load_data(const TrainArgs& a) {
@@ -395,80 +276,57 @@ void Trainer::load_data(const TrainArgs& a) {
   targets_.resize((size_t)accum);
 }
 
-// The model's activations and the store, then every unit's parameters: read from the Hugging Face
-// checkpoint or initialised, one unit at a time (no rank holds the whole model).
-// What llmt plan computes for this run (the same figures as `llmt plan` with these flags).
-PlanArgs Trainer::plan_args(const TrainArgs& a) const {
-  PlanArgs pa;
-  pa.world = W_;
-  pa.ranks_per_node = strategy_ == Strategy::hybrid_shard ? local_size_ : W_;
-  pa.fsdp = strategy_name(strategy_);
-  pa.batch = B_;
-  pa.seq_len = T_;
-  pa.accum = a.gradient_accumulation_steps;
-  pa.gradient_checkpointing = a.gradient_checkpointing;
-  pa.bf16 = a.bf16;
-  pa.reduce_dtype = reduce_dtype_;
-  return pa;
-}
-
-// Before anything large is allocated: the plan's per-rank total against the memory this rank can
-// have: on a GPU, the device's free memory over the ranks that share it; on the CPU, the node's
-// available memory over its ranks. --per_device_train_batch_size 100000 took 8 GB and half a minute
-// before any check.
-void Trainer::check_memory_fits(const TrainArgs& a) {
-  const nlohmann::json plan = make_plan(cfg_, plan_args(a));
-  const double need = plan["total_gib"].get<double>();
-  std::string where;
-  const double per_rank = memory_per_rank_gib(be_.get(), launch_.local_rank, launch_.local_size, &where);
-  if (per_rank <= 0) return;  // nothing to compare with
-  LLMT_CHECK(need <= per_rank, "this run needs %.2f GiB per rank (llmt plan: %.2f persistent, %.2f gathered, %.2f "
-             "activations) and %s: lower --per_device_train_batch_size or --block_size/--model_max_length, add "
-             "--gradient_checkpointing True, or shard over more ranks", need, plan["persistent_gib"].get<double>(),
-             plan["gathered_peak_gib"].get<double>(), plan["activations_gib"].get<double>(), where.c_str());
-}
-
+// The run's session (backend, communicators, model, store; train/session.h), then every unit's
+// parameters: read from the Hugging Face checkpoint or initialised, one unit at a time (no rank
+// holds the whole model).
 void Trainer::load_parameters(const TrainArgs& a) {
-  local_size_ = a.hybrid_shard_group_size > 0 ? a.hybrid_shard_group_size : launch_.local_size;
-  check_memory_fits(a);
-  model_ = std::make_unique<Transformer>(cfg_, *be_, B_, T_, a.gradient_checkpointing);
-  const ModelLayout& L = model_->layout();
-  // hybrid_shard's groups are runs of consecutive ranks: with a node's ranks they must be that node's
-  if (strategy_ == Strategy::hybrid_shard && a.hybrid_shard_group_size <= 0)
-    LLMT_CHECK(world_.rank() / launch_.local_size == launch_.node,
-               "hybrid_shard shards within a node, so each node's ranks must be consecutive (mpirun's default "
-               "--map-by slot, or ppr:N:node); rank %d sits on node %d", world_.rank(), launch_.node);
-  test_stop_point("store", world_.rank());
-  store_ = std::make_unique<FsdpStore>(*be_, L, strategy_, *data_, local_size_, reduce_dtype_);
+  SessionSettings ss;
+  ss.device = a.device;
+  ss.threads = a.threads;
+  ss.bf16 = a.bf16;
+  ss.tf32 = a.tf32;
+  ss.ddp_backend = a.ddp_backend;
+  ss.ddp_timeout = a.ddp_timeout;
+  ss.nccl_log_dir = ls_.nccl_log_dir;
+  ss.batch = B_;
+  ss.seq_len = T_;
+  ss.gradient_checkpointing = a.gradient_checkpointing;
+  ss.strategy = parse_fsdp(a.fsdp);
+  ss.reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
+  ss.shard_group_size = a.hybrid_shard_group_size;
+  ss.check_memory = true;
+  ss.accum = a.gradient_accumulation_steps;
+  session_ = make_session(world_, launch_, ss, cfg_);
+  const ModelLayout& L = session_.layout();
   std::unique_ptr<SafetensorsCheckpoint> ckpt;
   if (!a.model_name_or_path.empty()) {
     ckpt = std::make_unique<SafetensorsCheckpoint>(a.model_name_or_path);
     check_hf_tensors(*ckpt, cfg_, L, a.model_name_or_path);
   }
   save_dtype_ = saved_model_dtype(a, ckpt.get());
+  if (!ckpt) return init_parameters(session_, cfg_, a.seed);
   std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
     host.assign((size_t)L.units[u].numel, 0.0f);
-    if (ckpt) load_hf_unit(*ckpt, cfg_, L, (int)u, host.data());
-    else init_unit_params(cfg_, L.units[u], (int)u, a.seed, host.data());
-    store_->set_unit((int)u, host.data());
+    load_hf_unit(*ckpt, cfg_, L, (int)u, host.data());
+    session_.store->set_unit((int)u, host.data());
   }
 }
 
 // What this run holds and will send, as llmt plan predicts it (measured figures follow at the end).
 void Trainer::describe(const TrainArgs& a) {
-  const ModelLayout& L = model_->layout();
-  const ShardGroups& g = store_->groups();
-  nlohmann::json plan = make_plan(cfg_, plan_args(a));
+  const ModelLayout& L = session_.model->layout();
+  const ShardGroups& g = session_.store->groups();
+  nlohmann::json plan = make_plan(cfg_, session_.plan);
   log_info("model  %s, %.2fM parameters (%s)", cfg_.describe().c_str(), L.total_numel / 1e6,
            a.model_name_or_path.empty() ? "random init" : a.model_name_or_path.c_str());
   log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (master, grad, m, v%s), "
            "activations %.1f MiB%s; compute %s, gradients reduced in %s, models saved in %s",
-           strategy_name(strategy_), g.shard_size, g.shard_size == 1 ? "" : "s", g.replica_size,
-           g.replica_size == 1 ? "" : "s", store_->persistent_bytes() / kMiB, a.bf16 ? ", bf16 copy" : "",
-           Transformer::activation_bytes(cfg_, B_, T_, a.gradient_checkpointing, be_->compute_dtype()) / kMiB,
-           a.gradient_checkpointing ? " (gradient checkpointing)" : "", dtype_name(be_->compute_dtype()),
-           dtype_name(reduce_dtype_), save_dtype_.c_str());
+           strategy_name(session_.store->strategy()), g.shard_size, g.shard_size == 1 ? "" : "s", g.replica_size,
+           g.replica_size == 1 ? "" : "s", session_.store->persistent_bytes() / kMiB, a.bf16 ? ", bf16 copy" : "",
+           Transformer::activation_bytes(cfg_, B_, T_, a.gradient_checkpointing, session_.backend->compute_dtype()) / kMiB,
+           a.gradient_checkpointing ? " (gradient checkpointing)" : "", dtype_name(session_.backend->compute_dtype()),
+           dtype_name(session_.store->reduce_dtype()), save_dtype_.c_str());
   log_info("plan   per rank: gathered buffers at most %.1f MiB; %.1f MiB sent per step at the longest batches "
            "(llmt plan)",
            plan["gathered_peak_gib"].get<double>() * 1024.0, plan["comm_total_bytes"].get<double>() / kMiB);
@@ -477,7 +335,7 @@ void Trainer::describe(const TrainArgs& a) {
            "%d threads per rank; each line logs the lr its step used (HF 4.40 logged the next step's) and the loss "
            "averaged over the tokens of the global batch (as transformers since 4.46)",
            (long long)total_steps_, (long long)steps_per_epoch_, W_, B_, a.gradient_accumulation_steps,
-           (long long)global_batch_, a.learning_rate, sched_.type.c_str(), (long long)sched_.warmup_steps, threads_);
+           (long long)global_batch_, a.learning_rate, sched_.type.c_str(), (long long)sched_.warmup_steps, session_.threads);
 }
 
 void Trainer::resume(const TrainArgs& a) {
@@ -496,7 +354,7 @@ void Trainer::resume(const TrainArgs& a) {
   cs.num_train_epochs = a.num_train_epochs;
   cs.logging_steps = a.logging_steps;
   cs.train_batch_size = B_;
-  ckpt_ = std::make_unique<Checkpointer>(world_, cs, cfg_, model_->layout(), *store_);
+  ckpt_ = std::make_unique<Checkpointer>(world_, cs, cfg_, session_.model->layout(), *session_.store);
   Checkpointer::Resumed resumed = ckpt_->resume(a.resume_from_checkpoint, a.ignore_data_skip, total_steps_);
   first_step_ = resumed.step;
 
@@ -528,16 +386,16 @@ void Trainer::run() {
   }
   metrics_->start();
   run_start_ = now_s();
-  comm_before_ = store_->comm_bytes() + data_->stats().total();
+  comm_before_ = session_.store->comm_bytes() + session_.data->stats().total();
   for (int64_t s = first_step_; s < total_steps_; s++) {
     if (s - first_step_ == ls_.throughput_warmup_steps) run_start_ = now_s(), run_tokens_ = 0;
     watchdog_set_step(s + 1);  // steps are counted from 1 in the log
     StepResult r = step(s);
     if (s == first_step_) {
-      comm_first_step_ = store_->comm_bytes() + data_->stats().total() - comm_before_;
+      comm_first_step_ = session_.store->comm_bytes() + session_.data->stats().total() - comm_before_;
       metrics_->set_first_step_comm(comm_first_step_, planned_comm_bytes_);
     }
-    if (s == first_step_ && log_nccl_) report_nccl_transports();
+    if (s == first_step_ && session_.nccl_logs) report_nccl_transports(world_, ls_.nccl_log_dir);
     metrics_->after_step(s, r, lr_);
     maybe_evaluate(s);
     bool saved = maybe_save(s);
@@ -564,7 +422,7 @@ StepResult Trainer::step(int64_t s) {
     LLMT_CHECK(len <= T_, "internal: batch length %d over %d", len, T_);
     micro.push_back({tokens_[m].data(), targets_[m].data(), len, ((int64_t)m * W_ + world_.rank()) * B_});
     step_tokens += (int64_t)B_ * len;
-    flops += (double)B_ * len * Transformer::flops_per_token(cfg_, model_->layout(), len);
+    flops += (double)B_ * len * Transformer::flops_per_token(cfg_, session_.model->layout(), len);
   }
   lr_ = ls_.learning_rate * sched_.multiplier(s);
   StepSettings ss;
@@ -573,7 +431,7 @@ StepResult Trainer::step(int64_t s) {
   ss.max_grad_norm = ls_.max_grad_norm;
   ss.seed = ls_.seed;
   ss.step = s;
-  StepResult r = train_step(*model_, *store_, world_, *data_, micro, ss);
+  StepResult r = train_step(*session_.model, *session_.store, world_, *session_.data, micro, ss);
   metrics_->add_step(r.loss, step_tokens * W_, flops);
   run_tokens_ += step_tokens * W_;
   return r;
@@ -609,14 +467,14 @@ void Trainer::finish() {
     log_info("done   %.0f tok/s over steps %d..%lld (%.0f per rank); measured per rank: %.1f MiB sent in step 1, "
              "gathered buffers peaked at %.1f MiB, peak rss %.2f GiB",
              run_tokens_ / run_s, ls_.throughput_warmup_steps + 1, (long long)total_steps_, run_tokens_ / run_s / W_,
-             comm_first_step_ / kMiB, store_->peak_gathered_bytes() / kMiB, peak_rss_gib());
+             comm_first_step_ / kMiB, session_.store->peak_gathered_bytes() / kMiB, peak_rss_gib());
   if (ls_.do_eval) {
     double el = evaluate();
     log_info("eval   eval_loss %.4f | perplexity %.3f", el, std::exp(el));
     metrics_->record({{"step", total_steps_}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
   }
   // a signal arriving now changes nothing: this is the end of the run
-  write_hf_model(world_, *store_, cfg_, model_->layout(), ls_.output_dir, save_dtype_, tokenizer_dir_);
+  write_hf_model(world_, *session_.store, cfg_, session_.model->layout(), ls_.output_dir, save_dtype_, tokenizer_dir_);
   log_info("saved  %s (config.json, model.safetensors in %s)", ls_.output_dir.c_str(), save_dtype_.c_str());
 }
 
@@ -632,7 +490,7 @@ double Trainer::evaluate() {
   const int64_t rounds = (n + per_round - 1) / per_round;  // the same on every rank: forward is collective
   std::vector<int32_t> tokens, targets;
   double counted = 0.0;
-  BackendBuffer loss_sum(*be_, DType::f64, {1});
+  BackendBuffer loss_sum(*session_.backend, DType::f64, {1});
   for (int64_t chunk = 0; chunk < rounds * pieces; chunk++) {
     const int64_t round = chunk / pieces;
     const int first = (int)(chunk % pieces) * B_;
@@ -652,11 +510,11 @@ double Trainer::evaluate() {
         tgt_full[b * T + t] = targets[b * T + t];
       }
     counted += (double)count_targets(tgt_full.data(), (int64_t)tgt_full.size());
-    model_->forward(*store_, tok_full.data(), tgt_full.data(), T, loss_sum.tensor());
+    session_.model->forward(*session_.store, tok_full.data(), tgt_full.data(), T, loss_sum.tensor());
   }
-  data_->all_reduce_async(loss_sum.tensor().data, 1, DType::f64, ReduceOp::sum)->wait();
+  session_.data->all_reduce_async(loss_sum.tensor().data, 1, DType::f64, ReduceOp::sum)->wait();
   double total = 0.0;
-  be_->copy_to_host(&total, loss_sum.tensor().data, sizeof(total));
+  session_.backend->copy_to_host(&total, loss_sum.tensor().data, sizeof(total));
   counted = world_.all_reduce_sum(counted);
   return counted > 0 ? total / counted : NAN;
 }
