@@ -350,7 +350,7 @@ static std::string bench_memory_problem(const BenchArgs& a, ControlComm& world, 
   pa.gradient_checkpointing = a.gradient_checkpointing;
   pa.bf16 = a.bf16;
   pa.reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
-  const double need = make_plan(resolve_model_config(a.model), pa)["total_gib"].get<double>();
+  const double need = plan_run(resolve_model_config(a.model), pa).total_gib;
   std::string where;
   std::unique_ptr<Backend> gpu;  // a device's memory is its backend's to tell
   if (a.device == "cuda")

@@ -73,15 +73,15 @@ void make_device_data_comm(ControlComm& world, const LaunchInfo& launch, const S
 // available memory over its ranks. --per_device_train_batch_size 100000 took 8 GB and half a minute
 // before any check.
 void check_memory_fits(const LaunchInfo& launch, const PlanArgs& pa, const ModelConfig& cfg, Backend& be) {
-  const nlohmann::json plan = make_plan(cfg, pa);
-  const double need = plan["total_gib"].get<double>();
+  const Plan plan = plan_run(cfg, pa);
+  const double need = plan.total_gib;
   std::string where;
   const double per_rank = memory_per_rank_gib(&be, launch.local_rank, launch.local_size, &where);
   if (per_rank <= 0) return;  // nothing to compare with
   LLMT_CHECK(need <= per_rank, "this run needs %.2f GiB per rank (llmt plan: %.2f persistent, %.2f gathered, %.2f "
              "activations) and %s: lower --per_device_train_batch_size or --block_size/--model_max_length, add "
-             "--gradient_checkpointing True, or shard over more ranks", need, plan["persistent_gib"].get<double>(),
-             plan["gathered_peak_gib"].get<double>(), plan["activations_gib"].get<double>(), where.c_str());
+             "--gradient_checkpointing True, or shard over more ranks", need, plan.persistent_gib,
+             plan.gathered_peak_gib, plan.activations_gib, where.c_str());
 }
 
 }  // namespace

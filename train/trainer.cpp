@@ -317,7 +317,7 @@ void Trainer::load_parameters(const TrainArgs& a) {
 void Trainer::describe(const TrainArgs& a) {
   const ModelLayout& L = session_.model->layout();
   const ShardGroups& g = session_.store->groups();
-  nlohmann::json plan = make_plan(cfg_, session_.plan);
+  const Plan plan = plan_run(cfg_, session_.plan);
   log_info("model  %s, %.2fM parameters (%s)", cfg_.describe().c_str(), L.total_numel / 1e6,
            a.model_name_or_path.empty() ? "random init" : a.model_name_or_path.c_str());
   log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (master, grad, m, v%s), "
@@ -329,8 +329,8 @@ void Trainer::describe(const TrainArgs& a) {
            dtype_name(session_.store->reduce_dtype()), save_dtype_.c_str());
   log_info("plan   per rank: gathered buffers at most %.1f MiB; %.1f MiB sent per step at the longest batches "
            "(llmt plan)",
-           plan["gathered_peak_gib"].get<double>() * 1024.0, plan["comm_total_bytes"].get<double>() / kMiB);
-  planned_comm_bytes_ = plan["comm_total_bytes"].get<double>();
+           plan.gathered_peak_gib * 1024.0, plan.comm_total_bytes / kMiB);
+  planned_comm_bytes_ = plan.comm_total_bytes;
   log_info("train  %lld steps (%lld per epoch), global batch %d x %d x %d = %lld sequences, lr %g (%s, %lld warmup), "
            "%d threads per rank; each line logs the lr its step used (HF 4.40 logged the next step's) and the loss "
            "averaged over the tokens of the global batch (as transformers since 4.46)",
