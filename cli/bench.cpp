@@ -18,6 +18,7 @@ int cli_bench(const std::vector<std::string>& args) {
         "  --gradient_checkpointing True|False\n"
         "  --ddp_backend nccl|mpi  the data collectives on cuda, as llmt train's (default: nccl when each rank has\n"
         "                     its own GPU and the build has NCCL, else mpi staged through host memory)\n"
+        "  --hybrid_shard_group_size N  --ddp_timeout SECONDS  --mixed_precision_reduce float32|bfloat16: as llmt train's\n"
         "  --sweep KEY=V1,V2  repeatable: every combination in turn (per_device_train_batch_size, seq_len, threads,\n"
         "                     model, fsdp, gradient_checkpointing, bf16, tf32, mixed_precision_reduce)\n"
         "  --results FILE     append each point's JSON line to FILE (scripts/plot.py draws them)\n"

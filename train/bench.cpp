@@ -34,30 +34,16 @@ namespace llmt {
 BenchArgs parse_bench_args(Flags& f) {
   BenchArgs a;
   a.model = f.get_string("model", a.model);
-  a.device = f.get_string("device", a.device);
+  read_parallelism(f, a);  // --device, --threads, --ddp_backend, --fsdp, ... as llmt train reads them
+  read_precision(f, a);    // --bf16, --tf32, --mixed_precision_reduce
   a.batch = f.get_int("per_device_train_batch_size", a.batch);
   a.seq_len = f.get_int("seq_len", a.seq_len);
   a.steps = f.get_int("steps", a.steps);
   a.warmup = f.get_int("warmup", a.warmup);
-  a.threads = f.get_int("threads", a.threads);
-  a.fsdp = f.get_string("fsdp", a.fsdp);
-  a.gradient_checkpointing = f.get_bool("gradient_checkpointing", false);
-  a.bf16 = f.get_bool("bf16", false);
-  a.mixed_precision_reduce = f.get_string("mixed_precision_reduce", a.mixed_precision_reduce);
   a.dropout = f.get_double("dropout", a.dropout);
   a.ops = f.get_bool("ops", false);
-  a.ddp_backend = f.get_string("ddp_backend", a.ddp_backend);
-  parse_reduce_dtype(a.mixed_precision_reduce);
   LLMT_CHECK(a.batch > 0 && a.seq_len > 1 && a.steps > 0 && a.warmup >= 0,
              "llmt bench: batch, seq_len and steps must be positive and warmup not negative");
-  LLMT_CHECK(a.threads >= 0, "llmt bench: --threads %d: expected 0 (all cores) or a positive count", a.threads);
-  a.tf32 = f.get_bool("tf32", false);
-  LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "llmt bench: --device must be cpu or cuda, got \"%s\"",
-             a.device.c_str());
-  parse_fsdp(a.fsdp);
-  LLMT_CHECK(a.ddp_backend.empty() || a.ddp_backend == "nccl" || a.ddp_backend == "mpi",
-             "llmt bench: --ddp_backend must be nccl or mpi, got \"%s\"", a.ddp_backend.c_str());
-  LLMT_CHECK(a.ddp_backend != "nccl" || a.device == "cuda", "llmt bench: --ddp_backend nccl needs --device cuda");
   a.sweeps = f.get_all("sweep");
   a.results = f.get_string("results", a.results);
   for (const auto& point : bench_points(a.sweeps)) {  // every value checked before the first point runs
@@ -183,6 +169,8 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
   sset.bf16 = a.bf16;
   sset.tf32 = a.tf32;
   sset.ddp_backend = a.ddp_backend;
+  sset.ddp_timeout = a.ddp_timeout;
+  sset.shard_group_size = a.hybrid_shard_group_size;
   sset.profile = true;
   sset.log = false;  // stdout is for the JSON lines
   sset.batch = a.batch;
@@ -343,7 +331,7 @@ static std::string bench_memory_problem(const BenchArgs& a, ControlComm& world, 
   PlanArgs pa;
   pa.model = a.model;
   pa.world = world.size();
-  pa.ranks_per_node = launch.local_size;
+  pa.ranks_per_node = a.hybrid_shard_group_size > 0 ? a.hybrid_shard_group_size : launch.local_size;
   pa.fsdp = a.fsdp;
   pa.batch = a.batch;
   pa.seq_len = a.seq_len;
