@@ -22,8 +22,8 @@ int cli_export(const std::vector<std::string>& args) {
   LLMT_CHECK(dtype == "F32" || dtype == "BF16" || dtype == "F16", "llmt export: --dtype must be F32, BF16 or F16, got %s",
              dtype.c_str());
   std::unique_ptr<ControlComm> world;
-  init_launch(nullptr, nullptr, &world, "export");
-  run_export(args[0], args[1], dtype, *world);
+  const LaunchInfo launch = init_launch(nullptr, nullptr, &world, "export");
+  run_export(args[0], args[1], dtype, *world, launch);
   return 0;
 }
 

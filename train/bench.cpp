@@ -24,6 +24,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "models/transformer.h"
 #include "train/plan.h"
+#include "train/session.h"
 #include "train/step.h"
 #include "train/train_args.h"
 
@@ -32,26 +33,16 @@ namespace llmt {
 BenchArgs parse_bench_args(Flags& f) {
   BenchArgs a;
   a.model = f.get_string("model", a.model);
-  a.device = f.get_string("device", a.device);
+  read_parallelism(f, a);  // --device, --threads, --ddp_backend, --fsdp, ... as llmt train reads them
+  read_precision(f, a);    // --bf16, --tf32, --mixed_precision_reduce
   a.batch = f.get_int("per_device_train_batch_size", a.batch);
   a.seq_len = f.get_int("seq_len", a.seq_len);
   a.steps = f.get_int("steps", a.steps);
   a.warmup = f.get_int("warmup", a.warmup);
-  a.threads = f.get_int("threads", a.threads);
-  a.fsdp = f.get_string("fsdp", a.fsdp);
-  a.gradient_checkpointing = f.get_bool("gradient_checkpointing", false);
-  a.bf16 = f.get_bool("bf16", false);
-  a.mixed_precision_reduce = f.get_string("mixed_precision_reduce", a.mixed_precision_reduce);
   a.dropout = f.get_double("dropout", a.dropout);
   a.ops = f.get_bool("ops", false);
-  parse_reduce_dtype(a.mixed_precision_reduce);
   LLMT_CHECK(a.batch > 0 && a.seq_len > 1 && a.steps > 0 && a.warmup >= 0,
              "llmt bench: batch, seq_len and steps must be positive and warmup not negative");
-  LLMT_CHECK(a.threads >= 0, "llmt bench: --threads %d: expected 0 (all cores) or a positive count", a.threads);
-  a.tf32 = f.get_bool("tf32", false);
-  LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "llmt bench: --device must be cpu or cuda, got \"%s\"",
-             a.device.c_str());
-  parse_fsdp(a.fsdp);
   a.sweeps = f.get_all("sweep");
   a.results = f.get_string("results", a.results);
   for (const auto& point : bench_points(a.sweeps)) {  // every value checked before the first point runs
@@ -170,25 +161,32 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
     if (cfg.arch == Arch::gpt2) cfg.embd_pdrop = cfg.resid_pdrop = (float)a.dropout;
     validate_config(cfg, "--dropout");
   }
-  int threads = a.threads > 0 ? a.threads : default_threads_per_rank(launch);
-  const DType compute = a.bf16 ? DType::bf16 : DType::f32;
+  // the session training would build for these flags: the same backend, communicators and store
+  SessionSettings sset;
+  sset.device = a.device;
+  sset.threads = a.threads;
+  sset.bf16 = a.bf16;
+  sset.tf32 = a.tf32;
+  sset.ddp_backend = a.ddp_backend;
+  sset.ddp_timeout = a.ddp_timeout;
+  sset.shard_group_size = a.hybrid_shard_group_size;
+  sset.log = false;  // stdout is for the JSON lines
+  sset.batch = a.batch;
+  sset.seq_len = a.seq_len;
+  sset.gradient_checkpointing = a.gradient_checkpointing;
+  sset.strategy = parse_fsdp(a.fsdp);
+  sset.reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
+  Session session = make_session(world, launch, sset, cfg);
+  init_parameters(session, cfg, 1337);
   const bool cuda = a.device == "cuda";
-  const int gpu = cuda ? launch.local_rank % std::max(1, cuda_device_count()) : -1;
-  std::unique_ptr<Backend> backend =
-      cuda ? make_cuda_backend(gpu, compute, a.tf32) : make_cpu_backend(threads, compute);
-  Backend& be = *backend;
-  Transformer model(cfg, be, a.batch, a.seq_len, a.gradient_checkpointing);
-  const ModelLayout& L = model.layout();
-  Strategy strategy = parse_fsdp(a.fsdp);
-  std::unique_ptr<DataComm> data = make_mpi_data_comm(world);
-  if (cuda) data = make_staged_data_comm(std::move(data), be);
-  FsdpStore store(be, L, strategy, *data, launch.local_size, parse_reduce_dtype(a.mixed_precision_reduce));
-  std::vector<float> host;
-  for (size_t u = 0; u < L.units.size(); u++) {
-    host.resize((size_t)L.units[u].numel);
-    init_unit_params(cfg, L.units[u], (int)u, 1337, host.data());
-    store.set_unit((int)u, host.data());
-  }
+  const DType compute = a.bf16 ? DType::bf16 : DType::f32;
+  const int gpu = session.gpu;
+  Backend& be = *session.backend;
+  Transformer& model = *session.model;
+  FsdpStore& store = *session.store;
+  DataComm* data = session.data.get();
+  const ModelLayout& L = session.layout();
+  const Strategy strategy = store.strategy();
 
   // synthetic tokens, different on every rank
   const int64_t N = (int64_t)a.batch * a.seq_len;
@@ -273,6 +271,7 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
                       {"ranks", W},
                       {"threads", be.threads()},
                       {"fsdp", strategy_name(strategy)},
+                      {"ddp_backend", session.ddp_backend},
                       {"dropout", cfg.has_dropout()},
                       {"batch", a.batch},
                       {"seq_len", a.seq_len},
@@ -335,18 +334,18 @@ static std::string bench_memory_problem(const BenchArgs& a, ControlComm& world, 
   PlanArgs pa;
   pa.model = a.model;
   pa.world = world.size();
-  pa.ranks_per_node = launch.local_size;
+  pa.ranks_per_node = a.hybrid_shard_group_size > 0 ? a.hybrid_shard_group_size : launch.local_size;
   pa.fsdp = a.fsdp;
   pa.batch = a.batch;
   pa.seq_len = a.seq_len;
   pa.gradient_checkpointing = a.gradient_checkpointing;
   pa.bf16 = a.bf16;
   pa.reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
-  const double need = make_plan(resolve_model_config(a.model), pa)["total_gib"].get<double>();
+  const double need = plan_run(resolve_model_config(a.model), pa).total_gib;
   std::string where;
   std::unique_ptr<Backend> gpu;  // a device's memory is its backend's to tell
   if (a.device == "cuda")
-    gpu = make_cuda_backend(launch.local_rank % std::max(1, cuda_device_count()), DType::f32, false);
+    gpu = make_cuda_backend(cuda_device_for_rank(launch), DType::f32, false);
   const double have = memory_per_rank_gib(gpu.get(), launch.local_rank, launch.local_size, &where);
   const bool fits = have <= 0 || need <= have;
   if (world.all_reduce_sum(fits ? 0.0 : 1.0) == 0) return "";

@@ -12,22 +12,17 @@
 #include "engine/backend/backend.h"
 #include "engine/dist/launch.h"
 #include "train/flags.h"
+#include "train/train_args.h"
 
 namespace llmt {
 
-struct BenchArgs {
+// The parallelism and precision parts are llmt train's, read by its flag table (train_args.h).
+struct BenchArgs : ParallelismConfig, PrecisionConfig {
   std::string model = "gpt2";   // preset or config.json
-  std::string device = "cpu";
   int batch = 4;
   int seq_len = 64;
   int steps = 10;
   int warmup = 2;
-  int threads = 0;              // per rank; 0 = this rank's share of the node's cores
-  std::string fsdp;             // as llmt train's --fsdp ("" = no_shard)
-  bool gradient_checkpointing = false;
-  bool bf16 = false;
-  bool tf32 = false;  // fp32 matmuls on TF32 tensor cores (cuda)
-  std::string mixed_precision_reduce = "float32";
   double dropout = -1.0;        // >= 0: every dropout probability of the model set to this
   bool ops = false;             // the step's main ops alone (train/op_bench.cpp) instead of whole steps
   std::vector<std::string> sweeps;  // "KEY=V1,V2,...", outermost first

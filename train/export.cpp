@@ -13,10 +13,8 @@
 #include "engine/ckpt/train_state.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
-#include "engine/dist/agree.h"
-#include "engine/dist/mpi_communicator.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "models/hf_checkpoint.h"
+#include "train/session.h"
 
 namespace llmt {
 
@@ -80,7 +78,7 @@ static void check_export_target(const std::string& checkpoint_dir, const std::st
 }
 
 void run_export(const std::string& checkpoint_dir, const std::string& out_dir, const std::string& dtype,
-                ControlComm& world) {
+                ControlComm& world, const LaunchInfo& launch) {
   std::string problem;
   if (world.rank() == 0) try {  // checksums first: never export a damaged state
       check_export_target(checkpoint_dir, out_dir);
@@ -92,12 +90,14 @@ void run_export(const std::string& checkpoint_dir, const std::string& out_dir, c
     }
   agree_or_throw(world, problem.empty(), problem);
   ModelConfig cfg = config_from_json_file(checkpoint_dir + "/config.json");
-  ModelLayout L = make_layout(cfg);
-  auto be = make_cpu_backend(0);
-  std::unique_ptr<DataComm> data = make_mpi_data_comm(world);
-  FsdpStore store(*be, L, Strategy::full_shard, *data, world.size());
-  LoadedTrainState st = load_train_state(checkpoint_dir + "/state.h5", world, L, store, config_to_hf_json(cfg).dump());
-  write_hf_model(world, store, cfg, L, out_dir, dtype, checkpoint_dir);
+  SessionSettings ss;  // the store alone (no activations), on the CPU, sharded over every rank
+  ss.strategy = Strategy::full_shard;
+  ss.shard_group_size = world.size();
+  Session session = make_session(world, launch, ss, cfg);
+  const ModelLayout& L = session.layout();
+  LoadedTrainState st =
+      load_train_state(checkpoint_dir + "/state.h5", world, L, *session.store, config_to_hf_json(cfg).dump());
+  write_hf_model(world, *session.store, cfg, L, out_dir, dtype, checkpoint_dir);
   log_info("export %s (step %lld, %s) -> %s: config.json, model.safetensors (%s), tokenizer files", checkpoint_dir.c_str(),
            (long long)st.global_step, cfg.describe().c_str(), out_dir.c_str(), dtype.c_str());
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/dist/communicator.h"
+#include "engine/dist/launch.h"
 #include "engine/fsdp/fsdp.h"
 #include "models/config.h"
 #include "models/layout.h"
@@ -27,6 +28,6 @@ void write_hf_model(ControlComm& world, FsdpStore& store, const ModelConfig& cfg
 // state (the fp32 master weights in state.h5), whatever world size wrote it, after verifying its
 // checksums. Runs alone or under mpirun.
 void run_export(const std::string& checkpoint_dir, const std::string& out_dir, const std::string& dtype,
-                ControlComm& world);
+                ControlComm& world, const LaunchInfo& launch);
 
 }  // namespace llmt

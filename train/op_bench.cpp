@@ -20,6 +20,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "models/config.h"
 #include "train/bench.h"
+#include "train/session.h"
 
 namespace llmt {
 
@@ -69,7 +70,7 @@ void run_op_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& laun
   const ModelConfig cfg = resolve_model_config(a.model);
   const DType act = a.bf16 ? DType::bf16 : DType::f32;
   const bool cuda = a.device == "cuda";
-  const int gpu = cuda ? launch.local_rank % std::max(1, cuda_device_count()) : -1;
+  const int gpu = cuda ? cuda_device_for_rank(launch) : -1;  // the GPU train and bench would use
   const int threads = a.threads > 0 ? a.threads : default_threads_per_rank(launch);
   std::unique_ptr<Backend> be = cuda ? make_cuda_backend(gpu, act, a.tf32) : make_cpu_backend(threads, act);
   const double peak_tflops = cuda ? cuda_peak_tflops(gpu, act, a.tf32) : measured_matmul_peak_gflops(*be, world) / 1e3;

@@ -12,7 +12,7 @@
 
 namespace llmt {
 
-nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a) {
+Plan plan_run(const ModelConfig& cfg, const PlanArgs& a) {
   LLMT_CHECK(a.world > 0 && a.batch > 0 && a.seq_len > 0 && a.accum > 0,
              "llmt plan: world size, batch, sequence length and accumulation must be positive");
   LLMT_CHECK(a.seq_len <= cfg.max_seq_len, "llmt plan: sequence length %d exceeds the model's context of %d", a.seq_len,
@@ -76,34 +76,65 @@ nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a) {
   }
   const double persistent = 4 * shard_total * f + (a.bf16 ? shard_total * P : 0.0);
   const double gib = 1024.0 * 1024.0 * 1024.0;
+  Plan p;
+  p.model = cfg.describe();
+  p.params = L.total_numel;
+  p.world = a.world;
+  p.ranks_per_node = per_node;
+  p.strategy = s;
+  p.shard_group = Ws;
+  p.replicas = Rp;
+  p.batch = a.batch;
+  p.seq_len = a.seq_len;
+  p.accum = a.accum;
+  p.gradient_checkpointing = a.gradient_checkpointing;
+  p.compute_dtype = compute;
+  p.reduce_dtype = a.reduce_dtype;
+  p.persistent_gib = persistent / gib;
+  p.gathered_peak_gib = gathered / gib;
+  p.activations_gib = activations / gib;
+  for (auto& kv : by_buffer) p.activations_by_buffer_gib[kv.first] = kv.second / gib;
+  p.total_gib = (persistent + gathered + activations) / gib;
+  p.comm_all_gather_bytes = ag;
+  p.comm_reduce_scatter_bytes = rs;
+  p.comm_all_reduce_bytes = ar;
+  p.comm_total_bytes = ag + rs + ar;
+  p.flops_per_token = Transformer::flops_per_token(cfg, L, a.seq_len);
+  return p;
+}
+
+nlohmann::json plan_json(const Plan& p) {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
   nlohmann::json act_json = nlohmann::json::object();
-  for (auto& kv : by_buffer) act_json[kv.first] = kv.second / gib;
-  return {{"model", cfg.describe()},
-          {"params", L.total_numel},
-          {"world", a.world},
-          {"ranks_per_node", per_node},
-          {"strategy", strategy_name(s)},
-          {"shard_group", Ws},
-          {"replicas", Rp},
-          {"batch", a.batch},
-          {"seq_len", a.seq_len},
-          {"accum", a.accum},
-          {"gradient_checkpointing", a.gradient_checkpointing},
-          {"compute_dtype", dtype_name(compute)},
-          {"reduce_dtype", dtype_name(a.reduce_dtype)},
-          {"persistent_gib", persistent / gib},
-          {"gathered_peak_gib", gathered / gib},
-          {"activations_gib", activations / gib},
+  for (auto& kv : p.activations_by_buffer_gib) act_json[kv.first] = kv.second;
+  return {{"model", p.model},
+          {"params", p.params},
+          {"world", p.world},
+          {"ranks_per_node", p.ranks_per_node},
+          {"strategy", strategy_name(p.strategy)},
+          {"shard_group", p.shard_group},
+          {"replicas", p.replicas},
+          {"batch", p.batch},
+          {"seq_len", p.seq_len},
+          {"accum", p.accum},
+          {"gradient_checkpointing", p.gradient_checkpointing},
+          {"compute_dtype", dtype_name(p.compute_dtype)},
+          {"reduce_dtype", dtype_name(p.reduce_dtype)},
+          {"persistent_gib", p.persistent_gib},
+          {"gathered_peak_gib", p.gathered_peak_gib},
+          {"activations_gib", p.activations_gib},
           {"activations_by_buffer_gib", act_json},
-          {"total_gib", (persistent + gathered + activations) / gib},
-          {"comm_all_gather_bytes", ag},
-          {"comm_reduce_scatter_bytes", rs},
-          {"comm_all_reduce_bytes", ar},
-          {"comm_total_bytes", ag + rs + ar},
-          {"comm_total_gib", (ag + rs + ar) / gib},
-          {"flops_per_token", Transformer::flops_per_token(cfg, L, a.seq_len)},
+          {"total_gib", p.total_gib},
+          {"comm_all_gather_bytes", p.comm_all_gather_bytes},
+          {"comm_reduce_scatter_bytes", p.comm_reduce_scatter_bytes},
+          {"comm_all_reduce_bytes", p.comm_all_reduce_bytes},
+          {"comm_total_bytes", p.comm_total_bytes},
+          {"comm_total_gib", p.comm_total_bytes / gib},
+          {"flops_per_token", p.flops_per_token},
           {"flops_convention", Transformer::kFlopsConvention}};
 }
+
+nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a) { return plan_json(plan_run(cfg, a)); }
 
 double memory_per_rank_gib(Backend* be, int local_rank, int local_size, std::string* where) {
   const double gib = 1024.0 * 1024.0 * 1024.0;

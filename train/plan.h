@@ -2,6 +2,7 @@
 // activation table and the FSDP strategy without allocating anything, so it runs anywhere (a
 // laptop, a login node).
 #pragma once
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -25,10 +26,27 @@ struct PlanArgs {
   DType reduce_dtype = DType::f32;  // what gradients travel in
 };
 
-// Per rank: persistent state, peak gathered buffers, activations (by buffer too); per step: bytes
-// each rank sends in all_gather / reduce_scatter / all_reduce (the ring convention of CommStats),
-// the store's collectives and the step's loss and norm scalars.
-nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a);
+// What a run holds and sends per rank. Per rank: persistent state, peak gathered buffers,
+// activations (by buffer too); per step: bytes each rank sends in all_gather / reduce_scatter /
+// all_reduce (the ring convention of CommStats), the store's collectives and the step's loss and
+// norm scalars.
+struct Plan {
+  std::string model;  // the config, described
+  int64_t params = 0;
+  int world = 1, ranks_per_node = 1, shard_group = 1, replicas = 1;
+  Strategy strategy = Strategy::full_shard;
+  int batch = 1, seq_len = 1, accum = 1;
+  bool gradient_checkpointing = false;
+  DType compute_dtype = DType::f32, reduce_dtype = DType::f32;
+  double persistent_gib = 0, gathered_peak_gib = 0, activations_gib = 0, total_gib = 0;
+  std::map<std::string, double> activations_by_buffer_gib;
+  double comm_all_gather_bytes = 0, comm_reduce_scatter_bytes = 0, comm_all_reduce_bytes = 0, comm_total_bytes = 0;
+  double flops_per_token = 0;
+};
+Plan plan_run(const ModelConfig& cfg, const PlanArgs& a);
+// The plan as `llmt plan --json` prints it (and its table, format_plan, reads).
+nlohmann::json plan_json(const Plan& plan);
+nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a);  // plan_json(plan_run(cfg, a))
 std::string format_plan(const nlohmann::json& plan);
 
 // The memory one rank may use, GiB, to compare with a plan's total before allocating: its GPU's

@@ -315,10 +315,25 @@ ConfigFields train_config_fields(const TrainArgs& a) {
   };
 }
 
-TrainArgs parse_train_args(Flags& f) {
-  TrainArgs a;
-  for (const TrainFlag& flag : train_flags()) flag.read(f, flag.name, a);
+namespace {
 
+// The flags of train's table that set a part's members.
+const std::vector<const char*> kParallelismFlags = {"device", "threads", "ddp_backend", "ddp_timeout", "fsdp",
+                                                    "hybrid_shard_group_size", "gradient_checkpointing"};
+const std::vector<const char*> kPrecisionFlags = {"bf16", "tf32", "mixed_precision_reduce"};
+
+// Reads the named flags of train's table into `a` (each as llmt train reads it).
+void read_named(Flags& f, TrainArgs& a, const std::vector<const char*>& names) {
+  for (const char* name : names) {
+    const TrainFlag* flag = nullptr;
+    for (const TrainFlag& t : train_flags())
+      if (std::string(t.name) == name) flag = &t;
+    LLMT_CHECK(flag, "internal: --%s is not in the train flag table", name);
+    flag->read(f, flag->name, a);
+  }
+}
+
+void check_parallelism(const ParallelismConfig& a) {
   LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got \"%s\"", a.device.c_str());
   LLMT_CHECK(a.ddp_backend.empty() || a.ddp_backend == "nccl" || a.ddp_backend == "mpi",
              "--ddp_backend must be nccl or mpi, got \"%s\"", a.ddp_backend.c_str());
@@ -326,6 +341,42 @@ TrainArgs parse_train_args(Flags& f) {
              "memory); the CPU backend uses mpi");
   LLMT_CHECK(std::isfinite(a.ddp_timeout) && a.ddp_timeout > 0, "--ddp_timeout must be a positive number of "
              "seconds, got %g", a.ddp_timeout);
+  // Thread counts: 0 means the default, a negative count is an error (--threads -1 was silently 0), and
+  // more threads than CPUs only slows OpenMP down; a huge count crashes libgomp (100000: SIGSEGV).
+  const int cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  LLMT_CHECK(a.threads >= 0 && a.threads <= cpus, "--threads %d: expected 0 (the node's cores shared by its ranks) "
+             "to %d (this node's CPUs)", a.threads, cpus);
+  LLMT_CHECK(a.hybrid_shard_group_size >= 0, "--hybrid_shard_group_size %d: expected 0 (the ranks of a node) or a "
+             "positive number of ranks", a.hybrid_shard_group_size);
+  parse_fsdp(a.fsdp);  // its spelling, before any rank starts work
+}
+
+void check_precision(const PrecisionConfig& a) { parse_reduce_dtype(a.mixed_precision_reduce); }
+
+}  // namespace
+
+void read_parallelism(Flags& f, ParallelismConfig& part) {
+  TrainArgs a;
+  static_cast<ParallelismConfig&>(a) = part;
+  read_named(f, a, kParallelismFlags);
+  check_parallelism(a);
+  part = a;
+}
+
+void read_precision(Flags& f, PrecisionConfig& part) {
+  TrainArgs a;
+  static_cast<PrecisionConfig&>(a) = part;
+  read_named(f, a, kPrecisionFlags);
+  check_precision(a);
+  part = a;
+}
+
+TrainArgs parse_train_args(Flags& f) {
+  TrainArgs a;
+  for (const TrainFlag& flag : train_flags()) flag.read(f, flag.name, a);
+
+  check_parallelism(a);
+  check_precision(a);
   LLMT_CHECK(a.model_name_or_path.empty() != a.model_config.empty(),
              "give exactly one of --model_name_or_path (a Hugging Face directory) or --model_config (a preset or "
              "config.json, randomly initialised)");
@@ -364,8 +415,6 @@ TrainArgs parse_train_args(Flags& f) {
   LLMT_CHECK(a.save_strategy != "steps" || a.save_steps > 0, "--save_steps must be positive");
   LLMT_CHECK(a.save_total_limit >= 0, "--save_total_limit must not be negative");
   // validate spellings now, before any rank starts work
-  parse_fsdp(a.fsdp);
-  parse_reduce_dtype(a.mixed_precision_reduce);
   make_schedule(a.lr_scheduler_type, 1, a.warmup_steps, a.warmup_ratio, a.lr_scheduler_kwargs, a.learning_rate);
   // torch.optim.AdamW under every name the Trainer gives it (adamw_hf was transformers' own AdamW, the
   // same update with correct_bias=True)
@@ -373,16 +422,10 @@ TrainArgs parse_train_args(Flags& f) {
              "--optim %s: llmt implements AdamW (adamw_torch, adamw_torch_fused, adamw_hf)", a.optim.c_str());
   LLMT_CHECK(a.logging_strategy == "steps" || a.logging_strategy == "epoch" || a.logging_strategy == "no",
              "--logging_strategy must be steps, epoch or no, got \"%s\"", a.logging_strategy.c_str());
-  // Thread counts: 0 means the default, a negative count is an error (--threads -1 was silently 0), and
-  // more threads than CPUs only slows OpenMP down; a huge count crashes libgomp (100000: SIGSEGV).
   const int cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  LLMT_CHECK(a.threads >= 0 && a.threads <= cpus, "--threads %d: expected 0 (the node's cores shared by its ranks) "
-             "to %d (this node's CPUs)", a.threads, cpus);
   LLMT_CHECK(a.data.preprocessing_num_workers >= 0 && a.data.preprocessing_num_workers <= cpus,
              "--preprocessing_num_workers %d: expected 0 (the rank's threads) to %d (this node's CPUs)",
              a.data.preprocessing_num_workers, cpus);
-  LLMT_CHECK(a.hybrid_shard_group_size >= 0, "--hybrid_shard_group_size %d: expected 0 (the ranks of a node) or a "
-             "positive number of ranks", a.hybrid_shard_group_size);
   LLMT_CHECK(a.eval_steps >= 0, "--eval_steps %lld: expected 0 (--logging_steps) or a positive number of steps",
              (long long)a.eval_steps);
   // epochs are multiplied into a step count: nan and inf are no number of steps

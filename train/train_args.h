@@ -13,11 +13,27 @@
 
 namespace llmt {
 
-struct TrainArgs {
+// The parts of a run's configuration that more than one command takes. A command's arguments
+// inherit the parts it takes (llmt train's all of them, llmt bench's these two), and each part is
+// read by llmt train's one flag table (read_parallelism, read_precision): every flag is named,
+// read, checked and documented once.
+struct ParallelismConfig {
   std::string device = "cpu";
   int threads = 0;                   // CPU threads per rank; 0 = this rank's share of the node's cores
   std::string ddp_backend;           // nccl, mpi, or "" (nccl on GPUs when each rank has its own, else mpi)
   double ddp_timeout = 1800;         // seconds a collective may take before the watchdog ends the job (HF's default)
+  std::string fsdp;                  // "full_shard auto_wrap", "shard_grad_op", "hybrid_shard", "no_shard" ("" = no_shard)
+  int hybrid_shard_group_size = 0;   // ranks a hybrid_shard shard spans; 0 = the ranks of a node
+  bool gradient_checkpointing = false;
+};
+
+struct PrecisionConfig {
+  bool bf16 = false;                       // bf16 compute copy, gathers and activations (fp32 master, moments)
+  bool tf32 = false;
+  std::string mixed_precision_reduce = "float32";  // gradients reduced in float32 or bfloat16 (torchtitan's name)
+};
+
+struct TrainArgs : ParallelismConfig, PrecisionConfig {
   std::string model_name_or_path;    // a Hugging Face directory: config.json + safetensors (+ tokenizer)
   std::string model_config;          // or a preset name / config.json, randomly initialised
   std::string tokenizer_name_or_path;  // default: model_name_or_path; "bytes" = byte-level
@@ -44,10 +60,7 @@ struct TrainArgs {
   int throughput_warmup_steps = 0;   // steps left out of the throughput summary
   bool report_tensorboard = false;   // --report_to tensorboard|all
   std::string logging_dir;           // TensorBoard's; "" = output_dir/runs/<date>_<host>
-  std::string fsdp;                  // "full_shard auto_wrap", "shard_grad_op", "hybrid_shard", "no_shard" ("" = no_shard)
   std::string fsdp_transformer_layer_cls_to_wrap;  // GPT2Block / LlamaDecoderLayer
-  int hybrid_shard_group_size = 0;   // ranks a hybrid_shard shard spans; 0 = the ranks of a node
-  bool gradient_checkpointing = false;
   bool do_eval = false;
   std::string evaluation_strategy = "no";  // no, steps, epoch
   int64_t eval_steps = 0;
@@ -59,10 +72,7 @@ struct TrainArgs {
   bool ignore_data_skip = false;           // resume with data other than the checkpoint's (refused otherwise)
   bool save_only_model = false;            // checkpoints without the training state (they cannot be resumed)
   uint64_t seed = 42;
-  bool bf16 = false;                       // bf16 compute copy, gathers and activations (fp32 master, moments)
   std::string torch_dtype;                 // dtype of saved models: float32 (unset), bfloat16, float16, auto
-  bool tf32 = false;
-  std::string mixed_precision_reduce = "float32";  // gradients reduced in float32 or bfloat16 (torchtitan's name)
 };
 
 // One flag of llmt train: how --help and the README describe it, and how it is read.
@@ -79,6 +89,10 @@ const std::vector<TrainFlag>& train_flags();
 // The resolved values every rank must share, for check_ranks_agree (engine/dist/agree.h): each
 // member of TrainArgs except the few a rank may set for itself (threads, tokenizing workers, cache).
 ConfigFields train_config_fields(const TrainArgs& args);
+
+// A part's flags from train's table, its own values the defaults, checked as llmt train checks them.
+void read_parallelism(Flags& flags, ParallelismConfig& part);
+void read_precision(Flags& flags, PrecisionConfig& part);
 
 // Reads every train flag from `flags` and checks the values (then flags.finish() rejects the rest).
 TrainArgs parse_train_args(Flags& flags);

@@ -1,20 +1,15 @@
 #include "train/trainer.h"
 
-#include <fcntl.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -25,8 +20,6 @@
 #include "data/sampler.h"
 #include "data/tokenizer.h"
 #include "engine/backend/backend.h"
-#include "engine/ckpt/checkpoint.h"
-#include "engine/ckpt/train_state.h"
 #include "engine/core/crc32c.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
@@ -34,125 +27,24 @@
 #include "engine/core/stop.h"
 #include "engine/diag/nccl_log.h"
 #include "engine/dist/agree.h"
-#include "engine/dist/mpi_communicator.h"
 #include "engine/dist/watchdog.h"
 #include "engine/fsdp/fsdp.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/schedule.h"
-#include "engine/fsdp/staged_comm.h"
-#include "kernels/cpu/cpu_backend.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
+#include "train/checkpointer.h"
 #include "train/export.h"
-#include "train/plan.h"
+#include "train/metrics.h"
+#include "train/run_dir.h"
+#include "train/session.h"
 #include "train/step.h"
-#include "train/tensorboard.h"
 
 namespace llmt {
 
 namespace {
 
-// SIGUSR1 (Slurm's --signal=USR1@120 before the time limit) or SIGTERM (scancel, preemption):
-// finish the step, save a checkpoint, exit cleanly so the job can be requeued and resumed. Set by
-// the signal thread (install_stop_handlers) in engine/core/stop.h, where data preparation reads it.
-
 const double kMiB = 1024.0 * 1024.0;
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double peak_rss_gib() {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss / (1024.0 * 1024.0);  // ru_maxrss is in KiB on Linux
-}
-
-// mkdir -p: each missing parent in turn, as the Hugging Face Trainer's os.makedirs. 0, or the errno of
-// the first part that could not be made (with *failed set to that part).
-int mkdir_parents(const std::string& dir, std::string* failed = nullptr) {
-  for (size_t at = 1; at <= dir.size(); at++) {
-    if (at != dir.size() && dir[at] != '/') continue;
-    const std::string part = dir.substr(0, at);
-    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
-      if (failed) *failed = part;
-      return errno;
-    }
-  }
-  return 0;
-}
-
-void make_dir(const std::string& dir) {
-  std::string part;
-  if (const int err = mkdir_parents(dir, &part))
-    fail("cannot create output directory %s: %s: %s", dir.c_str(), part.c_str(), std::strerror(err));
-  std::string probe = dir + "/.llmt_write_test";
-  FILE* f = std::fopen(probe.c_str(), "w");
-  LLMT_CHECK(f, "output directory %s is not writable: %s", dir.c_str(), std::strerror(errno));
-  std::fclose(f);
-  std::remove(probe.c_str());
-}
-
-// An output file of lines (metrics.jsonl), each written and flushed at once. A failed write, flush or
-// close is an error naming the file: a full disk or an unwritable file gave exit 0 and no metrics.
-class LineFile {
- public:
-  ~LineFile() {
-    if (f_) std::fclose(f_);
-  }
-  void open(const std::string& path) {
-    path_ = path;
-    f_ = std::fopen(path.c_str(), "w");
-    LLMT_CHECK(f_, "cannot create %s: %s", path.c_str(), std::strerror(errno));
-  }
-  void write(const std::string& line) {
-    if (!f_) return;
-    const std::string text = line + "\n";
-    const bool ok = std::fwrite(text.data(), 1, text.size(), f_) == text.size() && std::fflush(f_) == 0;
-    LLMT_CHECK(ok, "writing %s failed: %s", path_.c_str(), std::strerror(errno));
-  }
-  void close() {
-    if (!f_) return;
-    const int rc = std::fclose(f_);
-    f_ = nullptr;
-    LLMT_CHECK(rc == 0, "closing %s failed: %s", path_.c_str(), std::strerror(errno));
-  }
-
- private:
-  std::string path_;
-  FILE* f_ = nullptr;
-};
-
-// The run's claim on its output_dir: an fcntl lock on output_dir/.llmt.lock, held until the process
-// ends (the kernel drops it even after kill -9; fcntl locks also work over NFS), with the holder's
-// host and pid in the file for the second run's message. Two runs in one directory trampled each
-// other's temporary checkpoint directories. The descriptor stays open for the whole run: closing
-// it would drop the lock.
-int lock_output_dir(const std::string& dir) {
-  const std::string path = dir + "/.llmt.lock";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  LLMT_CHECK(fd >= 0, "cannot create %s: %s", path.c_str(), std::strerror(errno));
-  struct flock fl;
-  std::memset(&fl, 0, sizeof(fl));
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  if (::fcntl(fd, F_SETLK, &fl) != 0) {
-    char holder[256] = {0};
-    const ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
-    ::close(fd);
-    std::string who = n > 0 ? std::string(holder, (size_t)n) : "unknown";
-    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
-    fail("%s is in use by another llmt run (%s): wait for it to end, or give another --output_dir", dir.c_str(),
-         who.c_str());
-  }
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  const std::string me = strformat("host %s pid %d\n", host, (int)getpid());
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != (ssize_t)me.size())
-    log_warn("cannot write %s: %s", path.c_str(), std::strerror(errno));
-  return fd;
-}
 
 // --tokenizer_name_or_path, else the model directory: a directory, a tokenizer file, or "bytes".
 std::string tokenizer_source(const TrainArgs& a) {
@@ -216,6 +108,19 @@ std::unique_ptr<Tokenizer> pick_tokenizer(const TrainArgs& a, const ModelConfig&
   return tok;
 }
 
+// What the loop and its hooks read of the flags, taken once in the constructor.
+struct LoopSettings {
+  int accum = 1;                    // --gradient_accumulation_steps
+  double learning_rate = 0.0, max_grad_norm = 1.0;
+  uint64_t seed = 42;
+  int throughput_warmup_steps = 0;
+  std::string evaluation_strategy, save_strategy;  // no, steps, epoch
+  int64_t eval_every = 0, save_steps = 0;          // eval_every: --eval_steps, else --logging_steps
+  bool do_eval = false;
+  int eval_batch = 0;               // --per_device_eval_batch_size (0: the train batch)
+  std::string output_dir, nccl_log_dir;
+};
+
 // Everything one run holds. The constructor sets it up; run() is the loop of steps and their hooks.
 class Trainer {
  public:
@@ -223,113 +128,79 @@ class Trainer {
   void run();
 
  private:
-  // setup
-  void prepare_output_dir();
-  void build_model();
-  int cuda_device_for_rank(const LaunchInfo& launch);
-  std::unique_ptr<DataComm> make_device_data_comm();
-  void report_nccl_transports();
-  void describe_gpus();
-  void load_data();
-  void load_parameters();
-  PlanArgs plan_args() const;
-  void check_memory_fits();
-  void describe();
-  void resume();
+  // setup, from the flags
+  void build_model(const TrainArgs& a);
+  void load_data(const TrainArgs& a);
+  void load_parameters(const TrainArgs& a);
+  void describe(const TrainArgs& a);
+  void resume(const TrainArgs& a);
   // the loop: a step, then its hooks
   StepResult step(int64_t step);
-  void log(int64_t step, const StepResult& r);
   void maybe_evaluate(int64_t step);
   bool maybe_save(int64_t step);
   bool stop_requested(int64_t step, bool saved);
   void finish();
-  void close_outputs();
   // what the hooks call
   double evaluate();
-  void save_checkpoint(int64_t step);
-  void record(const nlohmann::json& j);
-  nlohmann::json data_identity_json() const;
-  void check_resumed_data(const std::string& ck, const nlohmann::json& recorded);
-  std::string resume_path();
+  void save_checkpoint(int64_t step) { ckpt_->save(step, metrics_->history()); }
   bool epoch_end(int64_t step) const { return (step + 1) % steps_per_epoch_ == 0; }
 
-  const TrainArgs& a_;
   ControlComm& world_;
   const LaunchInfo& launch_;
-  std::unique_ptr<DataComm> data_ = make_mpi_data_comm(world_);  // the world's data collectives
-  const Strategy strategy_ = parse_fsdp(a_.fsdp);
-  const DType reduce_dtype_ = parse_reduce_dtype(a_.mixed_precision_reduce);
+  LoopSettings ls_;
   const int W_ = world_.size();
   ModelConfig cfg_;
-  int threads_ = 0;
-  std::unique_ptr<Backend> be_;
+  Session session_;  // the backend, the data communicator, the model and its store (train/session.h)
   std::unique_ptr<Tokenizer> tok_;
   std::string tokenizer_dir_;  // copied beside saved models
   std::string save_dtype_ = "F32";  // what saved models are written in (--torch_dtype)
   TokenDataset train_, eval_;
   DataIdentity data_id_;  // the training data's identity, recorded in checkpoints and compared on resume
-  int B_ = 0, T_ = 0, pad_id_ = 0, local_size_ = 1;
-  std::unique_ptr<Transformer> model_;
-  std::unique_ptr<FsdpStore> store_;
+  int B_ = 0, T_ = 0, pad_id_ = 0;
   std::unique_ptr<Sampler> sampler_;
   int64_t steps_per_epoch_ = 1, total_steps_ = 0, first_step_ = 0;
   int64_t global_batch_ = 1;  // sequences per step over every rank: with the seed, it fixes the data order
   Schedule sched_;
   AdamWConfig adamw_;
-  LineFile metrics_;  // output_dir/metrics.jsonl (rank 0)
-  std::unique_ptr<TensorBoardWriter> tb_;  // rank 0, with --report_to tensorboard
-  std::vector<nlohmann::json> log_history_;  // what was logged, for trainer_state.json (rank 0)
+  std::unique_ptr<Checkpointer> ckpt_;
+  std::unique_ptr<MetricsLogger> metrics_;
   // this rank's batch buffers, one per micro-batch
   std::vector<std::vector<int32_t>> tokens_, targets_;
-  // the logging window and the whole run's throughput
-  double window_start_ = 0.0, window_loss_ = 0.0, window_flops_ = 0.0, run_start_ = 0.0;
-  int64_t window_tokens_ = 0, window_steps_ = 0, run_tokens_ = 0;
-  double comm_before_ = 0.0, comm_first_step_ = 0.0, planned_comm_bytes_ = 0.0;
-  bool comm_recorded_ = false;
+  // the whole run's throughput and what its first step sent
+  double run_start_ = 0.0, comm_before_ = 0.0, comm_first_step_ = 0.0, planned_comm_bytes_ = 0.0;
+  int64_t run_tokens_ = 0;
   double lr_ = 0.0;
-  double first_loss_ = 0.0, first_grad_norm_ = 0.0;  // this run's first step, for the divergence warning
-  bool warned_explosion_ = false;
-  // A live progress line on a terminal; not under mpirun or srun, whose ranks' output may look like a
-  // terminal but ends up in logs.
-  bool live_ = false;
-  bool log_nccl_ = false;
-  int lock_fd_ = -1;  // rank 0: the open lock on output_dir (lock_output_dir), held for the run's life  // NCCL writes its log where report_nccl_transports reads it
+  int lock_fd_ = -1;  // rank 0: the open lock on output_dir (claim_output_dir), held for the run's life
   // Fault injection for the tests: LLMT_FAIL_AT_STEP=rank:step makes that rank fail at that step.
   int fail_rank_ = -1;
   long long fail_step_ = -1;
 };
 
-Trainer::Trainer(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch)
-    : a_(a), world_(world), launch_(launch) {
+Trainer::Trainer(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch) : world_(world), launch_(launch) {
+  ls_.accum = a.gradient_accumulation_steps;
+  ls_.learning_rate = a.learning_rate;
+  ls_.max_grad_norm = a.max_grad_norm;
+  ls_.seed = a.seed;
+  ls_.throughput_warmup_steps = a.throughput_warmup_steps;
+  ls_.evaluation_strategy = a.evaluation_strategy;
+  ls_.eval_every = a.eval_steps > 0 ? a.eval_steps : a.logging_steps;  // Hugging Face's fallback
+  ls_.save_strategy = a.save_strategy;
+  ls_.save_steps = a.save_steps;
+  ls_.do_eval = a.do_eval;
+  ls_.eval_batch = a.per_device_eval_batch_size;
+  ls_.output_dir = a.output_dir;
+  ls_.nccl_log_dir = a.output_dir + "/nccl_logs";
   if (a.tf32 && a.device == "cpu")
     log_info("note   --tf32 selects TF32 for fp32 matmuls on a GPU; the CPU has no TF32 and ignores it");
   install_stop_handlers();  // again, for callers other than `llmt train` (which installs them first thing)
-  prepare_output_dir();
+  lock_fd_ = claim_output_dir(world_, a.output_dir, !a.resume_from_checkpoint.empty(), a.overwrite_output_dir);
   log_info("%s", describe_layout(launch, a.device).c_str());
-  build_model();
-  load_data();
-  load_parameters();
-  describe();
-  resume();
-  live_ = world_.rank() == 0 && isatty(fileno(stdout)) && launch_.launcher == "single process";
+  build_model(a);
+  load_data(a);
+  load_parameters(a);
+  describe(a);
+  resume(a);
   if (const char* f = std::getenv("LLMT_FAIL_AT_STEP")) std::sscanf(f, "%d:%lld", &fail_rank_, &fail_step_);
-}
-
-void Trainer::prepare_output_dir() {
-  if (world_.rank() == 0) {
-    make_dir(a_.output_dir);
-    lock_fd_ = lock_output_dir(a_.output_dir);
-    std::vector<CheckpointEntry> old = list_checkpoint_dirs(a_.output_dir);
-    LLMT_CHECK(old.empty() || !a_.resume_from_checkpoint.empty() || a_.overwrite_output_dir,
-               "%s already holds checkpoints: pass --resume_from_checkpoint latest to continue, or "
-               "--overwrite_output_dir to start again there (it removes them)", a_.output_dir.c_str());
-    if (a_.overwrite_output_dir && a_.resume_from_checkpoint.empty())
-      for (const CheckpointEntry& c : old) {  // a new run's checkpoints must not mix with the old run's steps
-        log_info("remove %s (--overwrite_output_dir)", c.path.c_str());
-        remove_dir_tree(c.path);
-      }
-  }
-  world_.barrier();
 }
 
 // What one rank's dataset is, by content: ranks whose files differ under one path (a node-local copy)
@@ -343,130 +214,30 @@ static std::string dataset_identity(const TokenDataset& d) {
   return strformat("%lld examples, %lld tokens, CRC-32C %08x", (long long)n, (long long)tokens, crc);
 }
 
-void Trainer::build_model() {
-  cfg_ = resolve_model_config(!a_.model_name_or_path.empty() ? a_.model_name_or_path : a_.model_config);
+// The model's configuration (agreed by every rank) and its tokenizer.
+void Trainer::build_model(const TrainArgs& a) {
+  cfg_ = resolve_model_config(!a.model_name_or_path.empty() ? a.model_name_or_path : a.model_config);
   {  // the same flags may still name different files on different nodes
     ConfigFields model;
     const nlohmann::json hf = config_to_hf_json(cfg_);
     for (auto it = hf.begin(); it != hf.end(); ++it) model.emplace_back("config.json " + it.key(), it.value().dump());
     check_ranks_agree(world_, "model configuration", model);
   }
-  if (!a_.fsdp_transformer_layer_cls_to_wrap.empty()) {
+  if (!a.fsdp_transformer_layer_cls_to_wrap.empty()) {
     const char* want = cfg_.arch == Arch::gpt2 ? "GPT2Block" : "LlamaDecoderLayer";
-    LLMT_CHECK(a_.fsdp_transformer_layer_cls_to_wrap == want, "--fsdp_transformer_layer_cls_to_wrap %s: a %s model's "
-               "layers are %s", a_.fsdp_transformer_layer_cls_to_wrap.c_str(), cfg_.arch_name(), want);
+    LLMT_CHECK(a.fsdp_transformer_layer_cls_to_wrap == want, "--fsdp_transformer_layer_cls_to_wrap %s: a %s model's "
+               "layers are %s", a.fsdp_transformer_layer_cls_to_wrap.c_str(), cfg_.arch_name(), want);
   }
-  tok_ = pick_tokenizer(a_, cfg_);
-  tokenizer_dir_ = tokenizer_dir(tokenizer_source(a_));
-  threads_ = a_.threads > 0 ? a_.threads : default_threads_per_rank(launch_);
-  const DType compute = a_.bf16 ? DType::bf16 : DType::f32;
-  if (a_.device == "cpu") {
-    be_ = make_cpu_backend(threads_, compute);
-    return;
-  }
-  be_ = make_cuda_backend(cuda_device_for_rank(launch_), compute, a_.tf32);
-  describe_gpus();
-  data_ = make_device_data_comm();
+  tok_ = pick_tokenizer(a, cfg_);
+  tokenizer_dir_ = tokenizer_dir(tokenizer_source(a));
 }
 
-// --ddp_backend for --device cuda: NCCL unless the ranks of a node share a GPU (NCCL refuses two ranks
-// on one device) or the build has no NCCL; else MPI, staged through host memory.
-std::unique_ptr<DataComm> Trainer::make_device_data_comm() {
-  const bool emulated = std::string(cuda_build_kind()) == "simt";  // the stand-in takes any layout
-  const bool shared_gpu = !emulated && launch_.local_size > cuda_device_count();
-  std::string backend = a_.ddp_backend;
-  if (backend.empty()) backend = shared_gpu || !nccl_available() || emulated ? "mpi" : "nccl";
-  LLMT_CHECK(!(backend == "nccl" && shared_gpu), "--ddp_backend nccl: %d ranks per node share %d GPU%s, and NCCL "
-             "refuses two ranks on one device; start one rank per GPU or use --ddp_backend mpi", launch_.local_size,
-             cuda_device_count(), cuda_device_count() == 1 ? "" : "s");
-  if (backend == "mpi") {
-    log_info("comm   data collectives over MPI, staged through host memory (--ddp_backend mpi): nothing overlaps");
-    return make_staged_data_comm(std::move(data_), *be_);
-  }
-  log_nccl_ = !std::getenv("NCCL_DEBUG");  // the user's own NCCL_DEBUG settings win
-  if (log_nccl_) {
-    // NCCL's own account of its transports, one file per process, read back after the first step
-    const std::string dir = a_.output_dir + "/nccl_logs";
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-      fail("cannot create %s for NCCL's logs: %s", dir.c_str(), std::strerror(errno));
-    setenv("NCCL_DEBUG", "INFO", 1);
-    setenv("NCCL_DEBUG_SUBSYS", "INIT,NET", 1);
-    setenv("NCCL_DEBUG_FILE", (dir + "/nccl.%h.%p").c_str(), 1);
-  }
-  std::unique_ptr<DataComm> nccl = make_nccl_data_comm(world_, *be_, a_.ddp_timeout);
-  log_info("comm   data collectives over NCCL %s on a communication stream of their own (--ddp_backend nccl)",
-           nccl_build_version().c_str());
-  return nccl;
-}
-
-// One GPU per rank: the rank's index among its node's ranks, over the devices it can see
-// (CUDA_VISIBLE_DEVICES applies). More ranks than GPUs on a node share them, with a warning.
-int Trainer::cuda_device_for_rank(const LaunchInfo& launch) {
-  const int n = cuda_device_count();
-  LLMT_CHECK(n > 0, "--device cuda: rank %d sees no usable CUDA device (%s)", world_.rank(),
-             cuda_device_description(0).c_str());
-  if (launch.local_size > n && world_.rank() == 0)
-    log_info("warning %d ranks per node share %d GPU%s: fine for tests, slow for training", launch.local_size, n,
-             n == 1 ? "" : "s");
-  return launch.local_rank % n;
-}
-
-// After the first step, when NCCL has connected its channels: every rank's NCCL log, gathered on
-// rank 0 and summarised by the netcheck parser (which path each connection takes: NET/IB with
-// GDRDMA, NET/Socket, P2P, SHM) with its warnings, e.g. sockets between nodes that have RDMA.
-void Trainer::report_nccl_transports() {
-  std::string text;
-  for (const std::string& l : read_text_lines(nccl_debug_file_path())) text += l + "\n";
-  const size_t kMax = 256 << 10;  // a few thousand lines is plenty for a summary
-  if (text.size() > kMax) text.resize(kMax);
-  int32_t len = (int32_t)text.size(), longest = 0;
-  std::vector<int32_t> lens((size_t)W_);
-  world_.all_gather(&len, lens.data(), 1, DType::i32);
-  for (int32_t l : lens) longest = std::max(longest, l);
-  const int64_t words = (longest + 3) / 4;
-  text.resize((size_t)words * 4, '\0');
-  std::vector<char> all((size_t)words * 4 * W_);
-  world_.all_gather(text.data(), all.data(), words, DType::i32);
-  if (world_.rank() != 0) return;
-  std::vector<std::string> lines;
-  for (int r = 0; r < W_; r++) {
-    const char* p = all.data() + (size_t)r * words * 4;
-    std::string one(p, (size_t)lens[r]);
-    for (size_t at = 0, nl; at < one.size(); at = nl + 1) {
-      nl = one.find('\n', at);
-      if (nl == std::string::npos) nl = one.size();
-      lines.push_back(one.substr(at, nl - at));
-    }
-  }
-  const std::string summary = summarize_nccl_logs(lines);
-  for (size_t at = 0, nl; at < summary.size(); at = nl + 1) {
-    nl = summary.find('\n', at);
-    if (nl == std::string::npos) nl = summary.size();
-    if (nl > at) log_info("nccl   %s", summary.substr(at, nl - at).c_str());
-  }
-  log_info("nccl   (each rank's whole log: %s/nccl_logs/)", a_.output_dir.c_str());
-}
-
-// Which GPU each rank drives, as every rank sees it, on rank 0's log.
-void Trainer::describe_gpus() {
-  char line[256] = {0};
-  std::snprintf(line, sizeof(line), "%s", cuda_device_description(cuda_device_for_rank(launch_)).c_str());
-  std::vector<char> all((size_t)W_ * sizeof(line));
-  world_.all_gather(line, all.data(), sizeof(line) / 4, DType::i32);
-  if (world_.rank() != 0) return;
-  for (int r = 0; r < W_; r++)
-    log_info("gpu    rank %d: %s%s", r, all.data() + (size_t)r * sizeof(line),
-             std::string(cuda_build_kind()) == "simt" ? " [the SIMT emulator: CUDA kernels on the CPU]" : "");
-  log_info("gpu    attention: %s",
-           cuda_attention_kernels(a_.bf16 ? DType::bf16 : DType::f32, cfg_.head_size()).c_str());
-}
-
-void Trainer::load_data() {
-  DataArgs da = a_.data;
+void Trainer::load_data(const TrainArgs& a) {
+  DataArgs da = a.data;
   if (da.block_size <= 0) da.block_size = std::min(1024, cfg_.max_seq_len);
   LLMT_CHECK(da.block_size <= cfg_.max_seq_len, "--block_size %d exceeds the model's context of %d", da.block_size,
              cfg_.max_seq_len);
-  const std::string tok_src = tokenizer_source(a_);
+  const std::string tok_src = tokenizer_source(a);
   if (da.tokenizer_path.empty() && tok_src != "bytes") da.tokenizer_path = tok_src;
   // Alpaca examples longer than the model's context are cut at it, like those past model_max_length
   if (da.model_max_length > cfg_.max_seq_len) {
@@ -477,7 +248,7 @@ void Trainer::load_data() {
   }
   test_stop_point("data", world_.rank());
   train_ = load_train_dataset(da, *tok_, world_.rank(), W_, &data_id_);
-  if (a_.do_eval || a_.evaluation_strategy != "no") {
+  if (a.do_eval || a.evaluation_strategy != "no") {
     eval_ = load_eval_dataset(da, *tok_, world_.rank(), W_);
     LLMT_CHECK(!eval_.empty(), "--do_eval / --evaluation_strategy: there is no evaluation data (--validation_file, or "
                                "a dataset with a validation split)");
@@ -487,193 +258,124 @@ void Trainer::load_data() {
                      {"train data", dataset_identity(train_)},
                      {"evaluation data", dataset_identity(eval_)}});
   pad_id_ = default_pad_id(*tok_);
-  B_ = a_.per_device_train_batch_size;
+  B_ = a.per_device_train_batch_size;
   T_ = (int)std::min<int64_t>(train_.max_length(), cfg_.max_seq_len);
   if (!eval_.empty()) T_ = (int)std::min<int64_t>(std::max<int64_t>(T_, eval_.max_length()), cfg_.max_seq_len);
 
-  const int accum = a_.gradient_accumulation_steps;
-  sampler_ = std::make_unique<Sampler>(train_.size(), W_, world_.rank(), B_, accum, a_.seed);
+  const int accum = a.gradient_accumulation_steps;
+  sampler_ = std::make_unique<Sampler>(train_.size(), W_, world_.rank(), B_, accum, a.seed);
   steps_per_epoch_ = sampler_->steps_per_epoch();
   global_batch_ = (int64_t)W_ * B_ * accum;
-  total_steps_ = total_train_steps(a_, steps_per_epoch_, global_batch_);
-  sched_ = make_schedule(a_.lr_scheduler_type, total_steps_, a_.warmup_steps, a_.warmup_ratio, a_.lr_scheduler_kwargs,
-                         a_.learning_rate);
-  adamw_.beta1 = (float)a_.adam_beta1;
-  adamw_.beta2 = (float)a_.adam_beta2;
-  adamw_.eps = (float)a_.adam_epsilon;
-  adamw_.weight_decay = (float)a_.weight_decay;
+  total_steps_ = total_train_steps(a, steps_per_epoch_, global_batch_);
+  sched_ = make_schedule(a.lr_scheduler_type, total_steps_, a.warmup_steps, a.warmup_ratio, a.lr_scheduler_kwargs,
+                         a.learning_rate);
+  adamw_.beta1 = (float)a.adam_beta1;
+  adamw_.beta2 = (float)a.adam_beta2;
+  adamw_.eps = (float)a.adam_epsilon;
+  adamw_.weight_decay = (float)a.weight_decay;
   tokens_.resize((size_t)accum);
   targets_.resize((size_t)accum);
 }
 
-// The model's activations and the store, then every unit's parameters: read from the Hugging Face
-// checkpoint or initialised, one unit at a time (no rank holds the whole model).
-// What llmt plan computes for this run (the same figures as `llmt plan` with these flags).
-PlanArgs Trainer::plan_args() const {
-  PlanArgs pa;
-  pa.world = W_;
-  pa.ranks_per_node = strategy_ == Strategy::hybrid_shard ? local_size_ : W_;
-  pa.fsdp = strategy_name(strategy_);
-  pa.batch = B_;
-  pa.seq_len = T_;
-  pa.accum = a_.gradient_accumulation_steps;
-  pa.gradient_checkpointing = a_.gradient_checkpointing;
-  pa.bf16 = a_.bf16;
-  pa.reduce_dtype = reduce_dtype_;
-  return pa;
-}
-
-// Before anything large is allocated: the plan's per-rank total against the memory this rank can
-// have: on a GPU, the device's free memory over the ranks that share it; on the CPU, the node's
-// available memory over its ranks. --per_device_train_batch_size 100000 took 8 GB and half a minute
-// before any check.
-void Trainer::check_memory_fits() {
-  const nlohmann::json plan = make_plan(cfg_, plan_args());
-  const double need = plan["total_gib"].get<double>();
-  std::string where;
-  const double per_rank = memory_per_rank_gib(be_.get(), launch_.local_rank, launch_.local_size, &where);
-  if (per_rank <= 0) return;  // nothing to compare with
-  LLMT_CHECK(need <= per_rank, "this run needs %.2f GiB per rank (llmt plan: %.2f persistent, %.2f gathered, %.2f "
-             "activations) and %s: lower --per_device_train_batch_size or --block_size/--model_max_length, add "
-             "--gradient_checkpointing True, or shard over more ranks", need, plan["persistent_gib"].get<double>(),
-             plan["gathered_peak_gib"].get<double>(), plan["activations_gib"].get<double>(), where.c_str());
-}
-
-void Trainer::load_parameters() {
-  local_size_ = a_.hybrid_shard_group_size > 0 ? a_.hybrid_shard_group_size : launch_.local_size;
-  check_memory_fits();
-  model_ = std::make_unique<Transformer>(cfg_, *be_, B_, T_, a_.gradient_checkpointing);
-  const ModelLayout& L = model_->layout();
-  // hybrid_shard's groups are runs of consecutive ranks: with a node's ranks they must be that node's
-  if (strategy_ == Strategy::hybrid_shard && a_.hybrid_shard_group_size <= 0)
-    LLMT_CHECK(world_.rank() / launch_.local_size == launch_.node,
-               "hybrid_shard shards within a node, so each node's ranks must be consecutive (mpirun's default "
-               "--map-by slot, or ppr:N:node); rank %d sits on node %d", world_.rank(), launch_.node);
-  test_stop_point("store", world_.rank());
-  store_ = std::make_unique<FsdpStore>(*be_, L, strategy_, *data_, local_size_, reduce_dtype_);
+// The run's session (backend, communicators, model, store; train/session.h), then every unit's
+// parameters: read from the Hugging Face checkpoint or initialised, one unit at a time (no rank
+// holds the whole model).
+void Trainer::load_parameters(const TrainArgs& a) {
+  SessionSettings ss;
+  ss.device = a.device;
+  ss.threads = a.threads;
+  ss.bf16 = a.bf16;
+  ss.tf32 = a.tf32;
+  ss.ddp_backend = a.ddp_backend;
+  ss.ddp_timeout = a.ddp_timeout;
+  ss.nccl_log_dir = ls_.nccl_log_dir;
+  ss.batch = B_;
+  ss.seq_len = T_;
+  ss.gradient_checkpointing = a.gradient_checkpointing;
+  ss.strategy = parse_fsdp(a.fsdp);
+  ss.reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
+  ss.shard_group_size = a.hybrid_shard_group_size;
+  ss.check_memory = true;
+  ss.accum = a.gradient_accumulation_steps;
+  session_ = make_session(world_, launch_, ss, cfg_);
+  const ModelLayout& L = session_.layout();
   std::unique_ptr<SafetensorsCheckpoint> ckpt;
-  if (!a_.model_name_or_path.empty()) {
-    ckpt = std::make_unique<SafetensorsCheckpoint>(a_.model_name_or_path);
-    check_hf_tensors(*ckpt, cfg_, L, a_.model_name_or_path);
+  if (!a.model_name_or_path.empty()) {
+    ckpt = std::make_unique<SafetensorsCheckpoint>(a.model_name_or_path);
+    check_hf_tensors(*ckpt, cfg_, L, a.model_name_or_path);
   }
-  save_dtype_ = saved_model_dtype(a_, ckpt.get());
+  save_dtype_ = saved_model_dtype(a, ckpt.get());
+  if (!ckpt) return init_parameters(session_, cfg_, a.seed);
   std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
     host.assign((size_t)L.units[u].numel, 0.0f);
-    if (ckpt) load_hf_unit(*ckpt, cfg_, L, (int)u, host.data());
-    else init_unit_params(cfg_, L.units[u], (int)u, a_.seed, host.data());
-    store_->set_unit((int)u, host.data());
+    load_hf_unit(*ckpt, cfg_, L, (int)u, host.data());
+    session_.store->set_unit((int)u, host.data());
   }
 }
 
 // What this run holds and will send, as llmt plan predicts it (measured figures follow at the end).
-void Trainer::describe() {
-  const ModelLayout& L = model_->layout();
-  const ShardGroups& g = store_->groups();
-  nlohmann::json plan = make_plan(cfg_, plan_args());
+void Trainer::describe(const TrainArgs& a) {
+  const ModelLayout& L = session_.model->layout();
+  const ShardGroups& g = session_.store->groups();
+  const Plan plan = plan_run(cfg_, session_.plan);
   log_info("model  %s, %.2fM parameters (%s)", cfg_.describe().c_str(), L.total_numel / 1e6,
-           a_.model_name_or_path.empty() ? "random init" : a_.model_name_or_path.c_str());
+           a.model_name_or_path.empty() ? "random init" : a.model_name_or_path.c_str());
   log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (master, grad, m, v%s), "
            "activations %.1f MiB%s; compute %s, gradients reduced in %s, models saved in %s",
-           strategy_name(strategy_), g.shard_size, g.shard_size == 1 ? "" : "s", g.replica_size,
-           g.replica_size == 1 ? "" : "s", store_->persistent_bytes() / kMiB, a_.bf16 ? ", bf16 copy" : "",
-           Transformer::activation_bytes(cfg_, B_, T_, a_.gradient_checkpointing, be_->compute_dtype()) / kMiB,
-           a_.gradient_checkpointing ? " (gradient checkpointing)" : "", dtype_name(be_->compute_dtype()),
-           dtype_name(reduce_dtype_), save_dtype_.c_str());
+           strategy_name(session_.store->strategy()), g.shard_size, g.shard_size == 1 ? "" : "s", g.replica_size,
+           g.replica_size == 1 ? "" : "s", session_.store->persistent_bytes() / kMiB, a.bf16 ? ", bf16 copy" : "",
+           Transformer::activation_bytes(cfg_, B_, T_, a.gradient_checkpointing, session_.backend->compute_dtype()) / kMiB,
+           a.gradient_checkpointing ? " (gradient checkpointing)" : "", dtype_name(session_.backend->compute_dtype()),
+           dtype_name(session_.store->reduce_dtype()), save_dtype_.c_str());
   log_info("plan   per rank: gathered buffers at most %.1f MiB; %.1f MiB sent per step at the longest batches "
            "(llmt plan)",
-           plan["gathered_peak_gib"].get<double>() * 1024.0, plan["comm_total_bytes"].get<double>() / kMiB);
-  planned_comm_bytes_ = plan["comm_total_bytes"].get<double>();
+           plan.gathered_peak_gib * 1024.0, plan.comm_total_bytes / kMiB);
+  planned_comm_bytes_ = plan.comm_total_bytes;
   log_info("train  %lld steps (%lld per epoch), global batch %d x %d x %d = %lld sequences, lr %g (%s, %lld warmup), "
            "%d threads per rank; each line logs the lr its step used (HF 4.40 logged the next step's) and the loss "
            "averaged over the tokens of the global batch (as transformers since 4.46)",
-           (long long)total_steps_, (long long)steps_per_epoch_, W_, B_, a_.gradient_accumulation_steps,
-           (long long)global_batch_, a_.learning_rate, sched_.type.c_str(), (long long)sched_.warmup_steps, threads_);
+           (long long)total_steps_, (long long)steps_per_epoch_, W_, B_, a.gradient_accumulation_steps,
+           (long long)global_batch_, a.learning_rate, sched_.type.c_str(), (long long)sched_.warmup_steps, session_.threads);
 }
 
-void Trainer::resume() {
-  std::string ck = resume_path();
-  if (!ck.empty()) {
-    struct stat sb;
-    LLMT_CHECK(::stat((ck + "/state.h5").c_str(), &sb) == 0,
-               "%s holds no training state (it was saved with --save_only_model), so it cannot be resumed; start a "
-               "new run from its weights with --model_name_or_path %s", ck.c_str(), ck.c_str());
-    LoadedTrainState st =
-        load_train_state(ck + "/state.h5", world_, model_->layout(), *store_, config_to_hf_json(cfg_).dump());
-    first_step_ = st.global_step;
-    if (world_.rank() == 0) {  // the log so far, so trainer_state.json keeps the whole history
-      std::ifstream f(ck + "/trainer_state.json", std::ios::binary);
-      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      check_json_depth(text, ck + "/trainer_state.json");
-      nlohmann::json ts = nlohmann::json::parse(text, nullptr, false);
-      LLMT_CHECK(ts.is_object() && ts.contains("log_history") && ts["log_history"].is_array(),
-                 "%s/trainer_state.json is missing or malformed", ck.c_str());
-      LLMT_CHECK(!ts.contains("model_config") || ts["model_config"] == config_to_hf_json(cfg_),
-                 "%s/trainer_state.json belongs to another model (%s), not this %s", ck.c_str(),
-                 clip_for_message(ts["model_config"].dump()).c_str(), cfg_.describe().c_str());
-      for (auto& rec : ts["log_history"]) log_history_.push_back(rec);
-    }
-    world_.barrier();
-    nlohmann::json sc = nlohmann::json::parse(st.scalars_json, nullptr, false);
-    for (const char* key : {"global_batch", "seed"})  // (sc.value would throw nlohmann's own error on a string)
-      LLMT_CHECK(!sc.is_object() || !sc.contains(key) || sc[key].is_number_integer(),
-                 "%s/state.h5: /meta/scalars \"%s\" is %s, expected an integer", ck.c_str(), key,
-                 clip_for_message(sc[key].dump()).c_str());
-    LLMT_CHECK(sc.is_object() && sc.value("global_batch", global_batch_) == global_batch_ &&
-                   sc.value("seed", a_.seed) == a_.seed,
-               "%s was trained with a global batch of %lld sequences and --seed %llu; this run has %lld and %llu, so "
-               "it would not continue with the same data (keep ranks x per-device batch x accumulation, and the seed)",
-               ck.c_str(), (long long)sc.value("global_batch", (int64_t)0), (unsigned long long)sc.value("seed", (uint64_t)0),
-               (long long)global_batch_, (unsigned long long)a_.seed);
-    if (sc.contains("train_data")) check_resumed_data(ck, sc["train_data"]);  // (older checkpoints lack it)
-    log_info("resume %s: step %lld, Adam step %d; continuing to step %lld", ck.c_str(), (long long)first_step_,
-             st.adam_step, (long long)total_steps_);
-    LLMT_CHECK(first_step_ < total_steps_, "%s is at step %lld, and the run ends at step %lld: nothing left to train",
-               ck.c_str(), (long long)first_step_, (long long)total_steps_);
-  }
-  if (world_.rank() == 0) {  // metrics.jsonl: this run's records, after the resumed checkpoint's history
-    metrics_.open(a_.output_dir + "/metrics.jsonl");
-    for (const auto& rec : log_history_) metrics_.write(rec.dump());
-    if (a_.report_tensorboard) {  // this run's records only: a resumed run's history is in its own files
-      tb_ = std::make_unique<TensorBoardWriter>(a_.logging_dir.empty() ? default_logging_dir(a_.output_dir)
-                                                                       : a_.logging_dir);
-      log_info("report tensorboard: %s (tensorboard --logdir %s)", tb_->path().c_str(),
-               (a_.logging_dir.empty() ? a_.output_dir + "/runs" : a_.logging_dir).c_str());
-    }
-  }
-}
+void Trainer::resume(const TrainArgs& a) {
+  CheckpointSettings cs;
+  cs.output_dir = a.output_dir;
+  cs.save_total_limit = a.save_total_limit;
+  cs.save_only_model = a.save_only_model;
+  cs.save_dtype = save_dtype_;
+  cs.tokenizer_dir = tokenizer_dir_;
+  cs.seed = a.seed;
+  cs.steps_per_epoch = steps_per_epoch_;
+  cs.global_batch = global_batch_;
+  cs.data = data_id_;
+  cs.max_steps = a.max_steps;
+  cs.save_steps = a.save_steps;
+  cs.num_train_epochs = a.num_train_epochs;
+  cs.logging_steps = a.logging_steps;
+  cs.train_batch_size = B_;
+  ckpt_ = std::make_unique<Checkpointer>(world_, cs, cfg_, session_.model->layout(), *session_.store);
+  Checkpointer::Resumed resumed = ckpt_->resume(a.resume_from_checkpoint, a.ignore_data_skip, total_steps_);
+  first_step_ = resumed.step;
 
-nlohmann::json Trainer::data_identity_json() const {
-  return {{"key", data_id_.key},
-          {"source", data_id_.source},
-          {"block_size", data_id_.block_size},
-          {"model_max_length", data_id_.model_max_length},
-          {"examples", data_id_.examples},
-          {"tokens", data_id_.tokens}};
-}
-
-// A resume with other data (another --train_file, --block_size, --model_max_length, tokenizer, or the
-// file edited) continued silently at the checkpoint's step of a different order. The token cache key
-// decides; the readable fields say what differs. --ignore_data_skip True accepts it.
-void Trainer::check_resumed_data(const std::string& ck, const nlohmann::json& was) {
-  const nlohmann::json now = data_identity_json();
-  if (was.is_object() && was.value("key", std::string()) == data_id_.key) return;
-  std::string diff;
-  for (const char* field : {"source", "block_size", "model_max_length", "examples", "tokens"}) {
-    const nlohmann::json a = was.is_object() && was.contains(field) ? was[field] : nlohmann::json(),
-                         b = now[field];
-    if (a != b)
-      diff += strformat("%s%s %s, now %s", diff.empty() ? "" : "; ", field, clip_for_message(a.dump()).c_str(),
-                        clip_for_message(b.dump()).c_str());
-  }
-  if (diff.empty()) diff = "the same file name and settings, but its content or the tokenizer's files changed";
-  diff += strformat(" (token cache key %s, now %s)", clip_for_message(was.is_object() ? was.value("key", "") : "").c_str(),
-                    data_id_.key.c_str());
-  LLMT_CHECK(a_.ignore_data_skip, "%s was trained on other data: %s. Resuming would continue at step %lld of another "
-             "data order; give the checkpoint's data, or --ignore_data_skip True to continue on this data anyway",
-             ck.c_str(), diff.c_str(), (long long)first_step_);
-  log_info("warning %s was trained on other data: %s; continuing on this data (--ignore_data_skip True)", ck.c_str(),
-           diff.c_str());
+  MetricsSettings ms;
+  ms.output_dir = a.output_dir;
+  ms.tensorboard = a.report_tensorboard;
+  ms.logging_dir = a.logging_dir;
+  ms.logging_strategy = a.logging_strategy;
+  ms.logging_steps = a.logging_steps;
+  ms.logging_first_step = a.logging_first_step;
+  // A live progress line on a terminal; not under mpirun or srun, whose ranks' output may look like a
+  // terminal but ends up in logs.
+  ms.live = world_.rank() == 0 && isatty(fileno(stdout)) && launch_.launcher == "single process";
+  ms.world = W_;
+  ms.first_step = first_step_;
+  ms.total_steps = total_steps_;
+  ms.steps_per_epoch = steps_per_epoch_;
+  metrics_ = std::make_unique<MetricsLogger>(world_, ms);
+  // metrics.jsonl: this run's records, after the resumed checkpoint's history
+  metrics_->open(std::move(resumed.log_history));
 }
 
 void Trainer::run() {
@@ -683,32 +385,30 @@ void Trainer::run() {
     log_info("stopped before the first step by a signal; nothing to save");
     return;
   }
-  window_start_ = run_start_ = now_s();
-  comm_before_ = store_->comm_bytes() + data_->stats().total();
+  metrics_->start();
+  run_start_ = now_s();
+  comm_before_ = session_.store->comm_bytes() + session_.data->stats().total();
   for (int64_t s = first_step_; s < total_steps_; s++) {
-    if (s - first_step_ == a_.throughput_warmup_steps) run_start_ = now_s(), run_tokens_ = 0;
+    if (s - first_step_ == ls_.throughput_warmup_steps) run_start_ = now_s(), run_tokens_ = 0;
     watchdog_set_step(s + 1);  // steps are counted from 1 in the log
     StepResult r = step(s);
-    if (s == first_step_) comm_first_step_ = store_->comm_bytes() + data_->stats().total() - comm_before_;
-    if (s == first_step_ && log_nccl_) report_nccl_transports();
-    log(s, r);
+    if (s == first_step_) {
+      comm_first_step_ = session_.store->comm_bytes() + session_.data->stats().total() - comm_before_;
+      metrics_->set_first_step_comm(comm_first_step_, planned_comm_bytes_);
+    }
+    if (s == first_step_ && session_.nccl_logs) report_nccl_transports(world_, ls_.nccl_log_dir);
+    metrics_->after_step(s, r, lr_);
     maybe_evaluate(s);
     bool saved = maybe_save(s);
     if (stop_requested(s, saved)) {
       log_info("stopped at step %lld of %lld by a signal; checkpoint-%lld holds the model", (long long)s + 1,
                (long long)total_steps_, (long long)s + 1);
-      close_outputs();
+      metrics_->close();
       return;
     }
   }
   finish();
-  close_outputs();
-}
-
-// metrics.jsonl and the TensorBoard file, closed with their errors reported (rank 0 holds them).
-void Trainer::close_outputs() {
-  metrics_.close();
-  if (tb_) tb_->close();
+  metrics_->close();
 }
 
 // This rank's micro-batches of step `s`, then one optimizer step over every rank.
@@ -717,90 +417,39 @@ StepResult Trainer::step(int64_t s) {
              (long long)s + 1);
   std::vector<MicroBatch> micro;
   int64_t step_tokens = 0;
-  for (int m = 0; m < a_.gradient_accumulation_steps; m++) {
+  double flops = 0.0;
+  for (int m = 0; m < ls_.accum; m++) {
     int len = collate(train_, sampler_->indices(s, m), pad_id_, tokens_[m], targets_[m]);
     LLMT_CHECK(len <= T_, "internal: batch length %d over %d", len, T_);
     micro.push_back({tokens_[m].data(), targets_[m].data(), len, ((int64_t)m * W_ + world_.rank()) * B_});
     step_tokens += (int64_t)B_ * len;
-    window_flops_ += (double)B_ * len * Transformer::flops_per_token(cfg_, model_->layout(), len);
+    flops += (double)B_ * len * Transformer::flops_per_token(cfg_, session_.model->layout(), len);
   }
-  lr_ = a_.learning_rate * sched_.multiplier(s);
+  lr_ = ls_.learning_rate * sched_.multiplier(s);
   StepSettings ss;
   ss.lr = (float)lr_;
   ss.adamw = adamw_;
-  ss.max_grad_norm = a_.max_grad_norm;
-  ss.seed = a_.seed;
+  ss.max_grad_norm = ls_.max_grad_norm;
+  ss.seed = ls_.seed;
   ss.step = s;
-  StepResult r = train_step(*model_, *store_, world_, *data_, micro, ss);
-  window_loss_ += r.loss;
-  window_tokens_ += step_tokens * W_;
+  StepResult r = train_step(*session_.model, *session_.store, world_, *session_.data, micro, ss);
+  metrics_->add_step(r.loss, step_tokens * W_, flops);
   run_tokens_ += step_tokens * W_;
-  window_steps_++;
   return r;
 }
 
-// Every logging_steps (and at the last step): a line on rank 0 and a record in metrics.jsonl.
-void Trainer::log(int64_t s, const StepResult& r) {
-  if (live_) {
-    std::printf("\r  step %lld/%lld  loss %.4f  ", (long long)s + 1, (long long)total_steps_, r.loss);
-    std::fflush(stdout);
-  }
-  // A loss or gradient norm 1000x its first value keeps training silently: say so once, with the step.
-  if (s == first_step_) first_loss_ = r.loss, first_grad_norm_ = r.grad_norm;
-  if (!warned_explosion_ && (r.loss > 1e3 * first_loss_ || r.grad_norm > 1e3 * std::max(first_grad_norm_, 1e-3))) {
-    warned_explosion_ = true;
-    log_info("warning step %lld: the loss (%g) or gradient norm (%g) is over 1000 times its first value (%g, %g): training "
-             "is diverging; lower --learning_rate or set --max_grad_norm", (long long)s + 1, r.loss, r.grad_norm,
-             first_loss_, first_grad_norm_);
-  }
-  // --logging_strategy as the Trainer's: every logging_steps, or at each epoch's end; and the last step
-  const bool last = s + 1 == total_steps_;
-  bool now = a_.logging_strategy == "steps"   ? (s + 1) % a_.logging_steps == 0 || last
-             : a_.logging_strategy == "epoch" ? epoch_end(s) || last
-                                              : false;
-  if (a_.logging_first_step && s == 0) now = true;
-  if (!now) return;
-  const double dt = now_s() - window_start_, tps = window_tokens_ / dt, mean_loss = window_loss_ / window_steps_;
-  const double epoch = (double)(s + 1) / steps_per_epoch_;
-  if (live_) std::printf("\r");
-  log_info("step %6lld/%lld | epoch %.2f | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s (%.0f per rank) | "
-           "%.0f ms/step | rss %.2f GiB",
-           (long long)s + 1, (long long)total_steps_, epoch, mean_loss, lr_, r.grad_norm, tps, tps / W_,
-           1000.0 * dt / window_steps_, peak_rss_gib());
-  nlohmann::json j = {{"step", s + 1},
-                      {"epoch", epoch},
-                      {"loss", mean_loss},
-                      {"learning_rate", lr_},
-                      {"grad_norm", r.grad_norm},
-                      {"tokens_per_s", tps},
-                      {"tokens_per_s_per_rank", tps / W_},
-                      {"gflops_rank0", window_flops_ / dt / 1e9},
-                      {"flops_convention", Transformer::kFlopsConvention},
-                      {"peak_rss_gib", peak_rss_gib()}};
-  if (!comm_recorded_) {  // the first record of the run: what rank 0 sent in its first step, and the plan
-    j["comm_bytes_first_step_rank0"] = comm_first_step_;
-    j["comm_bytes_planned_per_step"] = planned_comm_bytes_;
-    comm_recorded_ = true;
-  }
-  record(j);
-  window_start_ = now_s();
-  window_loss_ = window_flops_ = 0.0;
-  window_tokens_ = window_steps_ = 0;
-}
-
 void Trainer::maybe_evaluate(int64_t s) {
-  const int64_t every = a_.eval_steps > 0 ? a_.eval_steps : a_.logging_steps;  // Hugging Face's fallback
-  bool now = (a_.evaluation_strategy == "steps" && (s + 1) % every == 0) ||
-             (a_.evaluation_strategy == "epoch" && epoch_end(s));
+  bool now = (ls_.evaluation_strategy == "steps" && (s + 1) % ls_.eval_every == 0) ||
+             (ls_.evaluation_strategy == "epoch" && epoch_end(s));
   if (!now) return;
   double el = evaluate();
   log_info("eval   step %lld | eval_loss %.4f | perplexity %.3f", (long long)s + 1, el, std::exp(el));
-  record({{"step", s + 1}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
+  metrics_->record({{"step", s + 1}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
 }
 
 bool Trainer::maybe_save(int64_t s) {
-  bool now = (a_.save_strategy == "steps" && (s + 1) % a_.save_steps == 0) ||
-             (a_.save_strategy == "epoch" && epoch_end(s));
+  bool now = (ls_.save_strategy == "steps" && (s + 1) % ls_.save_steps == 0) ||
+             (ls_.save_strategy == "epoch" && epoch_end(s));
   if (now) save_checkpoint(s + 1);
   return now;
 }
@@ -815,34 +464,19 @@ bool Trainer::stop_requested(int64_t s, bool saved) {
 
 void Trainer::finish() {
   const double run_s = now_s() - run_start_;
-  if (total_steps_ - first_step_ > a_.throughput_warmup_steps)
+  if (total_steps_ - first_step_ > ls_.throughput_warmup_steps)
     log_info("done   %.0f tok/s over steps %d..%lld (%.0f per rank); measured per rank: %.1f MiB sent in step 1, "
              "gathered buffers peaked at %.1f MiB, peak rss %.2f GiB",
-             run_tokens_ / run_s, a_.throughput_warmup_steps + 1, (long long)total_steps_, run_tokens_ / run_s / W_,
-             comm_first_step_ / kMiB, store_->peak_gathered_bytes() / kMiB, peak_rss_gib());
-  if (a_.do_eval) {
+             run_tokens_ / run_s, ls_.throughput_warmup_steps + 1, (long long)total_steps_, run_tokens_ / run_s / W_,
+             comm_first_step_ / kMiB, session_.store->peak_gathered_bytes() / kMiB, peak_rss_gib());
+  if (ls_.do_eval) {
     double el = evaluate();
     log_info("eval   eval_loss %.4f | perplexity %.3f", el, std::exp(el));
-    record({{"step", total_steps_}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
+    metrics_->record({{"step", total_steps_}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
   }
   // a signal arriving now changes nothing: this is the end of the run
-  write_hf_model(world_, *store_, cfg_, model_->layout(), a_.output_dir, save_dtype_, tokenizer_dir_);
-  log_info("saved  %s (config.json, model.safetensors in %s)", a_.output_dir.c_str(), save_dtype_.c_str());
-}
-
-// A metrics record: to metrics.jsonl and the log history (rank 0 only).
-void Trainer::record(const nlohmann::json& j) {
-  if (world_.rank() != 0) return;
-  log_history_.push_back(j);
-  metrics_.write(j.dump());
-  if (!tb_) return;
-  // every number but the step, under the Trainer's tag names; an eval record's perplexity is eval/
-  std::vector<std::pair<std::string, double>> scalars;
-  const bool eval = j.contains("eval_loss");
-  for (const auto& [key, value] : j.items())
-    if (key != "step" && value.is_number())
-      scalars.push_back({eval && key == "perplexity" ? "eval/perplexity" : tensorboard_tag(key), value.get<double>()});
-  tb_->add_scalars(j.value("step", (int64_t)0), scalars);
+  write_hf_model(world_, *session_.store, cfg_, session_.model->layout(), ls_.output_dir, save_dtype_, tokenizer_dir_);
+  log_info("saved  %s (config.json, model.safetensors in %s)", ls_.output_dir.c_str(), save_dtype_.c_str());
 }
 
 // Mean loss over every token counted on every rank, without dropout.
@@ -850,14 +484,14 @@ double Trainer::evaluate() {
   // per_device_eval_batch_size examples per rank per round, run through the training-sized activations
   // B_ rows at a time: an eval batch larger than the training one takes several forwards (the loss is
   // a sum over tokens, so the pieces add up to the same mean)
-  const int B = a_.per_device_eval_batch_size > 0 ? a_.per_device_eval_batch_size : B_;
+  const int B = ls_.eval_batch > 0 ? ls_.eval_batch : B_;
   const int pieces = (B + B_ - 1) / B_;
   const int rank = world_.rank();
   const int64_t n = eval_.size(), per_round = (int64_t)W_ * B;
   const int64_t rounds = (n + per_round - 1) / per_round;  // the same on every rank: forward is collective
   std::vector<int32_t> tokens, targets;
   double counted = 0.0;
-  BackendBuffer loss_sum(*be_, DType::f64, {1});
+  BackendBuffer loss_sum(*session_.backend, DType::f64, {1});
   for (int64_t chunk = 0; chunk < rounds * pieces; chunk++) {
     const int64_t round = chunk / pieces;
     const int first = (int)(chunk % pieces) * B_;
@@ -877,106 +511,13 @@ double Trainer::evaluate() {
         tgt_full[b * T + t] = targets[b * T + t];
       }
     counted += (double)count_targets(tgt_full.data(), (int64_t)tgt_full.size());
-    model_->forward(*store_, tok_full.data(), tgt_full.data(), T, loss_sum.tensor());
+    session_.model->forward(*session_.store, tok_full.data(), tgt_full.data(), T, loss_sum.tensor());
   }
-  data_->all_reduce_async(loss_sum.tensor().data, 1, DType::f64, ReduceOp::sum)->wait();
+  session_.data->all_reduce_async(loss_sum.tensor().data, 1, DType::f64, ReduceOp::sum)->wait();
   double total = 0.0;
-  be_->copy_to_host(&total, loss_sum.tensor().data, sizeof(total));
+  session_.backend->copy_to_host(&total, loss_sum.tensor().data, sizeof(total));
   counted = world_.all_reduce_sum(counted);
   return counted > 0 ? total / counted : NAN;
-}
-
-// output_dir/checkpoint-<step>: the Hugging Face export, the exact training state (state.h5) and
-// trainer_state.json, written under a temporary name, checksummed into manifest.json and renamed,
-// so a checkpoint is complete or absent; then the oldest beyond save_total_limit are removed.
-void Trainer::save_checkpoint(int64_t step) {
-  std::string dir = save_checkpoint_dir(a_.output_dir, step, world_, [&](const std::string& tmp) {
-    write_hf_model(world_, *store_, cfg_, model_->layout(), tmp, save_dtype_, tokenizer_dir_);
-    nlohmann::json scalars = {{"global_step", step},
-                              {"seed", a_.seed},
-                              {"steps_per_epoch", steps_per_epoch_},
-                              {"global_batch", global_batch_},
-                              {"train_data", data_identity_json()}};
-    if (!a_.save_only_model)  // --save_only_model: the model alone, as the Trainer's; nothing to resume from
-      save_train_state(tmp + "/state.h5", world_, model_->layout(), *store_, step, scalars.dump(),
-                       config_to_hf_json(cfg_).dump());
-    std::string error;
-    if (world_.rank() == 0) try {
-        nlohmann::json ts = {{"global_step", step},
-                             {"epoch", (double)step / steps_per_epoch_},
-                             {"max_steps", a_.max_steps},
-                             {"num_train_epochs", a_.num_train_epochs},
-                             {"logging_steps", a_.logging_steps},
-                             {"save_steps", a_.save_steps},
-                             {"train_batch_size", B_},
-                             {"model_config", config_to_hf_json(cfg_)},
-                             {"train_data", data_identity_json()},
-                             {"log_history", log_history_}};
-        write_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
-      } catch (const Error& e) {
-        error = e.what();
-      }
-    agree_or_throw(world_, error.empty(), error);
-  });
-  if (world_.rank() == 0) {
-    for (const std::string& gone : apply_save_total_limit(a_.output_dir, a_.save_total_limit, dir))
-      log_info("removed %s (--save_total_limit %d)", gone.c_str(), a_.save_total_limit);
-    log_info("saved  %s", dir.c_str());
-  }
-  world_.barrier();
-}
-
-// The checkpoint --resume_from_checkpoint names ("latest"/"True": the newest complete one whose
-// checksums verify), agreed on every rank; "" when not resuming.
-std::string Trainer::resume_path() {
-  const std::string& want = a_.resume_from_checkpoint;
-  if (want.empty()) return "";
-  if (want != "latest" && want != "True" && want != "true") {
-    std::string problem;
-    if (world_.rank() == 0) try {
-        verify_checkpoint(want, kCheckpointRequiredFiles);
-      } catch (const Error& e) {
-        problem = e.what();
-      }
-    agree_or_throw(world_, problem.empty(), problem);
-    return want;
-  }
-  // rank 0 looks (checksums cost a full read), every rank learns the step
-  double step = 0.0;
-  std::string problem;
-  if (world_.rank() == 0) {
-    // Newest first, checksums recomputed. One that fails is said loudly and moved aside (kept for a
-    // look, out of the checkpoint namespace, so this run never overwrites it), and the next older
-    // one is tried.
-    std::vector<CheckpointEntry> all = list_checkpoint_dirs(a_.output_dir);
-    std::string latest;
-    int failed = 0;
-    for (size_t i = all.size(); i-- > 0 && latest.empty();) {
-      const std::string why = checkpoint_problem(all[i].path, true, kCheckpointRequiredFiles);
-      if (why.empty()) {
-        latest = all[i].path;
-        break;
-      }
-      failed++;
-      std::string aside = all[i].path + ".corrupt";
-      for (int n = 2; ::access(aside.c_str(), F_OK) == 0; n++) aside = all[i].path + strformat(".corrupt-%d", n);
-      const bool moved = ::rename(all[i].path.c_str(), aside.c_str()) == 0;
-      log_info("warning %s failed its checks: %s; %s", all[i].path.c_str(), why.c_str(),
-               moved ? strformat("moved aside to %s", aside.c_str()).c_str()
-                     : strformat("could not move it aside (%s)", std::strerror(errno)).c_str());
-    }
-    if (latest.empty())
-      problem = failed ? strformat("--resume_from_checkpoint %s: %s holds %d checkpoint%s and every one failed its "
-                                   "checks (see the warnings above; they were moved aside as *.corrupt)",
-                                   want.c_str(), a_.output_dir.c_str(), failed, failed == 1 ? "" : "s")
-                       : strformat("--resume_from_checkpoint %s: %s holds no checkpoint", want.c_str(),
-                                   a_.output_dir.c_str());
-    else
-      step = (double)std::stoll(latest.substr(latest.rfind('-') + 1));
-  }
-  agree_or_throw(world_, problem.empty(), problem);
-  step = world_.all_reduce_sum(step);
-  return checkpoint_path(a_.output_dir, (int64_t)step);
 }
 
 }  // namespace
@@ -1017,22 +558,7 @@ void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& laun
   } stop_watchdog{own_watchdog};  // after the Trainer and its communicators are gone
   // Every rank must run the same job: a flag that differs would hang, abort inside MPI or train wrong.
   check_ranks_agree(world, "train configuration", train_config_fields(a));
-  // Progress records go under the output directory, which every node shares; the run id (rank 0's
-  // clock and pid) tells this run's records from a crashed earlier run's.
-  // Each run has a folder of its own, so a second run refused by the output_dir lock never touches
-  // the first one's records.
-  PeerRecords peers;
-  peers.world_size = world.size();
-  peers.host = launch.hostname;
-  const double id = world.all_reduce_sum(
-      world.rank() == 0 ? (double)((uint64_t)std::time(nullptr) * 100000 + (uint64_t)getpid() % 100000) : 0.0);
-  peers.run_id = strformat("%.0f", id);
-  const std::string records = a.output_dir + "/.llmt-progress";
-  peers.dir = records + "/" + peers.run_id;
-  mkdir_parents(a.output_dir);  // the trainer reports a bad output_dir itself; then there are no records
-  ::mkdir(records.c_str(), 0755);
-  if (::mkdir(peers.dir.c_str(), 0755) != 0 && errno != EEXIST) peers.dir.clear();
-  watchdog_set_peers(peers);
+  start_progress_records(world, launch, a.output_dir);
   Trainer t(a, world, launch);
   t.run();
 }

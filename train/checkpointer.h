@@ -1,0 +1,70 @@
+// The trainer's checkpoints: output_dir/checkpoint-<step> saved (the Hugging Face export, the exact
+// training state, trainer_state.json) with --save_total_limit's retention, and a run resumed from
+// one (--resume_from_checkpoint: which one, corrupt ones moved aside, the checks that it continues
+// the same run). The directory format itself is engine/ckpt/checkpoint.h.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/dataset.h"
+#include "engine/dist/communicator.h"
+#include "engine/fsdp/fsdp.h"
+#include "models/config.h"
+#include "models/layout.h"
+
+namespace llmt {
+
+struct CheckpointSettings {
+  std::string output_dir;
+  int save_total_limit = 0;        // 0 = keep every checkpoint
+  bool save_only_model = false;    // no state.h5: nothing to resume from
+  std::string save_dtype = "F32";  // the Hugging Face export's dtype
+  std::string tokenizer_dir;       // copied into each checkpoint ("" for none)
+  // what fixes the data order, recorded and compared on resume
+  uint64_t seed = 42;
+  int64_t steps_per_epoch = 1, global_batch = 1;
+  DataIdentity data;
+  // recorded in trainer_state.json as the Hugging Face Trainer does
+  int64_t max_steps = -1, save_steps = 0;
+  double num_train_epochs = 0.0;
+  int logging_steps = 0, train_batch_size = 0;
+};
+
+class Checkpointer {
+ public:
+  Checkpointer(ControlComm& world, const CheckpointSettings& s, const ModelConfig& cfg, const ModelLayout& layout,
+               FsdpStore& store)
+      : world_(world), s_(s), cfg_(cfg), layout_(layout), store_(store) {}
+
+  // Collective: output_dir/checkpoint-<step>, written under a temporary name, checksummed and
+  // renamed (complete or absent), with `log_history` in its trainer_state.json; then the oldest
+  // beyond save_total_limit are removed.
+  void save(int64_t step, const std::vector<nlohmann::json>& log_history);
+
+  struct Resumed {
+    int64_t step = 0;                        // the checkpoint's step (0: not resuming)
+    std::vector<nlohmann::json> log_history;  // its records (rank 0)
+  };
+  // Collective: --resume_from_checkpoint `want` (a directory, or "latest"/"True": the newest whose
+  // checksums verify; "" = not resuming) loaded into the store, after checking it continues this
+  // run (model, global batch, seed, data unless ignore_data_skip) and has steps left before
+  // total_steps.
+  Resumed resume(const std::string& want, bool ignore_data_skip, int64_t total_steps);
+
+ private:
+  std::string resume_path(const std::string& want);
+  nlohmann::json data_identity_json() const;
+  void check_resumed_data(const std::string& ck, const nlohmann::json& recorded, bool ignore_data_skip,
+                          int64_t step);
+
+  ControlComm& world_;
+  const CheckpointSettings s_;
+  const ModelConfig& cfg_;
+  const ModelLayout& layout_;
+  FsdpStore& store_;
+};
+
+}  // namespace llmt

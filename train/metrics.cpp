@@ -1,0 +1,142 @@
+#include "train/metrics.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "engine/core/error.h"
+#include "engine/core/log.h"
+#include "models/transformer.h"
+
+namespace llmt {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double peak_rss_gib() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / (1024.0 * 1024.0);  // ru_maxrss is in KiB on Linux
+}
+
+LineFile::~LineFile() {
+  if (f_) std::fclose(f_);
+}
+
+void LineFile::open(const std::string& path) {
+  path_ = path;
+  f_ = std::fopen(path.c_str(), "w");
+  LLMT_CHECK(f_, "cannot create %s: %s", path.c_str(), std::strerror(errno));
+}
+
+void LineFile::write(const std::string& line) {
+  if (!f_) return;
+  const std::string text = line + "\n";
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f_) == text.size() && std::fflush(f_) == 0;
+  LLMT_CHECK(ok, "writing %s failed: %s", path_.c_str(), std::strerror(errno));
+}
+
+void LineFile::close() {
+  if (!f_) return;
+  const int rc = std::fclose(f_);
+  f_ = nullptr;
+  LLMT_CHECK(rc == 0, "closing %s failed: %s", path_.c_str(), std::strerror(errno));
+}
+
+void MetricsLogger::open(std::vector<nlohmann::json> history) {
+  if (world_.rank() != 0) return;
+  history_ = std::move(history);
+  metrics_.open(s_.output_dir + "/metrics.jsonl");
+  for (const auto& rec : history_) metrics_.write(rec.dump());
+  if (s_.tensorboard) {  // this run's records only: a resumed run's history is in its own files
+    tb_ = std::make_unique<TensorBoardWriter>(s_.logging_dir.empty() ? default_logging_dir(s_.output_dir)
+                                                                     : s_.logging_dir);
+    log_info("report tensorboard: %s (tensorboard --logdir %s)", tb_->path().c_str(),
+             (s_.logging_dir.empty() ? s_.output_dir + "/runs" : s_.logging_dir).c_str());
+  }
+}
+
+void MetricsLogger::start() { window_start_ = now_s(); }
+
+void MetricsLogger::add_step(double loss, int64_t tokens, double flops) {
+  window_loss_ += loss;
+  window_tokens_ += tokens;
+  window_flops_ += flops;
+  window_steps_++;
+}
+
+void MetricsLogger::after_step(int64_t s, const StepResult& r, double lr) {
+  if (s_.live) {
+    std::printf("\r  step %lld/%lld  loss %.4f  ", (long long)s + 1, (long long)s_.total_steps, r.loss);
+    std::fflush(stdout);
+  }
+  // A loss or gradient norm 1000x its first value keeps training silently: say so once, with the step.
+  if (s == s_.first_step) first_loss_ = r.loss, first_grad_norm_ = r.grad_norm;
+  if (!warned_explosion_ && (r.loss > 1e3 * first_loss_ || r.grad_norm > 1e3 * std::max(first_grad_norm_, 1e-3))) {
+    warned_explosion_ = true;
+    log_info("warning step %lld: the loss (%g) or gradient norm (%g) is over 1000 times its first value (%g, %g): training "
+             "is diverging; lower --learning_rate or set --max_grad_norm", (long long)s + 1, r.loss, r.grad_norm,
+             first_loss_, first_grad_norm_);
+  }
+  // --logging_strategy as the Trainer's: every logging_steps, or at each epoch's end; and the last step
+  const bool last = s + 1 == s_.total_steps;
+  const bool epoch_end = (s + 1) % s_.steps_per_epoch == 0;
+  bool now = s_.logging_strategy == "steps"   ? (s + 1) % s_.logging_steps == 0 || last
+             : s_.logging_strategy == "epoch" ? epoch_end || last
+                                              : false;
+  if (s_.logging_first_step && s == 0) now = true;
+  if (!now) return;
+  const double dt = now_s() - window_start_, tps = window_tokens_ / dt, mean_loss = window_loss_ / window_steps_;
+  const double epoch = (double)(s + 1) / s_.steps_per_epoch;
+  const int W = s_.world;
+  if (s_.live) std::printf("\r");
+  log_info("step %6lld/%lld | epoch %.2f | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s (%.0f per rank) | "
+           "%.0f ms/step | rss %.2f GiB",
+           (long long)s + 1, (long long)s_.total_steps, epoch, mean_loss, lr, r.grad_norm, tps, tps / W,
+           1000.0 * dt / window_steps_, peak_rss_gib());
+  nlohmann::json j = {{"step", s + 1},
+                      {"epoch", epoch},
+                      {"loss", mean_loss},
+                      {"learning_rate", lr},
+                      {"grad_norm", r.grad_norm},
+                      {"tokens_per_s", tps},
+                      {"tokens_per_s_per_rank", tps / W},
+                      {"gflops_rank0", window_flops_ / dt / 1e9},
+                      {"flops_convention", Transformer::kFlopsConvention},
+                      {"peak_rss_gib", peak_rss_gib()}};
+  if (!comm_recorded_) {  // the first record of the run: what rank 0 sent in its first step, and the plan
+    j["comm_bytes_first_step_rank0"] = comm_first_step_;
+    j["comm_bytes_planned_per_step"] = planned_comm_;
+    comm_recorded_ = true;
+  }
+  record(j);
+  window_start_ = now_s();
+  window_loss_ = window_flops_ = 0.0;
+  window_tokens_ = window_steps_ = 0;
+}
+
+void MetricsLogger::record(const nlohmann::json& j) {
+  if (world_.rank() != 0) return;
+  history_.push_back(j);
+  metrics_.write(j.dump());
+  if (!tb_) return;
+  // every number but the step, under the Trainer's tag names; an eval record's perplexity is eval/
+  std::vector<std::pair<std::string, double>> scalars;
+  const bool eval = j.contains("eval_loss");
+  for (const auto& [key, value] : j.items())
+    if (key != "step" && value.is_number())
+      scalars.push_back({eval && key == "perplexity" ? "eval/perplexity" : tensorboard_tag(key), value.get<double>()});
+  tb_->add_scalars(j.value("step", (int64_t)0), scalars);
+}
+
+void MetricsLogger::close() {
+  metrics_.close();
+  if (tb_) tb_->close();
+}
+
+}  // namespace llmt

@@ -1,0 +1,82 @@
+// What a run reports as it trains: the step line on rank 0's log, the records of metrics.jsonl and
+// their history (for trainer_state.json), TensorBoard scalars (--report_to tensorboard), the
+// logging window the figures are averaged over, and a warning when training diverges.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/dist/communicator.h"
+#include "train/step.h"
+#include "train/tensorboard.h"
+
+namespace llmt {
+
+// An output file of lines (metrics.jsonl), each written and flushed at once. A failed write, flush or
+// close is an error naming the file: a full disk or an unwritable file gave exit 0 and no metrics.
+class LineFile {
+ public:
+  ~LineFile();
+  void open(const std::string& path);
+  void write(const std::string& line);
+  void close();
+
+ private:
+  std::string path_;
+  FILE* f_ = nullptr;
+};
+
+struct MetricsSettings {
+  std::string output_dir;
+  bool tensorboard = false;              // --report_to tensorboard
+  std::string logging_dir;               // TensorBoard's ("" = output_dir/runs/<date>_<host>)
+  std::string logging_strategy = "steps";  // steps, epoch, no
+  int logging_steps = 500;
+  bool logging_first_step = false;
+  bool live = false;                     // a progress line on a terminal (rank 0, single process)
+  int world = 1;                         // ranks, for the per-rank throughput
+  int64_t first_step = 0, total_steps = 0, steps_per_epoch = 1;
+};
+
+class MetricsLogger {
+ public:
+  MetricsLogger(ControlComm& world, const MetricsSettings& s) : world_(world), s_(s) {}
+  // Rank 0: opens metrics.jsonl with `history` (a resumed checkpoint's records) first, and the
+  // TensorBoard file (this run's records only).
+  void open(std::vector<nlohmann::json> history);
+  // The logging window starts now (the first step).
+  void start();
+  // One step's figures into the window: its loss, the tokens of every rank, rank 0's FLOPs.
+  void add_step(double loss, int64_t tokens, double flops);
+  // What rank 0 sent in the run's first step and what the plan predicted: in the first record.
+  void set_first_step_comm(double sent, double planned) { comm_first_step_ = sent, planned_comm_ = planned; }
+  // After step `s`: the live line, the divergence warning, and every logging_steps (and at the last
+  // step) a line on rank 0 and a record.
+  void after_step(int64_t s, const StepResult& r, double lr);
+  // A record: to metrics.jsonl, the history and TensorBoard (rank 0 only).
+  void record(const nlohmann::json& j);
+  const std::vector<nlohmann::json>& history() const { return history_; }
+  // metrics.jsonl and the TensorBoard file, closed with their errors reported.
+  void close();
+
+ private:
+  ControlComm& world_;
+  const MetricsSettings s_;
+  LineFile metrics_;                        // output_dir/metrics.jsonl (rank 0)
+  std::unique_ptr<TensorBoardWriter> tb_;   // rank 0, with --report_to tensorboard
+  std::vector<nlohmann::json> history_;     // what was logged, for trainer_state.json (rank 0)
+  double window_start_ = 0.0, window_loss_ = 0.0, window_flops_ = 0.0;
+  int64_t window_tokens_ = 0, window_steps_ = 0;
+  double comm_first_step_ = 0.0, planned_comm_ = 0.0;
+  bool comm_recorded_ = false;
+  double first_loss_ = 0.0, first_grad_norm_ = 0.0;  // this run's first step, for the divergence warning
+  bool warned_explosion_ = false;
+};
+
+double now_s();          // a steady clock, in seconds
+double peak_rss_gib();   // this process's peak resident memory
+
+}  // namespace llmt

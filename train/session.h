@@ -1,0 +1,75 @@
+// What every command runs on, built in one function (make_session) the same way for `llmt train`,
+// `llmt bench` and `llmt export`: the backend on this rank's device, the data communicator (MPI on
+// the CPU; on a GPU NCCL, or MPI staged through host memory, chosen as --ddp_backend says), the
+// model sized for its batch and the FSDP store of its parameters (shard and replica groups:
+// hybrid_shard's from the node or --hybrid_shard_group_size). The parameters are left for the
+// caller to set (init_parameters, a Hugging Face checkpoint, or a training state).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/backend.h"
+#include "engine/dist/communicator.h"
+#include "engine/dist/launch.h"
+#include "engine/fsdp/fsdp.h"
+#include "models/config.h"
+#include "models/layout.h"
+#include "models/transformer.h"
+#include "train/plan.h"
+
+namespace llmt {
+
+struct SessionSettings {
+  // the device and its communicators
+  std::string device = "cpu";  // cpu or cuda
+  int threads = 0;             // CPU threads per rank; 0 = this rank's share of the node's cores
+  bool bf16 = false;           // the compute dtype
+  bool tf32 = false;
+  std::string ddp_backend;     // nccl, mpi, or "" (NCCL on GPUs when each rank has its own, else MPI)
+  double ddp_timeout = 1800;   // NCCL's set-up deadline
+  std::string nccl_log_dir;    // NCCL writes its log here unless the user set NCCL_DEBUG ("" = as the user set)
+  bool log = true;             // the gpu and comm lines on rank 0's stdout (llmt bench keeps it for JSON)
+  // the model and its store
+  int batch = 0;               // per rank; 0: no Transformer (its activations), the store alone (export)
+  int seq_len = 0;
+  bool gradient_checkpointing = false;
+  Strategy strategy = Strategy::full_shard;
+  DType reduce_dtype = DType::f32;
+  int shard_group_size = 0;    // hybrid_shard's shard group; 0 = the ranks of a node
+  // Before the model is allocated: llmt plan's per-rank total against this rank's memory (with
+  // `accum` micro-batches), an error naming the flags to lower when it does not fit.
+  bool check_memory = false;
+  int accum = 1;
+};
+
+struct Session {
+  int threads = 0;                           // the backend's CPU threads
+  int gpu = -1;                              // this rank's CUDA device (-1 on the CPU)
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<DataComm> data;            // the data collectives
+  std::string ddp_backend = "mpi";           // what moves them: "mpi" (on the host, or staged) or "nccl"
+  bool nccl_logs = false;                    // NCCL writes its log into nccl_log_dir
+  std::unique_ptr<Transformer> model;        // null when batch == 0
+  std::unique_ptr<ModelLayout> own_layout;   // the layout when there is no model
+  std::unique_ptr<FsdpStore> store;
+  PlanArgs plan;                             // what `llmt plan` is asked for this session (make_plan)
+  const ModelLayout& layout() const { return model ? model->layout() : *own_layout; }
+};
+
+// Collective over `world` (the store's groups; NCCL's set-up). `cfg` is the model every rank agreed on.
+Session make_session(ControlComm& world, const LaunchInfo& launch, const SessionSettings& s, const ModelConfig& cfg);
+
+// Every unit's parameters initialised from `seed` (as the model's family does), one unit at a time.
+void init_parameters(Session& session, const ModelConfig& cfg, uint64_t seed);
+
+// One GPU per rank: the rank's index among its node's ranks, over the devices it can see
+// (CUDA_VISIBLE_DEVICES applies).
+int cuda_device_for_rank(const LaunchInfo& launch);
+
+// After the first step, when NCCL has connected its channels: every rank's NCCL log (written into
+// nccl_log_dir), gathered on rank 0 and summarised by the netcheck parser. Collective.
+void report_nccl_transports(ControlComm& world, const std::string& nccl_log_dir);
+
+}  // namespace llmt
