@@ -40,6 +40,7 @@
 #include "engine/optim/adamw.h"
 #include "engine/optim/schedule.h"
 #include "engine/fsdp/staged_comm.h"
+#include "kernels/cpu/bf16_matmul_choice.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "models/hf_checkpoint.h"
@@ -691,6 +692,9 @@ void Trainer::run() {
     StepResult r = step(s);
     if (s == first_step_) comm_first_step_ = store_->comm_bytes() + data_->stats().total() - comm_before_;
     if (s == first_step_ && log_nccl_) report_nccl_transports();
+    if (s == first_step_ && a_.device == "cpu" && a_.bf16)  // the layout's kernels, now that they have run
+      log_info("layout bf16 matmul kernels by shape class (LLMT_CPU_BF16_MATMUL=auto|bf16|fp32): %s",
+               describe_cpu_bf16_matmul_choices().c_str());
     log(s, r);
     maybe_evaluate(s);
     bool saved = maybe_save(s);
