@@ -82,6 +82,25 @@ std::string cpu_model_name() {
   return "unknown CPU";
 }
 
+std::string cpu_identity() {
+  std::ifstream f("/proc/cpuinfo");
+  std::map<std::string, std::string> v;
+  for (std::string line; std::getline(f, line) && !line.empty();) {  // the first CPU's block
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(name.find_last_not_of(" \t") + 1);
+    v[name] = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+  }
+  std::string isa;
+  const std::string flags = " " + v["flags"] + " ";
+  for (const std::string flag : {"avx512f", "avx512_bf16", "amx_bf16"})
+    if (flags.find(" " + flag + " ") != std::string::npos) isa += " " + flag;
+  const std::string name = v.count("model name") ? v["model name"] : "unknown CPU";
+  return strformat("%s, family %s model %s stepping %s,%s", name.c_str(), v["cpu family"].c_str(), v["model"].c_str(),
+                   v["stepping"].c_str(), isa.empty() ? " no avx512" : isa.c_str());
+}
+
 Bf16MatmulChoice::Bf16MatmulChoice(const std::string& mode, const std::string& cache_dir, const std::string& key)
     : mode_(mode), key_(key) {
   LLMT_CHECK(mode == "auto" || mode == "bf16" || mode == "fp32", "bf16 matmul choice: mode %s, expected auto, bf16 "

@@ -50,6 +50,9 @@ std::string bf16_matmul_mode_from_env();
 std::string default_matmul_cache_dir();
 // "model name" from /proc/cpuinfo
 std::string cpu_model_name();
+// What the cache is keyed by: "AMD EPYC, family 25 model 17 stepping 1, avx512f avx512_bf16" (the
+// model name alone can be as vague as "AMD EPYC")
+std::string cpu_identity();
 
 class Bf16MatmulChoice {
  public:

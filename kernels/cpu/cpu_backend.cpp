@@ -200,7 +200,7 @@ class CpuBackend : public Backend {
       log_warn("cpu backend: oneDNN has no bf16 matmul on this CPU; bf16 matmuls run in fp32 on widened operands "
                "(same results, no bf16 speed-up)");
     }
-    const std::string key = strformat("%s | %s | %d threads", cpu_model_name().c_str(), cpu_library_version().c_str(),
+    const std::string key = strformat("%s | %s | %d threads", cpu_identity().c_str(), cpu_library_version().c_str(),
                                       nthreads_);
     bf16_choice_ = std::make_unique<Bf16MatmulChoice>(has_bf16_kernel_ ? bf16_matmul_mode_from_env() : "fp32",
                                                       default_matmul_cache_dir(), key);
