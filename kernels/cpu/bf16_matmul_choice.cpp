@@ -101,8 +101,9 @@ std::string cpu_identity() {
                    v["stepping"].c_str(), isa.empty() ? " no avx512" : isa.c_str());
 }
 
-Bf16MatmulChoice::Bf16MatmulChoice(const std::string& mode, const std::string& cache_dir, const std::string& key)
-    : mode_(mode), key_(key) {
+Bf16MatmulChoice::Bf16MatmulChoice(const std::string& mode, const std::string& cache_dir, const std::string& key,
+                                   const std::string& forced_by)
+    : mode_(mode), key_(key), forced_by_(forced_by.empty() ? "forced by LLMT_CPU_BF16_MATMUL=" + mode : forced_by) {
   LLMT_CHECK(mode == "auto" || mode == "bf16" || mode == "fp32", "bf16 matmul choice: mode %s, expected auto, bf16 "
              "or fp32", mode.c_str());
   LLMT_CHECK(key.find('\n') == std::string::npos, "bf16 matmul choice: the key holds a newline");
@@ -233,7 +234,7 @@ Bf16Kernel Bf16MatmulChoice::pick(const MatmulShape& s, const RunOnce& run) {
     Bf16ClassChoice c;
     c.shape_class = cls;
     c.kernel = mode_ == "bf16" ? Bf16Kernel::bf16 : Bf16Kernel::fp32;
-    c.source = "forced by LLMT_CPU_BF16_MATMUL=" + mode_;
+    c.source = forced_by_;
     it = choices_.emplace(cls, c).first;
   } else {
     if (!cache_read_) read_cache();

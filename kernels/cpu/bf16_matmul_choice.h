@@ -58,7 +58,9 @@ class Bf16MatmulChoice {
  public:
   // mode: auto, bf16 or fp32. cache_dir "" keeps choices in memory only. key names what the timings
   // hold for (CPU model, library version, threads); a cache file with another key is ignored.
-  Bf16MatmulChoice(const std::string& mode, const std::string& cache_dir, const std::string& key);
+  // forced_by: why a forced mode holds (default "forced by LLMT_CPU_BF16_MATMUL=<mode>").
+  Bf16MatmulChoice(const std::string& mode, const std::string& cache_dir, const std::string& key,
+                   const std::string& forced_by = "");
 
   // One call of the kernel on operands of the probe shape (bf16 a [M,K] or [K,M], b likewise, out
   // of the probe's dtype); pick() times it.
@@ -76,7 +78,7 @@ class Bf16MatmulChoice {
   void write_cache();
   Bf16ClassChoice measure(const std::string& cls, const MatmulShape& s, const RunOnce& run);
 
-  std::string mode_, key_, path_;
+  std::string mode_, key_, path_, forced_by_;
   bool cache_read_ = false;
   std::map<std::string, Bf16ClassChoice> choices_;  // every class known: from the cache or measured
   std::set<std::string> ran_;                        // the classes pick() was asked for

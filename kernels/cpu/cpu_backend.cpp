@@ -202,8 +202,10 @@ class CpuBackend : public Backend {
     }
     const std::string key = strformat("%s | %s | %d threads", cpu_identity().c_str(), cpu_library_version().c_str(),
                                       nthreads_);
-    bf16_choice_ = std::make_unique<Bf16MatmulChoice>(has_bf16_kernel_ ? bf16_matmul_mode_from_env() : "fp32",
-                                                      default_matmul_cache_dir(), key);
+    const std::string mode = bf16_matmul_mode_from_env();  // checked even where it cannot apply
+    bf16_choice_ = has_bf16_kernel_ ? std::make_unique<Bf16MatmulChoice>(mode, default_matmul_cache_dir(), key)
+                                    : std::make_unique<Bf16MatmulChoice>("fp32", "", key, "oneDNN has no bf16 matmul on "
+                                                                         "this CPU");
   }
   Bf16Kernel bf16_kernel(const MatmulShape& s) {
     return bf16_choice_->pick(s, [&](Bf16Kernel k, Tensor o, Tensor x, Tensor y, const MatmulShape& p) {
