@@ -1,5 +1,7 @@
 #include "kernels/cpu/bf16_matmul_choice.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -111,7 +113,8 @@ Bf16MatmulChoice::Bf16MatmulChoice(const std::string& mode, const std::string& c
                                             (unsigned long long)fnv1a(key));
 }
 
-void Bf16MatmulChoice::note(const std::string& text) {
+void Bf16MatmulChoice::note(const std::string& text) {  // once (the file is read again under the lock)
+  if (std::find(notes_.begin(), notes_.end(), text) != notes_.end()) return;
   notes_.push_back(text);
   log_info("note   cpu bf16 matmul: %s", text.c_str());
 }
@@ -160,14 +163,20 @@ void Bf16MatmulChoice::read_cache() {
   choices_ = read;
 }
 
-// Written whole to a temporary file and renamed over the old one, so that a reader never sees half.
-void Bf16MatmulChoice::write_cache() {
-  if (path_.empty()) return;
+bool Bf16MatmulChoice::make_dirs() const {
   const std::string dir = path_.substr(0, path_.rfind('/'));
   for (size_t pos = 1; pos != std::string::npos;) {
     pos = dir.find('/', pos + 1);
-    ::mkdir(dir.substr(0, pos).c_str(), 0755);  // errors show in the open below
+    ::mkdir(dir.substr(0, pos).c_str(), 0755);
   }
+  struct stat st;
+  return ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Written whole to a temporary file and renamed over the old one, so that a reader never sees half.
+void Bf16MatmulChoice::write_cache() {
+  if (path_.empty()) return;
+  make_dirs();  // errors show in the open below
   const std::string tmp = strformat("%s.%ld.tmp", path_.c_str(), (long)::getpid());
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) {
@@ -240,8 +249,18 @@ Bf16Kernel Bf16MatmulChoice::pick(const MatmulShape& s, const RunOnce& run) {
     if (!cache_read_) read_cache();
     it = choices_.find(cls);
     if (it == choices_.end()) {
-      it = choices_.emplace(cls, measure(cls, s, run)).first;
-      write_cache();
+      // One process at a time measures and writes (a node's ranks share the file): one that waited
+      // reads what the first measured, so that the ranks run the same kernels.
+      const int lock = path_.empty() || !make_dirs() ? -1 : ::open((path_ + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
+      if (lock >= 0 && ::flock(lock, LOCK_EX) == 0) {
+        read_cache();
+        it = choices_.find(cls);
+      }
+      if (it == choices_.end()) {
+        it = choices_.emplace(cls, measure(cls, s, run)).first;
+        write_cache();
+      }
+      if (lock >= 0) ::close(lock);  // and with it the lock
     }
   }
   ran_.insert(cls);  // the class's first run here: what the layout line and the bench report

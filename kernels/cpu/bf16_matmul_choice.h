@@ -76,6 +76,7 @@ class Bf16MatmulChoice {
   void note(const std::string& text);
   void read_cache();
   void write_cache();
+  bool make_dirs() const;  // the cache file's directory, made if missing
   Bf16ClassChoice measure(const std::string& cls, const MatmulShape& s, const RunOnce& run);
 
   std::string mode_, key_, path_, forced_by_;
