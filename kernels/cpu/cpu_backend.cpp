@@ -177,11 +177,32 @@ class CpuBackend : public Backend {
   // primitive's arithmetic (exact products, fp32 sums), in another order
   void matmul_widened(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
                       bool trans_b, bool accumulate) {
-    Tensor wa(widen(a, M * K, wa_), DType::f32, {M * K}), wb(widen(b, K * N, wb_), DType::f32, {K * N});
-    Tensor wbias = bias.data ? Tensor(widen(bias, N, wbias_), DType::f32, {N}) : Tensor();
-    if (out.dtype == DType::f32) return matmul_native(out, wa, wb, wbias, M, N, K, trans_a, trans_b, accumulate);
-    if (accumulate) widen(out, M * N, wout_);
-    else wout_.resize((size_t)(M * N));
+    const bool round_out = out.dtype == DType::bf16;
+    wa_.resize((size_t)(M * K));
+    wb_.resize((size_t)(K * N));
+    wbias_.resize(bias.data ? (size_t)N : 0);
+    wout_.resize(round_out ? (size_t)(M * N) : 0);
+    // every operand in one parallel region: a region's start and end cost more than a small conversion
+    const uint16_t *pa = (const uint16_t*)a.data, *pb = (const uint16_t*)b.data, *pbias = (const uint16_t*)bias.data,
+                   *pout = (const uint16_t*)out.data;
+#pragma omp parallel num_threads(nthreads_)
+    {
+#pragma omp for nowait
+      for (int64_t i = 0; i < M * K; i++) wa_[(size_t)i] = bf16_to_f32(pa[i]);
+#pragma omp for nowait
+      for (int64_t i = 0; i < K * N; i++) wb_[(size_t)i] = bf16_to_f32(pb[i]);
+      if (pbias) {
+#pragma omp for nowait
+        for (int64_t i = 0; i < N; i++) wbias_[(size_t)i] = bf16_to_f32(pbias[i]);
+      }
+      if (round_out && accumulate) {
+#pragma omp for nowait
+        for (int64_t i = 0; i < M * N; i++) wout_[(size_t)i] = bf16_to_f32(pout[i]);
+      }
+    }
+    Tensor wa(wa_.data(), DType::f32, {M * K}), wb(wb_.data(), DType::f32, {K * N});
+    Tensor wbias = bias.data ? Tensor(wbias_.data(), DType::f32, {N}) : Tensor();
+    if (!round_out) return matmul_native(out, wa, wb, wbias, M, N, K, trans_a, trans_b, accumulate);
     Tensor wout(wout_.data(), DType::f32, {M * N});
     matmul_native(wout, wa, wb, wbias, M, N, K, trans_a, trans_b, accumulate);
     convert(out, wout, M * N);
@@ -894,12 +915,6 @@ class CpuBackend : public Backend {
     dnnl::matmul prim;
     dnnl::memory::desc a, b, bias, out;
   };
-  // a bf16 tensor's n values as fp32 in `scratch`
-  void* widen(const Tensor& t, int64_t n, std::vector<float>& scratch) {
-    scratch.resize((size_t)n);
-    convert(Tensor(scratch.data(), DType::f32, {n}), t, n);
-    return scratch.data();
-  }
   static dnnl::memory::data_type dnnl_type(DType t) {
     return t == DType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
   }
