@@ -5,8 +5,11 @@
 
   scripts/plot.py bench RESULTS.jsonl [--out DIR]
       llmt bench --results lines: tokens/s and MFU against the per-device batch and against the
-      sequence length, one line per (model, fsdp, precision, other axis); out-of-memory points
-      are marked with an x on the axis. Writes DIR/bench_batch.png and DIR/bench_seq_len.png.
+      sequence length, one line per (model, fsdp, precision, other axis), each point with error
+      bars from the step time's p10 and p90 (step_ms_p10 / step_ms_p90: the spread over the
+      timed steps; tokens/s and MFU scale as 1 / step time); out-of-memory points are marked with
+      an x on the axis. Writes DIR/bench_batch.png and DIR/bench_seq_len.png, and says how many
+      points carry error bars in each.
 
   scripts/plot.py run OUTPUT_DIR|metrics.jsonl [--out FILE.png]
       a training run: loss (eval loss as points), learning rate, gradient norm and tokens/s
@@ -22,6 +25,7 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
+import matplotlib.container  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
@@ -48,6 +52,32 @@ def series_label(row, varying):
     return ", ".join(str(p) for p in parts)
 
 
+def spread(rows, value):
+    """Error bars for value (tokens/s or MFU, both proportional to 1 / step time) from the step
+    time's p10 and p90: [below, above] per row, 0 where a row has no spread recorded."""
+    below, above = [], []
+    for r in rows:
+        med, p10, p90 = r.get("step_ms_median"), r.get("step_ms_p10"), r.get("step_ms_p90")
+        if med and p10 and p90:
+            v = value(r)
+            below.append(v - v * med / p90)  # the slow steps (p90) give the low rate
+            above.append(v * med / p10 - v)
+        else:
+            below.append(0.0)
+            above.append(0.0)
+    return [below, above]
+
+
+def error_bars_drawn(ax):
+    """How many points of ax carry a drawn error bar of nonzero length (read back from the figure)."""
+    n = 0
+    for c in ax.containers:
+        if isinstance(c, matplotlib.container.ErrorbarContainer):
+            for lc in c.lines[2]:
+                n += sum(1 for seg in lc.get_segments() if abs(seg[1][1] - seg[0][1]) > 0)
+    return n
+
+
 def plot_bench(path, out_dir):
     rows = read_jsonl(path)
     if not rows:
@@ -65,11 +95,13 @@ def plot_bench(path, out_dir):
             ok = [r for r in rs if not r.get("oom")]
             bad = [r for r in rs if r.get("oom")]
             if ok:
-                line, = ax_tps.plot([r[axis] for r in ok], [r["tokens_per_s"] for r in ok], "o-", label=label)
-                if any(r.get("mfu") is not None for r in ok):
-                    ax_mfu.plot([r[axis] for r in ok if r.get("mfu") is not None],
-                                [100 * r["mfu"] for r in ok if r.get("mfu") is not None], "o-", color=line.get_color(),
-                                label=label)
+                tps = ax_tps.errorbar([r[axis] for r in ok], [r["tokens_per_s"] for r in ok],
+                                      yerr=spread(ok, lambda r: r["tokens_per_s"]), fmt="o-", capsize=3, label=label)
+                with_mfu = [r for r in ok if r.get("mfu") is not None]
+                if with_mfu:
+                    ax_mfu.errorbar([r[axis] for r in with_mfu], [100 * r["mfu"] for r in with_mfu],
+                                    yerr=spread(with_mfu, lambda r: 100 * r["mfu"]), fmt="o-", capsize=3,
+                                    color=tps.lines[0].get_color(), label=label)
             if bad:
                 ax_tps.plot([r[axis] for r in bad], [0] * len(bad), "x", color="red", markersize=9,
                             label=f"{label}: out of memory")
@@ -85,9 +117,12 @@ def plot_bench(path, out_dir):
         m = rows[0].get("machine", {})
         peak = "GPU peak" if rows[0].get("device") == "cuda" else "measured matmul peak"
         fig.suptitle(f"llmt bench on {m.get('host', '?')} ({m.get('cpu', '?')}), {rows[0].get('ranks', '?')} rank(s), "
-                     f"commit {m.get('commit', '?')}; MFU against the {peak}", fontsize=9)
+                     f"commit {m.get('commit', '?')}; MFU against the {peak}; bars: p10-p90 of the step time",
+                     fontsize=9)
         fig.tight_layout()
         target = os.path.join(out_dir, f"bench_{axis}.png")
+        print(f"plot.py: {os.path.basename(target)}: error bars on {error_bars_drawn(ax_tps)} tokens/s and "
+              f"{error_bars_drawn(ax_mfu)} MFU points of {sum(1 for r in rows if not r.get('oom'))}")
         fig.savefig(target, dpi=110)
         plt.close(fig)
         written.append(target)

@@ -20,6 +20,7 @@
 #include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
 #include "engine/fsdp/staged_comm.h"
+#include "kernels/cpu/bf16_matmul_choice.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "models/transformer.h"
@@ -135,13 +136,6 @@ double measured_matmul_peak_gflops(Backend& be, ControlComm& world) {
     if (rep > 0) g.push_back(2.0 * n * n * n / s / 1e9);  // the first is warm-up
   }
   return median_of(g);
-}
-
-static std::string cpu_model_name() {
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
 }
 
 static double rss_gib() {  // resident now (the point's model and buffers are alive)
@@ -302,6 +296,13 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
                       {"rest_fraction", rest_ms / profiled_ms},
                       {"adamw_gb_per_s", adamw_bytes / (adamw_ms / 1000.0) / 1e9},
                       {"flops_convention", Transformer::kFlopsConvention}};
+  if (!cuda && a.bf16) {  // which kernel each shape class of the bf16 matmuls ran (bf16_matmul_choice.h)
+    nlohmann::json kernels = nlohmann::json::object();
+    for (const Bf16ClassChoice& c : cpu_bf16_matmul_choices())
+      kernels[c.shape_class] = {{"kernel", bf16_kernel_name(c.kernel)}, {"source", c.source},
+                                {"fp32_ms", c.fp32_ms}, {"bf16_ms", c.bf16_ms}};
+    j["cpu_bf16_matmul_kernels"] = kernels;
+  }
   if (!cuda) {
     j["memory_gb_per_s"] = stream;
     j["adamw_fraction_of_memory_bandwidth"] = adamw_bytes / (adamw_ms / 1000.0) / 1e9 / stream;

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "engine/ckpt/checkpoint.h"
+#include "engine/dist/agree.h"
 #include "engine/ckpt/train_state.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"

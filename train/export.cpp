@@ -11,6 +11,7 @@
 
 #include "engine/ckpt/checkpoint.h"
 #include "engine/ckpt/train_state.h"
+#include "engine/dist/agree.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "models/hf_checkpoint.h"

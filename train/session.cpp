@@ -12,7 +12,7 @@
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/dist/mpi_communicator.h"
-#include "engine/dist/nccl_log.h"
+#include "engine/diag/nccl_log.h"
 #include "engine/dist/watchdog.h"
 #include "engine/fsdp/staged_comm.h"
 #include "kernels/cpu/cpu_backend.h"

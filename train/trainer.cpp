@@ -31,6 +31,7 @@
 #include "engine/fsdp/fsdp.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/schedule.h"
+#include "kernels/cpu/bf16_matmul_choice.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
 #include "train/checkpointer.h"
@@ -119,6 +120,7 @@ struct LoopSettings {
   bool do_eval = false;
   int eval_batch = 0;               // --per_device_eval_batch_size (0: the train batch)
   std::string output_dir, nccl_log_dir;
+  bool cpu_bf16 = false;            // bf16 on the CPU: the layout line names the matmul kernels chosen
 };
 
 // Everything one run holds. The constructor sets it up; run() is the loop of steps and their hooks.
@@ -190,6 +192,7 @@ Trainer::Trainer(const TrainArgs& a, ControlComm& world, const LaunchInfo& launc
   ls_.eval_batch = a.per_device_eval_batch_size;
   ls_.output_dir = a.output_dir;
   ls_.nccl_log_dir = a.output_dir + "/nccl_logs";
+  ls_.cpu_bf16 = a.device == "cpu" && a.bf16;
   if (a.tf32 && a.device == "cpu")
     log_info("note   --tf32 selects TF32 for fp32 matmuls on a GPU; the CPU has no TF32 and ignores it");
   install_stop_handlers();  // again, for callers other than `llmt train` (which installs them first thing)
@@ -398,6 +401,9 @@ void Trainer::run() {
     }
     if (s == first_step_ && session_.nccl_logs) report_nccl_transports(world_, ls_.nccl_log_dir);
     metrics_->after_step(s, r, lr_);
+    if (s == first_step_ && ls_.cpu_bf16)  // the layout's kernels, now that they have run
+      log_info("layout bf16 matmul kernels by shape class (LLMT_CPU_BF16_MATMUL=auto|bf16|fp32): %s",
+               describe_cpu_bf16_matmul_choices().c_str());
     maybe_evaluate(s);
     bool saved = maybe_save(s);
     if (stop_requested(s, saved)) {

@@ -1,9 +1,11 @@
 // The CPU backend: matmuls through oneDNN (fp32: dnnl_sgemm and the matmul primitive; bf16 with
-// fp32 accumulation: the matmul primitive, with AVX512-BF16 and AMX code where the CPU has them),
+// fp32 accumulation: the matmul primitive, with AVX512-BF16 and AMX code where the CPU has them, or
+// the operands widened to fp32 where that is faster, per shape class: bf16_matmul_choice.h),
 // OpenMP across rows, heads or channels elsewhere. Every op follows the contract written in engine/backend/backend.h.
 // Work is split so that no two threads write the same element: results do not depend on timing,
-// only on the thread count (which fixes how partial sums are grouped) and the CPU's instruction set
-// (which fixes oneDNN's kernels).
+// only on the thread count (which fixes how partial sums are grouped), the CPU's instruction set
+// (which fixes oneDNN's kernels) and, in bf16, the kernel chosen per matmul shape class (timed once
+// per CPU model, library and thread count, then read from its cache file).
 #include "kernels/cpu/cpu_backend.h"
 
 #include <unistd.h>
@@ -21,6 +23,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/log.h"
+#include "kernels/cpu/bf16_matmul_choice.h"
 
 namespace llmt {
 
@@ -89,6 +92,7 @@ class CpuBackend : public Backend {
     LLMT_CHECK(threads <= cpus, "--threads %d: this node has %d CPUs; give at most %d (0: the node's cores shared by "
                "its ranks)", threads, cpus, cpus);
     nthreads_ = threads > 0 ? threads : omp_get_max_threads();
+    if (compute == DType::bf16) start_bf16_matmul_choice();
   }
   std::string name() const override { return "cpu"; }
   int threads() const override { return nthreads_; }
@@ -133,6 +137,13 @@ class CpuBackend : public Backend {
   // ---- dense ----
   void matmul_impl(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
                    bool trans_b, bool accumulate) override {
+    if (a.dtype == DType::bf16 && bf16_kernel({M, N, K, trans_a, trans_b, accumulate, out.dtype}) == Bf16Kernel::fp32)
+      return matmul_widened(out, a, b, bias, M, N, K, trans_a, trans_b, accumulate);
+    matmul_native(out, a, b, bias, M, N, K, trans_a, trans_b, accumulate);
+  }
+  // a and b of one dtype (bf16 with the bf16 primitive), out of theirs or f32
+  void matmul_native(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
+                     bool trans_b, bool accumulate) {
     // fp32: oneDNN's BLAS-like sgemm, except a x b^T (the forward's shape), where its matmul primitive
     // is as fast or faster; on a GPT-2 step's shapes this pair beats either alone by 15%
     // (docs/performance.md). Same arithmetic either way: fp32 products, fp32 sums.
@@ -158,21 +169,73 @@ class CpuBackend : public Backend {
     if (it == matmuls_.end()) it = matmuls_.emplace(key, make_matmul(key)).first;
     Matmul& m = it->second;
     omp_set_num_threads(nthreads_);  // oneDNN's OpenMP runtime uses the calling thread's setting
-    void *pa = a.data, *pb = b.data, *pbias = bias.data, *pout = out.data;
-    const bool round_out = m.widened && out.dtype == DType::bf16;
-    if (m.widened) {  // bf16 without bf16 kernels: the same arithmetic on fp32 copies
-      pa = widen(a, M * K, wa_);
-      pb = widen(b, K * N, wb_);
-      if (bias.data) pbias = widen(bias, N, wbias_);
-      if (round_out) pout = accumulate ? widen(out, M * N, wout_) : (wout_.resize((size_t)(M * N)), wout_.data());
-    }
-    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, dnnl::memory(m.a, engine_, pa)},
-                                                  {DNNL_ARG_WEIGHTS, dnnl::memory(m.b, engine_, pb)},
-                                                  {DNNL_ARG_DST, dnnl::memory(m.out, engine_, pout)}};
-    if (bias.data) args[DNNL_ARG_BIAS] = dnnl::memory(m.bias, engine_, pbias);
+    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, dnnl::memory(m.a, engine_, a.data)},
+                                                  {DNNL_ARG_WEIGHTS, dnnl::memory(m.b, engine_, b.data)},
+                                                  {DNNL_ARG_DST, dnnl::memory(m.out, engine_, out.data)}};
+    if (bias.data) args[DNNL_ARG_BIAS] = dnnl::memory(m.bias, engine_, bias.data);
     m.prim.execute(stream_, args);
     stream_.wait();
-    if (round_out) convert_impl(out, Tensor(pout, DType::f32, {M * N}), M * N);
+  }
+  // bf16 a, b (and bias) widened to fp32, the fp32 matmul, a bf16 out rounded once: the bf16
+  // primitive's arithmetic (exact products, fp32 sums), in another order
+  void matmul_widened(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
+                      bool trans_b, bool accumulate) {
+    const bool round_out = out.dtype == DType::bf16;
+    wa_.resize((size_t)(M * K));
+    wb_.resize((size_t)(K * N));
+    wbias_.resize(bias.data ? (size_t)N : 0);
+    wout_.resize(round_out ? (size_t)(M * N) : 0);
+    // every operand in one parallel region: a region's start and end cost more than a small conversion
+    const uint16_t *pa = (const uint16_t*)a.data, *pb = (const uint16_t*)b.data, *pbias = (const uint16_t*)bias.data,
+                   *pout = (const uint16_t*)out.data;
+#pragma omp parallel num_threads(nthreads_)
+    {
+#pragma omp for nowait
+      for (int64_t i = 0; i < M * K; i++) wa_[(size_t)i] = bf16_to_f32(pa[i]);
+#pragma omp for nowait
+      for (int64_t i = 0; i < K * N; i++) wb_[(size_t)i] = bf16_to_f32(pb[i]);
+      if (pbias) {
+#pragma omp for nowait
+        for (int64_t i = 0; i < N; i++) wbias_[(size_t)i] = bf16_to_f32(pbias[i]);
+      }
+      if (round_out && accumulate) {
+#pragma omp for nowait
+        for (int64_t i = 0; i < M * N; i++) wout_[(size_t)i] = bf16_to_f32(pout[i]);
+      }
+    }
+    Tensor wa(wa_.data(), DType::f32, {M * K}), wb(wb_.data(), DType::f32, {K * N});
+    Tensor wbias = bias.data ? Tensor(wbias_.data(), DType::f32, {N}) : Tensor();
+    if (!round_out) return matmul_native(out, wa, wb, wbias, M, N, K, trans_a, trans_b, accumulate);
+    Tensor wout(wout_.data(), DType::f32, {M * N});
+    matmul_native(wout, wa, wb, wbias, M, N, K, trans_a, trans_b, accumulate);
+    convert_impl(out, wout, M * N);
+  }
+  // The kernel for a bf16 matmul (kernels/cpu/bf16_matmul_choice.h): timed per shape class on
+  // first sight, or cached, or forced; fp32 where oneDNN has no bf16 kernel for this CPU.
+  void start_bf16_matmul_choice() {
+    clear_cpu_bf16_matmul_choices();
+    has_bf16_kernel_ = true;
+    try {
+      using dt = dnnl::memory::data_type;
+      dnnl::memory::desc x({16, 16}, dt::bf16, dnnl::memory::format_tag::ab);
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(x, x, x), engine_);
+    } catch (const dnnl::error&) {
+      has_bf16_kernel_ = false;  // oneDNN 2.x needs AVX-512 for bf16
+      log_warn("cpu backend: oneDNN has no bf16 matmul on this CPU; bf16 matmuls run in fp32 on widened operands "
+               "(same results, no bf16 speed-up)");
+    }
+    const std::string key = strformat("%s | %s | %d threads", cpu_identity().c_str(), cpu_library_version().c_str(),
+                                      nthreads_);
+    const std::string mode = bf16_matmul_mode_from_env();  // checked even where it cannot apply
+    bf16_choice_ = has_bf16_kernel_ ? std::make_unique<Bf16MatmulChoice>(mode, default_matmul_cache_dir(), key)
+                                    : std::make_unique<Bf16MatmulChoice>("fp32", "", key, "oneDNN has no bf16 matmul on "
+                                                                         "this CPU");
+  }
+  Bf16Kernel bf16_kernel(const MatmulShape& s) {
+    return bf16_choice_->pick(s, [&](Bf16Kernel k, Tensor o, Tensor x, Tensor y, const MatmulShape& p) {
+      if (k == Bf16Kernel::bf16) matmul_native(o, x, y, Tensor(), p.M, p.N, p.K, p.trans_a, p.trans_b, p.accumulate);
+      else matmul_widened(o, x, y, Tensor(), p.M, p.N, p.K, p.trans_a, p.trans_b, p.accumulate);
+    });
   }
 
   void bias_backward_impl(Tensor dbias, Tensor dout, int64_t M, int64_t N) override {
@@ -823,7 +886,6 @@ class CpuBackend : public Backend {
   struct Matmul {
     dnnl::matmul prim;
     dnnl::memory::desc a, b, bias, out;
-    bool widened = false;  // bf16 operands run as fp32 (oneDNN has no bf16 kernel for this CPU)
   };
   // a bf16 tensor's n values as fp32 in `scratch`
   void* widen(const Tensor& t, int64_t n, std::vector<float>& scratch) {
@@ -849,27 +911,12 @@ class CpuBackend : public Backend {
       po.append_sum(1.0f);
       attr.set_post_ops(po);
     }
-    auto create = [&] {
+    try {
       dnnl::matmul::desc desc = has_bias ? dnnl::matmul::desc(m.a, m.b, m.bias, m.out) : dnnl::matmul::desc(m.a, m.b, m.out);
       m.prim = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, engine_));
-    };
-    try {
-      create();
     } catch (const dnnl::error& e) {
-      LLMT_CHECK(in_t == DType::bf16, "cpu matmul: oneDNN has no f32 matmul for %lld x %lld x %lld: %s", (long long)M,
-                 (long long)N, (long long)K, e.what());
-      // No bf16 kernels on this CPU (oneDNN 2.x needs AVX-512): widen the operands to fp32, which is
-      // the same arithmetic (bf16 products are exact in fp32, sums accumulate in fp32), only slower.
-      if (!warned_widen_) log_warn("cpu backend: oneDNN has no bf16 matmul on this CPU; bf16 matmuls run in fp32 "
-                                   "on widened operands (same results, no bf16 speed-up)");
-      warned_widen_ = true;
-      const auto f32 = dnnl::memory::data_type::f32;
-      m.a = dnnl::memory::desc({M, K}, f32, ta ? tag::ba : tag::ab);
-      m.b = dnnl::memory::desc({K, N}, f32, tb ? tag::ba : tag::ab);
-      m.out = dnnl::memory::desc({M, N}, f32, tag::ab);
-      if (has_bias) m.bias = dnnl::memory::desc({1, N}, f32, tag::ab);
-      m.widened = true;
-      create();
+      fail("cpu matmul: oneDNN has no %s matmul for %lld x %lld x %lld: %s", dtype_name(in_t), (long long)M,
+           (long long)N, (long long)K, e.what());
     }
     return m;
   }
@@ -880,7 +927,8 @@ class CpuBackend : public Backend {
   dnnl::stream stream_;
   std::map<MatmulKey, Matmul> matmuls_;
   std::vector<float> wa_, wb_, wbias_, wout_;  // fp32 copies of bf16 operands when widened
-  bool warned_widen_ = false;
+  bool has_bf16_kernel_ = false;
+  std::unique_ptr<Bf16MatmulChoice> bf16_choice_;  // bf16 compute only
 };
 
 }  // namespace

@@ -39,4 +39,29 @@ print(f"4 points: 2 measured ({points[0]['tokens_per_s']:.0f}, {points[1]['token
 PY
 grep -q "matmul peak here: .* GFLOP/s per rank" "$work/err.log" || { echo "FAIL: the peak is not printed"; exit 1; }
 [ "$(grep -c "matmul peak here" "$work/err.log")" -eq 1 ] || { echo "FAIL: the peak was printed more than once"; exit 1; }
+# --bf16 on the CPU: the JSON says which kernel each shape class of the bf16 matmuls ran, measured
+# the first time and read from the cache file (in $LLMT_CACHE) the next; LLMT_CPU_BF16_MATMUL forces one
+for run in measured cache fp32; do
+  mode=auto
+  [ "$run" = fp32 ] && mode=fp32
+  LLMT_CACHE="$work/cache" LLMT_CPU_BF16_MATMUL=$mode OMP_NUM_THREADS=1 "$llmt" bench --model gpt2-tiny --steps 1 \
+    --warmup 0 --threads 1 --bf16 True > "$work/bf16_$run.json" 2> "$work/bf16_$run.log" \
+    || { echo "FAIL: llmt bench --bf16 True ($run)"; cat "$work/bf16_$run.log"; exit 1; }
+  python3 - "$work/bf16_$run.json" "$run" << 'PY' || exit 1
+import json, sys
+p = json.loads(open(sys.argv[1]).read())
+run = sys.argv[2]
+k = p["cpu_bf16_matmul_kernels"]
+assert {"NT s.s.s", "NN s.s.s", "TN+= s.s.s ->f32"} <= set(k), f"FAIL: the shape classes: {sorted(k)}"
+for cls, c in k.items():
+    assert c["kernel"] in ("bf16", "fp32"), f"FAIL: {cls}: {c}"
+    if run == "fp32":
+        assert c["kernel"] == "fp32" and c["source"] == "forced by LLMT_CPU_BF16_MATMUL=fp32", f"FAIL: {cls}: {c}"
+    else:
+        assert c["source"] == run and c["fp32_ms"] > 0 and c["bf16_ms"] > 0, f"FAIL ({run}): {cls}: {c}"
+        assert c["kernel"] == ("bf16" if c["bf16_ms"] < c["fp32_ms"] else "fp32"), f"FAIL: not the faster: {cls}: {c}"
+print(f"bf16 matmul kernels ({run}): " + ", ".join(f"{cls}: {c['kernel']}" for cls, c in sorted(k.items())))
+PY
+done
+ls "$work"/cache/cpu-bf16-matmul-*.txt > /dev/null || { echo "FAIL: no cache file in $work/cache"; exit 1; }
 echo PASS

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/plot.py renders its charts from fixtures (tests/reference/plot: llmt bench --results lines,
 # one of them out of memory, and a run's metrics.jsonl with a checkpoint): each PNG is a real image
-# of the expected size. Skipped (77) without matplotlib. Usage: plot_test.sh SOURCE_DIR
+# of the expected size, the sweep charts with the step time's p10-p90 spread as error bars. Skipped (77) without matplotlib. Usage: plot_test.sh SOURCE_DIR
 set -uo pipefail
 src=$1
 python3 -c "import matplotlib" 2> /dev/null || { echo "plot_test.sh: skipped: no matplotlib (pip install -r scripts/requirements-plot.txt)"; exit 77; }
@@ -9,7 +9,22 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp -r "$src/tests/reference/plot/run" "$work/run"
 python3 "$src/scripts/plot.py" bench "$src/tests/reference/plot/bench_results.jsonl" --out "$work/charts" \
-  || { echo "FAIL: plot.py bench"; exit 1; }
+  > "$work/bench.out" || { echo "FAIL: plot.py bench"; exit 1; }
+# every point that ran carries its p10-p90 error bars (counted from the drawn figure); a line without
+# the spread (older results) has none, and the rest still do
+for chart in bench_batch bench_seq_len; do
+  grep -q "^plot.py: $chart.png: error bars on 8 tokens/s and 8 MFU points of 8$" "$work/bench.out" \
+    || { echo "FAIL: $chart's error bars"; cat "$work/bench.out"; exit 1; }
+done
+python3 -c "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+del rows[0]['step_ms_p10'], rows[0]['step_ms_p90']
+open(sys.argv[2], 'w').write(''.join(json.dumps(r) + '\n' for r in rows))" \
+  "$src/tests/reference/plot/bench_results.jsonl" "$work/no_spread.jsonl"
+python3 "$src/scripts/plot.py" bench "$work/no_spread.jsonl" --out "$work/charts2" > "$work/bench2.out" &&
+  grep -q "^plot.py: bench_batch.png: error bars on 7 tokens/s and 7 MFU points of 8$" "$work/bench2.out" \
+  || { echo "FAIL: a line without its spread"; cat "$work/bench2.out"; exit 1; }
 python3 "$src/scripts/plot.py" run "$work/run" > "$work/run.out" || { echo "FAIL: plot.py run"; exit 1; }
 # the title names the run by its directory's name, never the machine's absolute path
 grep -q "^plot.py: title: run; checkpoints at" "$work/run.out" || { echo "FAIL: the title"; cat "$work/run.out"; exit 1; }

@@ -2,7 +2,8 @@
 # The Hugging Face Trainer flags that used to be refused, through the executable: when lines are
 # logged (--logging_strategy, --logging_first_step), --save_only_model checkpoints (no state: resuming
 # one says so), run_clm's --validation_split_percentage, --overwrite_cache,
-# --preprocessing_num_workers, and a repeated flag (the last wins). Usage: trainer_flags.sh path/to/llmt
+# --preprocessing_num_workers, a repeated flag (the last wins), and the layout line naming the bf16
+# matmul kernels. Usage: trainer_flags.sh path/to/llmt
 set -uo pipefail
 llmt=$1
 work=$(mktemp -d)
@@ -64,4 +65,10 @@ run overwrite --per_device_train_batch_size 2 --max_steps 1 --overwrite_cache Tr
 grep -q -- "--overwrite_cache: removed .*text-corpus.txt-" "$work/overwrite.log" && grep -q "token cache written" "$work/overwrite.log" \
   || { echo "FAIL: --overwrite_cache"; grep data "$work/overwrite.log"; exit 1; }
 echo "--overwrite_cache: the cache file was removed and written again"
+
+# --bf16 on the CPU: after the first step, a layout line names the kernel each bf16 matmul shape class ran
+LLMT_CPU_BF16_MATMUL=fp32 run bf16 --per_device_train_batch_size 2 --max_steps 1 --bf16 True
+grep -q "layout bf16 matmul kernels by shape class .*NT s.s.s: fp32 (forced by LLMT_CPU_BF16_MATMUL=fp32)" \
+  "$work/bf16.log" || { echo "FAIL: the bf16 kernels' layout line"; grep layout "$work/bf16.log"; exit 1; }
+echo "--bf16 True: $(grep -o 'layout bf16 matmul kernels.*' "$work/bf16.log" | cut -c1-120)..."
 echo PASS
