@@ -317,6 +317,8 @@ TEST(WatchdogRecords, AResumedRankSaysItWasStoppedNotThatTheCollectiveIsStuck) {
     (void)!write(ready[1], "r", 1);
     for (;;) pause();
   }
+  close(ready[1]);  // only the child writes: a child that dies ends the reads below, never hangs them
+  close(report[1]);
   char c;
   ASSERT_EQ(read(ready[0], &c, 1), 1);
   kill(child, SIGSTOP);
