@@ -156,20 +156,10 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
     validate_config(cfg, "--dropout");
   }
   // the session training would build for these flags: the same backend, communicators and store
-  SessionSettings sset;
-  sset.device = a.device;
-  sset.threads = a.threads;
-  sset.bf16 = a.bf16;
-  sset.tf32 = a.tf32;
-  sset.ddp_backend = a.ddp_backend;
-  sset.ddp_timeout = a.ddp_timeout;
-  sset.shard_group_size = a.hybrid_shard_group_size;
+  SessionSettings sset = session_settings(a, a);
   sset.log = false;  // stdout is for the JSON lines
   sset.batch = a.batch;
   sset.seq_len = a.seq_len;
-  sset.gradient_checkpointing = a.gradient_checkpointing;
-  sset.strategy = parse_fsdp(a.fsdp);
-  sset.reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
   Session session = make_session(world, launch, sset, cfg);
   init_parameters(session, cfg, 1337);
   const bool cuda = a.device == "cuda";

@@ -93,6 +93,21 @@ int cuda_device_for_rank(const LaunchInfo& launch) {
   return launch.local_rank % n;
 }
 
+SessionSettings session_settings(const ParallelismConfig& p, const PrecisionConfig& q) {
+  SessionSettings s;
+  s.device = p.device;
+  s.threads = p.threads;
+  s.ddp_backend = p.ddp_backend;
+  s.ddp_timeout = p.ddp_timeout;
+  s.shard_group_size = p.hybrid_shard_group_size;
+  s.gradient_checkpointing = p.gradient_checkpointing;
+  s.strategy = parse_fsdp(p.fsdp);
+  s.bf16 = q.bf16;
+  s.tf32 = q.tf32;
+  s.reduce_dtype = parse_reduce_dtype(q.mixed_precision_reduce);
+  return s;
+}
+
 Session make_session(ControlComm& world, const LaunchInfo& launch, const SessionSettings& s, const ModelConfig& cfg) {
   Session out;
   out.threads = s.threads > 0 ? s.threads : default_threads_per_rank(launch);

@@ -10,7 +10,6 @@
 #include <string>
 
 #include "engine/backend/backend.h"
-#include "engine/backend/backend.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/launch.h"
 #include "engine/fsdp/fsdp.h"
@@ -18,6 +17,7 @@
 #include "models/layout.h"
 #include "models/transformer.h"
 #include "train/plan.h"
+#include "train/train_args.h"
 
 namespace llmt {
 
@@ -57,6 +57,11 @@ struct Session {
   PlanArgs plan;                             // what `llmt plan` is asked for this session (make_plan)
   const ModelLayout& layout() const { return model ? model->layout() : *own_layout; }
 };
+
+// The settings the flags' parallelism and precision parts give (train and bench read them alike):
+// device, threads, communicators, strategy, gradient checkpointing, dtypes. The model's batch and the
+// rest are the caller's.
+SessionSettings session_settings(const ParallelismConfig& p, const PrecisionConfig& q);
 
 // Collective over `world` (the store's groups; NCCL's set-up). `cfg` is the model every rank agreed on.
 Session make_session(ControlComm& world, const LaunchInfo& launch, const SessionSettings& s, const ModelConfig& cfg);

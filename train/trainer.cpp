@@ -284,20 +284,10 @@ void Trainer::load_data(const TrainArgs& a) {
 // parameters: read from the Hugging Face checkpoint or initialised, one unit at a time (no rank
 // holds the whole model).
 void Trainer::load_parameters(const TrainArgs& a) {
-  SessionSettings ss;
-  ss.device = a.device;
-  ss.threads = a.threads;
-  ss.bf16 = a.bf16;
-  ss.tf32 = a.tf32;
-  ss.ddp_backend = a.ddp_backend;
-  ss.ddp_timeout = a.ddp_timeout;
+  SessionSettings ss = session_settings(a, a);
   ss.nccl_log_dir = ls_.nccl_log_dir;
   ss.batch = B_;
   ss.seq_len = T_;
-  ss.gradient_checkpointing = a.gradient_checkpointing;
-  ss.strategy = parse_fsdp(a.fsdp);
-  ss.reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
-  ss.shard_group_size = a.hybrid_shard_group_size;
   ss.check_memory = true;
   ss.accum = a.gradient_accumulation_steps;
   session_ = make_session(world_, launch_, ss, cfg_);
