@@ -322,16 +322,10 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
 // Whether a point fits before anything is allocated: llmt plan's per-rank total against the GPU's
 // free memory or the node's available memory over its ranks; "" when it fits (agreed over ranks).
 static std::string bench_memory_problem(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch) {
-  PlanArgs pa;
-  pa.model = a.model;
-  pa.world = world.size();
-  pa.ranks_per_node = a.hybrid_shard_group_size > 0 ? a.hybrid_shard_group_size : launch.local_size;
-  pa.fsdp = a.fsdp;
-  pa.batch = a.batch;
-  pa.seq_len = a.seq_len;
-  pa.gradient_checkpointing = a.gradient_checkpointing;
-  pa.bf16 = a.bf16;
-  pa.reduce_dtype = parse_reduce_dtype(a.mixed_precision_reduce);
+  SessionSettings sset = session_settings(a, a);
+  sset.batch = a.batch;
+  sset.seq_len = a.seq_len;
+  const PlanArgs pa = plan_args(sset, world.size(), launch.local_size);
   const double need = plan_run(resolve_model_config(a.model), pa).total_gib;
   std::string where;
   std::unique_ptr<Backend> gpu;  // a device's memory is its backend's to tell

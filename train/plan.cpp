@@ -19,7 +19,6 @@ Plan plan_run(const ModelConfig& cfg, const PlanArgs& a) {
              cfg.max_seq_len);
   Strategy s = parse_fsdp(a.fsdp);
   const int per_node = a.ranks_per_node > 0 ? a.ranks_per_node : a.world;
-  LLMT_CHECK(a.world % per_node == 0, "llmt plan: %d ranks do not fill nodes of %d", a.world, per_node);
   ShardGroups g = shard_groups(s, a.world, per_node);
   ModelLayout L = make_layout(cfg);
   const int Ws = g.shard_size, Rp = g.replica_size;

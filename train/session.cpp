@@ -108,6 +108,20 @@ SessionSettings session_settings(const ParallelismConfig& p, const PrecisionConf
   return s;
 }
 
+PlanArgs plan_args(const SessionSettings& s, int world, int node_ranks) {
+  PlanArgs a;
+  a.world = world;
+  a.ranks_per_node = s.strategy == Strategy::hybrid_shard && s.shard_group_size > 0 ? s.shard_group_size : node_ranks;
+  a.fsdp = strategy_name(s.strategy);
+  a.batch = s.batch;
+  a.seq_len = s.seq_len;
+  a.accum = s.accum;
+  a.gradient_checkpointing = s.gradient_checkpointing;
+  a.bf16 = s.bf16;
+  a.reduce_dtype = s.reduce_dtype;
+  return a;
+}
+
 Session make_session(ControlComm& world, const LaunchInfo& launch, const SessionSettings& s, const ModelConfig& cfg) {
   Session out;
   out.threads = s.threads > 0 ? s.threads : default_threads_per_rank(launch);
@@ -127,15 +141,7 @@ Session make_session(ControlComm& world, const LaunchInfo& launch, const Session
   if (s.device != "cpu") make_device_data_comm(world, launch, s, out);
 
   const int shard_group = s.shard_group_size > 0 ? s.shard_group_size : launch.local_size;
-  out.plan.world = world.size();
-  out.plan.ranks_per_node = s.strategy == Strategy::hybrid_shard ? shard_group : world.size();
-  out.plan.fsdp = strategy_name(s.strategy);
-  out.plan.batch = s.batch;
-  out.plan.seq_len = s.seq_len;
-  out.plan.accum = s.accum;
-  out.plan.gradient_checkpointing = s.gradient_checkpointing;
-  out.plan.bf16 = s.bf16;
-  out.plan.reduce_dtype = s.reduce_dtype;
+  out.plan = plan_args(s, world.size(), launch.local_size);
   if (s.check_memory) check_memory_fits(launch, out.plan, cfg, *out.backend);
   if (s.batch > 0) out.model = std::make_unique<Transformer>(cfg, *out.backend, s.batch, s.seq_len,
                                                              s.gradient_checkpointing);

@@ -63,6 +63,11 @@ struct Session {
 // rest are the caller's.
 SessionSettings session_settings(const ParallelismConfig& p, const PrecisionConfig& q);
 
+// llmt plan's question for a run of these settings over `world` ranks, `node_ranks` to a node: the
+// one translation from settings to a plan, for make_session's memory check, bench's and llmt plan.
+// hybrid_shard's shard group is --hybrid_shard_group_size, or the node.
+PlanArgs plan_args(const SessionSettings& s, int world, int node_ranks);
+
 // Collective over `world` (the store's groups; NCCL's set-up). `cfg` is the model every rank agreed on.
 Session make_session(ControlComm& world, const LaunchInfo& launch, const SessionSettings& s, const ModelConfig& cfg);
 
