@@ -182,6 +182,7 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
   }
   for (int64_t i = 0; i < N; i++) targets[(size_t)i] = (i + 1) % a.seq_len ? tokens[(size_t)i + 1] : kIgnoreIndex;
   std::vector<MicroBatch> micro = {{tokens.data(), targets.data(), a.seq_len, (int64_t)world.rank() * a.batch}};
+  StepScalars scalars(be);
   StepSettings ss;
   ss.lr = 1e-4f;
   ss.adamw.weight_decay = 0.1f;
@@ -194,7 +195,7 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
     double comm0 = store.comm_bytes() + data->stats().total();
     auto t0 = std::chrono::steady_clock::now();
     ss.step = it;
-    StepResult r = train_step(model, store, world, *data, micro, ss);
+    StepResult r = train_step(model, store, world, *data, scalars, micro, ss);
     be.synchronize();
     double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     comm_per_step = store.comm_bytes() + data->stats().total() - comm0;
@@ -278,6 +279,7 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
                       {"comm_bytes_per_step_per_rank", comm_per_step},
                       {"launches_per_step", (double)(after.launches - counted.launches) / a.steps},
                       {"host_syncs_per_step", (double)(after.host_syncs - counted.host_syncs) / a.steps},
+                      {"allocs_per_step", (double)(after.allocs - counted.allocs) / a.steps},
                       {"compute_dtype", dtype_name(be.compute_dtype())},
                       {"profiled_step_ms", profiled_ms},
                       {"breakdown_ms", breakdown},

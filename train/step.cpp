@@ -13,7 +13,7 @@ int64_t count_targets(const int32_t* targets, int64_t n) {
 }
 
 StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control, DataComm& data,
-                      const std::vector<MicroBatch>& micro, const StepSettings& s) {
+                      StepScalars& scalars, const std::vector<MicroBatch>& micro, const StepSettings& s) {
   StepResult r;
   Backend& be = store.backend();
   const int B = model.batch();
@@ -22,8 +22,10 @@ StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control
   r.counted = control.all_reduce_sum(counted);
   LLMT_CHECK(r.counted > 0, "every target of the global batch is masked: nothing to learn from");
 
-  BackendBuffer scalars(be, DType::f64, {2});  // [loss sum, gradient sum of squares]
-  Tensor loss_sum = scalars.tensor().view(0, {1}), grad_sq = scalars.tensor().view(1, {1});
+  const Tensor& both = scalars.buffer.tensor();
+  LLMT_CHECK(both.dtype == DType::f64 && both.numel() == 2, "train_step: the step's scalars are f64[2]");
+  be.zero(both.data, both.nbytes());
+  Tensor loss_sum = both.view(0, {1}), grad_sq = both.view(1, {1});
   store.zero_grads();
   for (const MicroBatch& mb : micro) {
     // scaled by the global count, the reduce-scatter's sum is the gradient of the global mean loss
@@ -36,7 +38,7 @@ StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control
   data.all_reduce_async(loss_sum.data, 1, DType::f64, ReduceOp::sum)->wait();
   store.grad_sq_sum(grad_sq);
   double host[2];
-  be.copy_to_host(host, scalars.tensor().data, sizeof(host));  // the step's one read
+  be.copy_to_host(host, both.data, sizeof(host));  // the step's one read
   r.loss = host[0] / r.counted;
   r.grad_norm = std::sqrt(host[1]);
   LLMT_CHECK(std::isfinite(r.grad_norm) && std::isfinite(r.loss),

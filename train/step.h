@@ -28,15 +28,23 @@ struct StepSettings {
   int64_t step = 0;
 };
 
+// The step's two f64 scalars on the backend, [loss sum, gradient sum of squares]: made once and
+// kept for the run, so a step allocates nothing (on a GPU an allocation waits for the device).
+struct StepScalars {
+  explicit StepScalars(Backend& be) : buffer(be, DType::f64, {2}) {}
+  BackendBuffer buffer;
+};
+
 struct StepResult {
   double loss = 0.0;       // mean over the global batch's counted tokens
   double grad_norm = 0.0;  // before clipping
   double counted = 0.0;    // tokens with a target, over every rank
 };
 
-// control: host agreement (token counts); data: the world's data communicator (the loss).
+// control: host agreement (token counts); data: the world's data communicator (the loss);
+// scalars: the caller's, zeroed here.
 StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control, DataComm& data,
-                      const std::vector<MicroBatch>& micro, const StepSettings& s);
+                      StepScalars& scalars, const std::vector<MicroBatch>& micro, const StepSettings& s);
 
 // Tokens with a target in a batch of n tokens.
 int64_t count_targets(const int32_t* targets, int64_t n);

@@ -153,6 +153,7 @@ class Trainer {
   const int W_ = world_.size();
   ModelConfig cfg_;
   Session session_;  // the backend, the data communicator, the model and its store (train/session.h)
+  std::unique_ptr<StepScalars> scalars_;  // the step's loss and norm sums, kept for the run
   std::unique_ptr<Tokenizer> tok_;
   std::string tokenizer_dir_;  // copied beside saved models
   std::string save_dtype_ = "F32";  // what saved models are written in (--torch_dtype)
@@ -204,6 +205,7 @@ Trainer::Trainer(const TrainArgs& a, ControlComm& world, const LaunchInfo& launc
   describe(a);
   resume(a);
   if (const char* f = std::getenv("LLMT_FAIL_AT_STEP")) std::sscanf(f, "%d:%lld", &fail_rank_, &fail_step_);
+  if (const char* f = std::getenv("LLMT_TEST_SLOW_RANK")) std::sscanf(f, "%d:%d", &slow_rank_, &slow_ms_);
 }
 
 // What one rank's dataset is, by content: ranks whose files differ under one path (a node-local copy)
@@ -428,8 +430,8 @@ StepResult Trainer::step(int64_t s) {
   ss.max_grad_norm = ls_.max_grad_norm;
   ss.seed = ls_.seed;
   ss.step = s;
-  StepResult r = train_step(*session_.model, *session_.store, world_, *session_.data, micro, ss);
   metrics_->add_step(r.loss, step_tokens * W_, flops);
+  StepResult r = train_step(*session_.model, *session_.store, world_, *session_.data, *scalars_, micro, ss);
   run_tokens_ += step_tokens * W_;
   return r;
 }

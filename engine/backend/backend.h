@@ -69,11 +69,12 @@ struct RopeSpec {
 // per step). ops: op entries that ran (the CPU's launches: one per op). launches: on the CUDA
 // backend every kernel launch, a cuBLASLt matmul as one. host_syncs: the times the host waited for
 // the stream (synchronize, copy_to_host, Event::synchronize; on a device also alloc and a scratch
-// buffer growing).
+// buffer growing). allocs: alloc() calls and scratch buffers growing (a training step makes none).
 struct BackendCounters {
   int64_t ops = 0;
   int64_t launches = 0;
   int64_t host_syncs = 0;
+  int64_t allocs = 0;
 };
 
 // The op set has two layers. The public op below is one non-virtual entry per op (backend.cpp):

@@ -105,6 +105,7 @@ class CpuBackend : public Backend {
 
   // ---- memory ----
   void* alloc(size_t bytes) override {
+    counters_.allocs++;
     size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     LLMT_CHECK(p != nullptr, "cpu backend: out of memory allocating %zu bytes", bytes);

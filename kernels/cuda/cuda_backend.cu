@@ -113,6 +113,7 @@ class CudaBackend : public Backend {
   // ---- memory ----
   void* alloc(size_t bytes) override {
     void* p = cuda::device_alloc(std::max<size_t>(bytes, 1));  // zero-filled, 256-byte aligned
+    counters_.allocs++;
     counters_.host_syncs++;
     CUDA_CHECK(cudaDeviceSynchronize());  // the fill is done before the stream uses p
     return p;
@@ -341,6 +342,7 @@ class CudaBackend : public Backend {
   // A scratch buffer of at least `bytes`; growing it waits for the stream to finish with the old one.
   void* scratch(Scratch& s, size_t bytes) {
     if (bytes > s.bytes) {
+      counters_.allocs++;
       counters_.host_syncs++;
       CUDA_CHECK(cudaStreamSynchronize(stream_));
       cuda::device_free(s.p);

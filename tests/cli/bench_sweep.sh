@@ -27,8 +27,9 @@ for p in points[:2]:
               "peak_gflops_per_rank", "memory_gib", "comm_bytes_per_step_per_rank"):
         assert k in p, f"FAIL: no {k}"
     # the backend's counters over the measured steps: one launch per op on the CPU, and at least
-    # the loss read back each step
+    # the loss read back each step; and no allocation inside a step
     assert p["launches_per_step"] > 50 and p["host_syncs_per_step"] >= 1, f"FAIL: counters {p}"
+    assert p["allocs_per_step"] == 0, f"FAIL: a step allocates: {p['allocs_per_step']}"
 for p in points[2:]:
     assert p.get("oom") is True and "out of memory: llmt plan needs" in p["error"], f"FAIL: {p}"
 m = points[0]["machine"]

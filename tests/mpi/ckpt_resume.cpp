@@ -57,6 +57,7 @@ struct TrainRun {
   std::unique_ptr<FsdpStore> store;
   int B;
   std::unique_ptr<DataComm> data;
+  std::unique_ptr<StepScalars> scalars;
   TrainRun(const ModelConfig& c, ControlComm& cm, Strategy s, int local_size, DType compute = DType::f32)
       : cfg(c), comm(cm) {
     be = g_device == "cpu" ? make_cpu_backend(1, compute) : make_cuda_backend(0, compute, false);
@@ -64,6 +65,7 @@ struct TrainRun {
     B = kGlobal / comm.size();
     model = std::make_unique<Transformer>(cfg, *be, B, kT, false);
     store = std::make_unique<FsdpStore>(*be, model->layout(), s, *data, local_size);
+    scalars = std::make_unique<StepScalars>(*be);
   }
   const ModelLayout& layout() const { return model->layout(); }
   void init() {
@@ -84,7 +86,7 @@ struct TrainRun {
     ss.max_grad_norm = 0.5;
     ss.seed = 5;
     ss.step = step;
-    return train_step(*model, *store, comm, *data, {{tokens.data() + first * kT, targets.data() + first * kT, kT, first}},
+    return train_step(*model, *store, comm, *data, *scalars, {{tokens.data() + first * kT, targets.data() + first * kT, kT, first}},
                       ss)
         .loss;
   }

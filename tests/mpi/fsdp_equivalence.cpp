@@ -72,6 +72,7 @@ Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_s
   const int W = comm.size(), r = comm.rank();
   std::vector<int32_t> tokens, targets;
   tiny_global_batch(0, kGlobal, kT, tokens, targets);  // the same every step, so the loss must fall
+  StepScalars scalars(*be);
   for (int step = 0; step < kSteps; step++) {
     std::vector<MicroBatch> micro;
     for (int m = 0; m < accum; m++) {
@@ -84,7 +85,7 @@ Outcome train(const ModelConfig& cfg, ControlComm& comm, Strategy s, int local_s
     ss.max_grad_norm = 0.5;
     ss.seed = 11;
     ss.step = step;
-    StepResult res = train_step(model, store, comm, *data, micro, ss);
+    StepResult res = train_step(model, store, comm, *data, scalars, micro, ss);
     out.losses.push_back(res.loss);
     if (step == 0 && comm_bytes_first_step) *comm_bytes_first_step = store.comm_bytes() + data->stats().total();
     if (peak_gathered) *peak_gathered = (double)store.peak_gathered_bytes();
