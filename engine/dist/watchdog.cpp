@@ -66,6 +66,7 @@ Watchdog::Watchdog(double timeout_s, int rank, FailFn on_fail, double poll_s, Pe
     recorded_seq_ = 0;
     recorded_at_ = std::chrono::steady_clock::now();
   }
+  started_ = std::chrono::steady_clock::now();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -206,7 +207,9 @@ void Watchdog::run() {
   // A gap this long between two polls means the process was not running (SIGSTOP, a frozen node or
   // VM): a loaded machine delays a wake-up by milliseconds, not seconds.
   const double pause_gap_s = std::max(1.0, 5 * poll_s_);
-  auto last_wake = std::chrono::steady_clock::now();
+  // from the constructor, not this thread's start: a process stopped before the thread first ran
+  // (found by a test that stops itself right after its first collectives) still sees the gap
+  auto last_wake = started_;
   while (!stop_ && !failed_) {
     cv_.wait_for(lock, std::chrono::duration<double>(poll_s_), [this] { return stop_; });
     if (stop_) break;

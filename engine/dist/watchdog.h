@@ -104,6 +104,7 @@ class Watchdog {
   // the longest gap in the thread's own polling that shows this process was not running, and when it ended
   double paused_s_ = 0;
   std::chrono::steady_clock::time_point resumed_at_;
+  std::chrono::steady_clock::time_point started_;  // when the watchdog was made
   uint64_t recorded_seq_ = ~0ull;  // what our record last said
   std::chrono::steady_clock::time_point recorded_at_;
   bool writing_ = false;  // the thread is writing a record with mu_ released

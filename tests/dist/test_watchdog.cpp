@@ -299,12 +299,11 @@ TEST(WatchdogRecords, AResumedRankSaysItWasStoppedNotThatTheCollectiveIsStuck) {
     std::fprintf(f, "llmt-progress run=run7 rank=0 host=a pid=1 seq=5 step=3 time=%.3f\n", (double)std::time(nullptr));
     std::fclose(f);
   }
-  int ready[2], report[2];
-  ASSERT_EQ(pipe(ready), 0);
+  int report[2];
   ASSERT_EQ(pipe(report), 0);
   const pid_t child = fork();
   ASSERT_GE(child, 0);
-  if (child == 0) {  // rank 1, in a process of its own that the test can stop
+  if (child == 0) {  // rank 1, in a process of its own that stops itself
     Watchdog w(1.0, 1,
                [&](const std::string& m) {
                  (void)!write(report[1], m.data(), m.size());
@@ -314,14 +313,16 @@ TEST(WatchdogRecords, AResumedRankSaysItWasStoppedNotThatTheCollectiveIsStuck) {
     w.set_step(3);
     run_collectives(w, 4);
     w.begin("all_gather of 64 f32 over 2 ranks (mpi)");  // #5
-    (void)!write(ready[1], "r", 1);
+    // Stopped by itself right after it began, not by the parent once told: a parent slow to be
+    // scheduled (ASan on a loaded host) let the timeout pass before the stop, and the message was
+    // then the stuck collective's, not the stopped rank's.
+    raise(SIGSTOP);
     for (;;) pause();
   }
-  close(ready[1]);  // only the child writes: a child that dies ends the reads below, never hangs them
-  close(report[1]);
-  char c;
-  ASSERT_EQ(read(ready[0], &c, 1), 1);
-  kill(child, SIGSTOP);
+  close(report[1]);  // only the child writes: a child that dies ends the reads below, never hangs them
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status)) << "the child ended before it stopped, status " << status;
   sleep_s(2.5);  // longer than the timeout: the peers would have given up
   kill(child, SIGCONT);
   std::string m;
@@ -330,7 +331,6 @@ TEST(WatchdogRecords, AResumedRankSaysItWasStoppedNotThatTheCollectiveIsStuck) {
     m.append(buf, (size_t)n);
     break;  // one write holds the whole message
   }
-  int status = 0;
   waitpid(child, &status, 0);
   EXPECT_NE(m.find("collective #5, step 3) did not finish within 1 s"), std::string::npos) << m;
   EXPECT_NE(m.find("this rank itself was not running for "), std::string::npos) << m;
