@@ -13,8 +13,10 @@
 
   scripts/plot.py run OUTPUT_DIR|metrics.jsonl [--out FILE.png]
       a training run: loss (eval loss as points), learning rate, gradient norm and tokens/s
-      against the step, with the run's checkpoints (OUTPUT_DIR/checkpoint-N) as dotted lines.
-      Default FILE: OUTPUT_DIR/curves.png.
+      against the step, with the run's checkpoints (OUTPUT_DIR/checkpoint-N) as dotted lines; for a
+      run of several ranks, a third row: each rank's compute and collective-wait time per step (the
+      slow-rank report's figures, compute_ms_per_rank and comm_wait_ms_per_rank), the ranks it named
+      marked. Default FILE: OUTPUT_DIR/curves.png.
 """
 import argparse
 import json
@@ -129,6 +131,26 @@ def plot_bench(path, out_dir):
     return written
 
 
+def plot_ranks(axes, rows):
+    """Each rank's compute and collective-wait ms per step over each logging window; a rank the
+    slow-rank report named is marked with a red x on its compute line."""
+    steps = [r["step"] for r in rows]
+    ranks = len(rows[0]["compute_ms_per_rank"])
+    for ax, key, name in ((axes[0], "compute_ms_per_rank", "compute ms/step per rank"),
+                          (axes[1], "comm_wait_ms_per_rank", "collective wait ms/step per rank")):
+        for rank in range(ranks):
+            ax.plot(steps, [r[key][rank] if rank < len(r[key]) else None for r in rows], "-", linewidth=1.0,
+                    label=f"rank {rank}" if ranks <= 8 else None)
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    named = [(r["step"], r["compute_ms_per_rank"][k]) for r in rows for k in r.get("slow_ranks", [])]
+    if named:
+        axes[0].plot([s for s, _ in named], [v for _, v in named], "x", color="tab:red", label="named slow")
+    if ranks <= 8 or named:
+        axes[0].legend(fontsize=8)
+    print(f"plot.py: per-rank times of {ranks} ranks at {len(rows)} steps, {len(named)} slow-rank marks")
+
+
 def plot_run(path, out, title=None):
     metrics = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
     if not os.path.isfile(metrics):
@@ -141,7 +163,8 @@ def plot_run(path, out, title=None):
         sys.exit(f"plot.py: {metrics} holds no training records")
     checkpoints = sorted(int(m.group(1)) for d in os.listdir(run_dir)
                          if (m := re.fullmatch(r"checkpoint-(\d+)", d)) and os.path.isdir(os.path.join(run_dir, d)))
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    ranked = [r for r in train if "compute_ms_per_rank" in r]
+    fig, axes = plt.subplots(3 if ranked else 2, 2, figsize=(11, 10.5 if ranked else 7), sharex=True)
     steps = [r["step"] for r in train]
     panels = ((axes[0][0], "loss", "loss"), (axes[0][1], "learning_rate", "learning rate"),
               (axes[1][0], "grad_norm", "gradient norm"), (axes[1][1], "tokens_per_s", "tokens/s"))
@@ -155,7 +178,9 @@ def plot_run(path, out, title=None):
         axes[0][0].plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o", color="tab:red",
                         label="eval loss")
     axes[0][0].legend(fontsize=8)
-    for ax in axes[1]:
+    if ranked:
+        plot_ranks(axes[2], ranked)
+    for ax in axes[-1]:
         ax.set_xlabel("step")
     note = f"; checkpoints at {', '.join(map(str, checkpoints))}" if checkpoints else ""
     # the run's name, never the machine's absolute path (a chart travels to READMEs and papers)

@@ -11,6 +11,7 @@
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "models/transformer.h"
+#include "train/straggler.h"
 
 namespace llmt {
 
@@ -63,7 +64,13 @@ void MetricsLogger::open(std::vector<nlohmann::json> history) {
 
 void MetricsLogger::start() { window_start_ = now_s(); }
 
-void MetricsLogger::add_step(double loss, int64_t tokens, double flops) {
+void MetricsLogger::add_step(double loss, int64_t tokens, double flops, double step_s, double wait_s) {
+  if (first_step_seen_) {
+    window_step_s_ += step_s;
+    window_wait_s_ += wait_s;
+    window_timed_steps_++;
+  }
+  first_step_seen_ = true;
   window_loss_ += loss;
   window_tokens_ += tokens;
   window_flops_ += flops;
@@ -114,10 +121,47 @@ void MetricsLogger::after_step(int64_t s, const StepResult& r, double lr) {
     j["comm_bytes_planned_per_step"] = planned_comm_;
     comm_recorded_ = true;
   }
+  report_rank_times(s, j);
   record(j);
   window_start_ = now_s();
-  window_loss_ = window_flops_ = 0.0;
-  window_tokens_ = window_steps_ = 0;
+  window_loss_ = window_flops_ = window_step_s_ = window_wait_s_ = 0.0;
+  window_tokens_ = window_steps_ = window_timed_steps_ = 0;
+}
+
+void MetricsLogger::report_rank_times(int64_t s, nlohmann::json& j) {
+  const int W = world_.size();
+  if (W < 2 || window_timed_steps_ == 0) return;  // every rank alike: they count the same steps
+  if (hosts_.empty()) {  // once: every rank's host, 64 bytes each
+    char mine[64] = {0};
+    std::snprintf(mine, sizeof(mine), "%s", s_.host.c_str());
+    std::vector<char> all((size_t)W * sizeof(mine));
+    world_.all_gather(mine, all.data(), sizeof(mine) / 4, DType::i32);
+    for (int r = 0; r < W; r++) {
+      const char* h = all.data() + (size_t)r * sizeof(mine);
+      hosts_.push_back(std::string(h, strnlen(h, sizeof(mine) - 1)));
+    }
+  }
+  const double n = (double)window_timed_steps_;
+  const double mine[3] = {1e3 * window_step_s_ / n, 1e3 * (window_step_s_ - window_wait_s_) / n, 1e3 * window_wait_s_ / n};
+  std::vector<double> all((size_t)W * 3);
+  world_.all_gather(mine, all.data(), 3, DType::f64);
+  if (world_.rank() != 0) return;
+  std::vector<RankStepTimes> ranks((size_t)W);
+  nlohmann::json step_ms = nlohmann::json::array(), compute_ms = nlohmann::json::array(), wait_ms = nlohmann::json::array();
+  for (int r = 0; r < W; r++) {
+    ranks[r] = {all[3 * r], all[3 * r + 1], all[3 * r + 2]};
+    step_ms.push_back(ranks[r].step_ms);
+    compute_ms.push_back(ranks[r].compute_ms);
+    wait_ms.push_back(ranks[r].wait_ms);
+  }
+  const std::vector<int> slow = slow_ranks(ranks, s_.straggler_threshold);
+  j["step_ms_per_rank"] = step_ms;
+  j["compute_ms_per_rank"] = compute_ms;
+  j["comm_wait_ms_per_rank"] = wait_ms;
+  j["slow_ranks"] = slow;
+  if (!slow.empty())
+    log_info("warning %s", describe_slow_ranks(slow, ranks, hosts_, (long long)(s + 2 - window_timed_steps_),
+                                               (long long)s + 1, s_.straggler_threshold).c_str());
 }
 
 void MetricsLogger::record(const nlohmann::json& j) {
@@ -128,9 +172,15 @@ void MetricsLogger::record(const nlohmann::json& j) {
   // every number but the step, under the Trainer's tag names; an eval record's perplexity is eval/
   std::vector<std::pair<std::string, double>> scalars;
   const bool eval = j.contains("eval_loss");
-  for (const auto& [key, value] : j.items())
+  const std::string per_rank = "_per_rank";
+  for (const auto& [key, value] : j.items()) {
     if (key != "step" && value.is_number())
       scalars.push_back({eval && key == "perplexity" ? "eval/perplexity" : tensorboard_tag(key), value.get<double>()});
+    const bool ranked = key.size() > per_rank.size() && key.compare(key.size() - per_rank.size(), per_rank.size(), per_rank) == 0;
+    if (ranked && value.is_array())
+      for (size_t r = 0; r < value.size(); r++)
+        if (value[r].is_number()) scalars.push_back({tensorboard_tag(key) + "/rank_" + std::to_string(r), value[r].get<double>()});
+  }
   tb_->add_scalars(j.value("step", (int64_t)0), scalars);
 }
 

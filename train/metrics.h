@@ -38,6 +38,8 @@ struct MetricsSettings {
   bool logging_first_step = false;
   bool live = false;                     // a progress line on a terminal (rank 0, single process)
   int world = 1;                         // ranks, for the per-rank throughput
+  std::string host;                      // this rank's, for the slow-rank report
+  double straggler_threshold = 0.15;     // name a rank whose compute is this far above the median (0: off)
   int64_t first_step = 0, total_steps = 0, steps_per_epoch = 1;
 };
 
@@ -49,14 +51,16 @@ class MetricsLogger {
   void open(std::vector<nlohmann::json> history);
   // The logging window starts now (the first step).
   void start();
-  // One step's figures into the window: its loss, the tokens of every rank, rank 0's FLOPs.
-  void add_step(double loss, int64_t tokens, double flops);
+  // One step's figures into the window: its loss, the tokens of every rank, rank 0's FLOPs, and
+  // this rank's wall time for the step and the part of it spent waiting in collectives.
+  void add_step(double loss, int64_t tokens, double flops, double step_s, double wait_s);
   // What rank 0 sent in the run's first step and what the plan predicted: in the first record.
   void set_first_step_comm(double sent, double planned) { comm_first_step_ = sent, planned_comm_ = planned; }
   // After step `s`: the live line, the divergence warning, and every logging_steps (and at the last
   // step) a line on rank 0 and a record.
   void after_step(int64_t s, const StepResult& r, double lr);
-  // A record: to metrics.jsonl, the history and TensorBoard (rank 0 only).
+  // A record: to metrics.jsonl, the history and TensorBoard (rank 0 only); a list of numbers under a
+  // key ending in _per_rank becomes one TensorBoard scalar per rank (train/<key>/rank_<r>).
   void record(const nlohmann::json& j);
   const std::vector<nlohmann::json>& history() const { return history_; }
   // metrics.jsonl and the TensorBoard file, closed with their errors reported.
@@ -68,7 +72,16 @@ class MetricsLogger {
   LineFile metrics_;                        // output_dir/metrics.jsonl (rank 0)
   std::unique_ptr<TensorBoardWriter> tb_;   // rank 0, with --report_to tensorboard
   std::vector<nlohmann::json> history_;     // what was logged, for trainer_state.json (rank 0)
+  // Every rank's step, compute and wait means over the window (train/straggler.h), named on rank 0.
+  // Collective: every rank logs at the same steps.
+  void report_rank_times(int64_t s, nlohmann::json& record);
   double window_start_ = 0.0, window_loss_ = 0.0, window_flops_ = 0.0;
+  // this rank's over the window, leaving out the run's first step (one-time work: kernel JIT, first
+  // touches of memory, which differ between ranks by more than a slow node's threshold)
+  double window_step_s_ = 0.0, window_wait_s_ = 0.0;
+  int64_t window_timed_steps_ = 0;
+  bool first_step_seen_ = false;
+  std::vector<std::string> hosts_;                     // every rank's host, gathered at the first report
   int64_t window_tokens_ = 0, window_steps_ = 0;
   double comm_first_step_ = 0.0, planned_comm_ = 0.0;
   bool comm_recorded_ = false;

@@ -235,6 +235,9 @@ const std::vector<TrainFlag>& train_flags() {
       {"logging_steps", "logging", "N", "print and record a line every N steps", ARG(logging_steps)},
       {"logging_first_step", "logging", "True|False", "also log the first step", ARG(logging_first_step)},
       {"throughput_warmup_steps", "logging", "N", "steps left out of the final throughput", ARG(throughput_warmup_steps)},
+      {"straggler_threshold", "logging", "X",
+       "at each logging step, name a rank whose compute per step is more than X above the median of every rank's "
+       "(0: never)", ARG(straggler_threshold)},
       {"do_train", "logging", "True", "accepted: llmt train always trains",
        [](Flags& f, const char* n, TrainArgs&) {
          LLMT_CHECK(f.get_bool(n, true), "--do_train False: llmt train always trains");
@@ -302,6 +305,7 @@ ConfigFields train_config_fields(const TrainArgs& a) {
       {"--optim", a.optim}, {"--warmup_ratio", d(a.warmup_ratio)}, {"--warmup_steps", i(a.warmup_steps)},
       {"--logging_steps", i(a.logging_steps)}, {"--logging_strategy", a.logging_strategy},
       {"--logging_first_step", b(a.logging_first_step)}, {"--throughput_warmup_steps", i(a.throughput_warmup_steps)},
+      {"--straggler_threshold", d(a.straggler_threshold)},
       {"--report_to tensorboard", b(a.report_tensorboard)}, {"--logging_dir", a.logging_dir}, {"--fsdp", a.fsdp},
       {"--fsdp_transformer_layer_cls_to_wrap", a.fsdp_transformer_layer_cls_to_wrap},
       {"--hybrid_shard_group_size", i(a.hybrid_shard_group_size)},
@@ -408,6 +412,8 @@ TrainArgs parse_train_args(Flags& f) {
   LLMT_CHECK(a.logging_steps > 0, "--logging_steps must be positive");
   LLMT_CHECK(a.max_grad_norm >= 0.0, "--max_grad_norm must not be negative");
   LLMT_CHECK(a.throughput_warmup_steps >= 0, "--throughput_warmup_steps must not be negative");
+  LLMT_CHECK(std::isfinite(a.straggler_threshold) && a.straggler_threshold >= 0,
+             "--straggler_threshold %g: expected 0 (never) or a fraction above the median, e.g. 0.15", a.straggler_threshold);
   LLMT_CHECK(a.evaluation_strategy == "no" || a.evaluation_strategy == "steps" || a.evaluation_strategy == "epoch",
              "--evaluation_strategy must be no, steps or epoch, got \"%s\"", a.evaluation_strategy.c_str());
   LLMT_CHECK(a.save_strategy == "no" || a.save_strategy == "steps" || a.save_strategy == "epoch",

@@ -58,6 +58,7 @@ struct TrainArgs : ParallelismConfig, PrecisionConfig {
   std::string logging_strategy = "steps";  // steps, epoch, no
   bool logging_first_step = false;
   int throughput_warmup_steps = 0;   // steps left out of the throughput summary
+  double straggler_threshold = 0.15;  // name a rank whose compute is this far above the median (0: never)
   bool report_tensorboard = false;   // --report_to tensorboard|all
   std::string logging_dir;           // TensorBoard's; "" = output_dir/runs/<date>_<host>
   std::string fsdp_transformer_layer_cls_to_wrap;  // GPT2Block / LlamaDecoderLayer

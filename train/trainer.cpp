@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -27,6 +28,7 @@
 #include "engine/core/stop.h"
 #include "engine/diag/nccl_log.h"
 #include "engine/dist/agree.h"
+#include "engine/dist/comm_wait.h"
 #include "engine/dist/watchdog.h"
 #include "engine/fsdp/fsdp.h"
 #include "engine/optim/adamw.h"
@@ -177,6 +179,8 @@ class Trainer {
   // Fault injection for the tests: LLMT_FAIL_AT_STEP=rank:step makes that rank fail at that step.
   int fail_rank_ = -1;
   long long fail_step_ = -1;
+  // LLMT_TEST_SLOW_RANK=rank:ms makes that rank sleep that long in each step (a slow node).
+  int slow_rank_ = -1, slow_ms_ = 0;
 };
 
 Trainer::Trainer(const TrainArgs& a, ControlComm& world, const LaunchInfo& launch) : world_(world), launch_(launch) {
@@ -293,6 +297,7 @@ void Trainer::load_parameters(const TrainArgs& a) {
   ss.check_memory = true;
   ss.accum = a.gradient_accumulation_steps;
   session_ = make_session(world_, launch_, ss, cfg_);
+  scalars_ = std::make_unique<StepScalars>(*session_.backend);
   const ModelLayout& L = session_.layout();
   std::unique_ptr<SafetensorsCheckpoint> ckpt;
   if (!a.model_name_or_path.empty()) {
@@ -365,6 +370,8 @@ void Trainer::resume(const TrainArgs& a) {
   // terminal but ends up in logs.
   ms.live = world_.rank() == 0 && isatty(fileno(stdout)) && launch_.launcher == "single process";
   ms.world = W_;
+  ms.host = launch_.hostname;
+  ms.straggler_threshold = a.straggler_threshold;
   ms.first_step = first_step_;
   ms.total_steps = total_steps_;
   ms.steps_per_epoch = steps_per_epoch_;
@@ -413,6 +420,8 @@ void Trainer::run() {
 StepResult Trainer::step(int64_t s) {
   LLMT_CHECK(!(world_.rank() == fail_rank_ && s + 1 == fail_step_), "injected failure (LLMT_FAIL_AT_STEP) at step %lld",
              (long long)s + 1);
+  const double start = now_s(), waited_before = comm_wait_s();  // this step's compute and waits (straggler.h)
+  if (world_.rank() == slow_rank_) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms_));
   std::vector<MicroBatch> micro;
   int64_t step_tokens = 0;
   double flops = 0.0;
@@ -430,8 +439,8 @@ StepResult Trainer::step(int64_t s) {
   ss.max_grad_norm = ls_.max_grad_norm;
   ss.seed = ls_.seed;
   ss.step = s;
-  metrics_->add_step(r.loss, step_tokens * W_, flops);
   StepResult r = train_step(*session_.model, *session_.store, world_, *session_.data, *scalars_, micro, ss);
+  metrics_->add_step(r.loss, step_tokens * W_, flops, now_s() - start, comm_wait_s() - waited_before);
   run_tokens_ += step_tokens * W_;
   return r;
 }

@@ -63,12 +63,18 @@ class MpiRequest : public CommRequest {
   MpiRequest(MPI_Request r, std::function<void()> after, const std::string& what)
       : req_(r), after_(std::move(after)), watch_(watchdog_running() ? watchdog_begin(what) : 0) {}
   ~MpiRequest() override {
-    if (!done_) MPI_Wait(&req_, MPI_STATUS_IGNORE);  // never leave MPI writing into freed memory
+    if (!done_) {
+      CommWaitTimer waiting;
+      MPI_Wait(&req_, MPI_STATUS_IGNORE);  // never leave MPI writing into freed memory
+    }
     watchdog_end(watch_);
   }
   void wait() override {
     if (done_) return;
-    check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "wait");
+    {
+      CommWaitTimer waiting;
+      check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "wait");
+    }
     done_ = true;
     watchdog_end(watch_);
     watch_ = 0;
@@ -120,7 +126,10 @@ class MpiDataComm : public DataComm {
   std::unique_ptr<CommRequest> all_gather_async(const void* send, void* recv, int64_t count, DType t) override {
     int n = checked_count(count * size_, "all_gather") / size_;
     MPI_Request r;
-    check(MPI_Iallgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_, &r), "all_gather");
+    {
+      CommWaitTimer moving;  // MPI may move data inside the call that starts it
+      check(MPI_Iallgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_, &r), "all_gather");
+    }
     stats_.all_gather_bytes += (double)(size_ - 1) * count * dtype_size(t);
     stats_.calls++;
     return std::make_unique<MpiRequest>(r, nullptr, describe("all_gather", count * size_, t, size_));
@@ -131,7 +140,10 @@ class MpiDataComm : public DataComm {
     LLMT_CHECK(t != DType::i32, "mpi reduce_scatter: i32 is not a reduction type here");
     int n = checked_count(count * size_, "reduce_scatter") / size_;
     MPI_Request r;
-    check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), sum_op(t), comm_, &r), "reduce_scatter");
+    {
+      CommWaitTimer moving;  // MPI may move data inside the call that starts it
+      check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), sum_op(t), comm_, &r), "reduce_scatter");
+    }
     stats_.reduce_scatter_bytes += (double)(size_ - 1) * count * dtype_size(t);
     stats_.calls++;
     return std::make_unique<MpiRequest>(r, average_after(op, recv, count, t, size_),
@@ -142,7 +154,10 @@ class MpiDataComm : public DataComm {
     LLMT_CHECK(t != DType::i32, "mpi all_reduce: i32 is not a reduction type here");
     int n = checked_count(count, "all_reduce");
     MPI_Request r;
-    check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(t), sum_op(t), comm_, &r), "all_reduce");
+    {
+      CommWaitTimer moving;  // MPI may move data inside the call that starts it
+      check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(t), sum_op(t), comm_, &r), "all_reduce");
+    }
     stats_.all_reduce_bytes += 2.0 * (size_ - 1) / size_ * count * dtype_size(t);
     stats_.calls++;
     return std::make_unique<MpiRequest>(r, average_after(op, buf, count, t, size_),

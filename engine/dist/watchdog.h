@@ -39,6 +39,8 @@
 #include <thread>
 #include <vector>
 
+#include "engine/dist/comm_wait.h"
+
 namespace llmt {
 
 // The per-rank progress record's file, and its parser (public for the tests).
@@ -141,7 +143,8 @@ void watchdog_remove_abort_hook(uint64_t id);
 // before the FSDP store splits its communicators).
 void test_stop_point(const char* where, int rank);
 
-// Registers a blocking collective for the scope it lives in.
+// Registers a blocking collective for the scope it lives in, and counts its time as waiting
+// (comm_wait.h).
 class WatchScope {
  public:
   explicit WatchScope(const std::string& what) : id_(watchdog_running() ? watchdog_begin(what) : 0) {}
@@ -152,6 +155,7 @@ class WatchScope {
   WatchScope& operator=(const WatchScope&) = delete;
 
  private:
+  CommWaitTimer wait_;
   uint64_t id_;
 };
 

@@ -124,6 +124,7 @@ class NcclRequest : public CommRequest {
     waited_ = true;
   }
   void wait_host() override {
+    CommWaitTimer waiting;
     CUDA_CHECK(cudaEventSynchronize(done_->e));  // a dead peer: the watchdog ends the process
     waited_ = true;
   }

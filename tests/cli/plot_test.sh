@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/plot.py renders its charts from fixtures (tests/reference/plot: llmt bench --results lines,
 # one of them out of memory, and a run's metrics.jsonl with a checkpoint): each PNG is a real image
-# of the expected size, the sweep charts with the step time's p10-p90 spread as error bars. Skipped (77) without matplotlib. Usage: plot_test.sh SOURCE_DIR
+# of the expected size, the sweep charts with the step time's p10-p90 spread as error bars, a
+# two-rank run with its per-rank row. Skipped (77) without matplotlib. Usage: plot_test.sh SOURCE_DIR
 set -uo pipefail
 src=$1
 python3 -c "import matplotlib" 2> /dev/null || { echo "plot_test.sh: skipped: no matplotlib (pip install -r scripts/requirements-plot.txt)"; exit 77; }
@@ -30,15 +31,21 @@ python3 "$src/scripts/plot.py" run "$work/run" > "$work/run.out" || { echo "FAIL
 grep -q "^plot.py: title: run; checkpoints at" "$work/run.out" || { echo "FAIL: the title"; cat "$work/run.out"; exit 1; }
 python3 "$src/scripts/plot.py" run "$work/run" --title "my sweep" --out "$work/titled.png" > "$work/titled.out" &&
   grep -q "title: my sweep" "$work/titled.out" || { echo "FAIL: --title"; cat "$work/titled.out"; exit 1; }
+# a two-rank run with rank 1 slowed (LLMT_TEST_SLOW_RANK): the third row, each rank's compute and
+# waits, with the three logging steps that named rank 1 marked
+cp -r "$src/tests/reference/plot/ranks" "$work/ranks"
+python3 "$src/scripts/plot.py" run "$work/ranks" > "$work/ranks.out" &&
+  grep -q "^plot.py: per-rank times of 2 ranks at 3 steps, 3 slow-rank marks$" "$work/ranks.out" \
+  || { echo "FAIL: the per-rank row"; cat "$work/ranks.out"; exit 1; }
 # width x height from the PNG header (IHDR), and the signature
-for png in "$work/charts/bench_batch.png" "$work/charts/bench_seq_len.png" "$work/run/curves.png"; do
+for png in "$work/charts/bench_batch.png" "$work/charts/bench_seq_len.png" "$work/run/curves.png" "$work/ranks/curves.png"; do
   size=$(python3 -c "
 import struct, sys
 b = open(sys.argv[1], 'rb').read(24)
 assert b[:8] == b'\x89PNG\r\n\x1a\n', 'not a PNG'
 print('%dx%d' % struct.unpack('>II', b[16:24]))" "$png") || { echo "FAIL: $png is not a PNG"; exit 1; }
   echo "$(basename "$png"): $size"
-  case "$size" in 1320x495|1210x770) ;; *) echo "FAIL: $png is $size"; exit 1 ;; esac
+  case "$size" in 1320x495|1210x770|1210x1155) ;; *) echo "FAIL: $png is $size"; exit 1 ;; esac
 done
 # a broken line names the file and the line
 printf '{"model": "x"}\nnot json\n' > "$work/bad.jsonl"

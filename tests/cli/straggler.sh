@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The slow rank, named: under mpirun, LLMT_TEST_SLOW_RANK=1:MS makes rank 1 sleep MS in each step
+# (a slow node); the log names rank 1 and no other at every logging step, and metrics.jsonl carries
+# every rank's step, compute and wait times with slow_ranks [1]. With no delay nothing is named
+# (steps of tens of ms, and the test runs alone: a rank descheduled for a few ms is not a slow node).
+# Usage: straggler.sh path/to/llmt
+set -uo pipefail
+llmt=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for i in $(seq 2000); do echo "straggler test line $i: the quick brown fox jumps over the lazy dog"; done > "$work/corpus.txt"
+mpi=(mpirun --oversubscribe -np 2)
+[ "$(id -u)" -ne 0 ] || mpi+=(--allow-run-as-root)
+common=(--model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --block_size 128
+        --per_device_train_batch_size 16 --max_steps 12 --logging_steps 4 --save_strategy no --threads 1
+        --cache_dir none --fsdp "full_shard auto_wrap")
+
+LLMT_TEST_SLOW_RANK=1:150 "${mpi[@]}" "$llmt" train "${common[@]}" --output_dir "$work/slow" --report_to tensorboard \
+  > "$work/slow.log" 2>&1 ||
+  { echo "FAIL: the run with a slow rank"; tail "$work/slow.log"; exit 1; }
+named=$(grep -c "slow rank 1 (host $(hostname))" "$work/slow.log")
+[ "$named" -eq 3 ] || { echo "FAIL: rank 1 named $named times, expected at each of 3 logging steps"; cat "$work/slow.log"; exit 1; }
+! grep -q "slow rank 0" "$work/slow.log" || { echo "FAIL: rank 0 named too"; cat "$work/slow.log"; exit 1; }
+python3 - "$work/slow/metrics.jsonl" << 'PY' || exit 1
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+assert len(recs) == 3, f"FAIL: {len(recs)} records"
+for r in recs:
+    assert r["slow_ranks"] == [1], f"FAIL: slow_ranks {r['slow_ranks']} at step {r['step']}"
+    c, w = r["compute_ms_per_rank"], r["comm_wait_ms_per_rank"]
+    assert len(c) == 2 and len(w) == 2 and len(r["step_ms_per_rank"]) == 2, f"FAIL: {r}"
+    # rank 1 computes at least its 150 ms sleep; rank 0 spends most of that waiting for it
+    assert c[1] >= 150 and w[0] >= 100 and c[1] > 1.15 * c[0], f"FAIL: times {r}"
+print(f"slow rank named: compute {recs[-1]['compute_ms_per_rank']}, waits {recs[-1]['comm_wait_ms_per_rank']} ms a step")
+PY
+# TensorBoard: one scalar per rank for each per-rank figure (read by TensorBoard's own reader)
+if python3 -c "import tensorboard" 2> /dev/null; then
+  python3 - "$work/slow/runs" << 'PY' || exit 1
+import glob, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+ea = EventAccumulator(glob.glob(sys.argv[1] + "/*")[0])
+ea.Reload()
+tags = set(ea.Tags()["scalars"])
+for key in ("compute_ms_per_rank", "comm_wait_ms_per_rank", "step_ms_per_rank"):
+    for r in (0, 1):
+        assert f"train/{key}/rank_{r}" in tags, f"FAIL: no train/{key}/rank_{r} in {sorted(tags)}"
+        assert len(ea.Scalars(f"train/{key}/rank_{r}")) == 3, f"FAIL: {key} rank {r}"
+print("tensorboard: per-rank scalars for both ranks")
+PY
+else
+  echo "tensorboard not installed: its per-rank scalars unchecked"
+fi
+
+"${mpi[@]}" "$llmt" train "${common[@]}" --output_dir "$work/even" > "$work/even.log" 2>&1 ||
+  { echo "FAIL: the run without a delay"; tail "$work/even.log"; exit 1; }
+! grep -q "slow rank" "$work/even.log" || { echo "FAIL: a rank named with no delay"; grep "slow rank\|step " "$work/even.log"; exit 1; }
+python3 - "$work/even/metrics.jsonl" << 'PY' || exit 1
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+assert len(recs) == 3 and all(r["slow_ranks"] == [] for r in recs), f"FAIL: {[r['slow_ranks'] for r in recs]}"
+print(f"no delay: nothing named; compute {recs[-1]['compute_ms_per_rank']} ms a step")
+PY
+echo PASS
