@@ -343,16 +343,22 @@ void Backend::cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tens
 // ---- optimizer and reductions ----
 
 void Backend::adamw(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1,
-                    float beta2, float eps, float weight_decay, int t, float grad_scale) {
+                    float beta2, float eps, float weight_decay, const DecaySpans& decay, int t, float grad_scale) {
   const char* op = "adamw";
   need_size(*this, op, "n", n, 0);
+  LLMT_CHECK(decay.count >= 0 && decay.count <= DecaySpans::kMax, "%s adamw: %d decay spans, expected 0 to %d",
+             name().c_str(), decay.count, DecaySpans::kMax);
+  for (int s = 0; s < decay.count; s++)
+    LLMT_CHECK(decay.begin[s] < decay.end[s] && decay.end[s] <= n && (s == 0 || decay.begin[s] >= decay.end[s - 1]),
+               "%s adamw: decay span %d [%lld, %lld) is empty, beyond n = %lld or out of order", name().c_str(), s,
+               (long long)decay.begin[s], (long long)decay.end[s], (long long)n);
   need_size(*this, op, "step t (1-based)", t, 1);
   need(op, "p", p, DType::f32, n);
   if (p_compute.data) need(op, "p_compute", p_compute, DType::bf16, n);
   need(op, "g", g, DType::f32, n);
   need(op, "m", m, DType::f32, n);
   need(op, "v", v, DType::f32, n);
-  run("adamw", [&] { adamw_impl(p, p_compute, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale); });
+  run("adamw", [&] { adamw_impl(p, p_compute, g, m, v, n, lr, beta1, beta2, eps, weight_decay, decay, t, grad_scale); });
 }
 
 void Backend::sum_squares(Tensor out, Tensor x, int64_t n) {

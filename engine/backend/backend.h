@@ -65,6 +65,25 @@ struct RopeSpec {
   float factor = 1.0f, low_freq_factor = 1.0f, high_freq_factor = 4.0f, original_max = 8192.0f;
 };
 
+// The elements of an adamw call that take weight decay: `count` sorted, disjoint spans [begin, end).
+// A kernel gets them by value, so their number is bounded; a unit with more (none today: a block
+// has a few runs of weight matrices) is stepped in several calls (engine/optim/adamw.cpp).
+struct DecaySpans {
+  static constexpr int kMax = 16;
+  int count = 0;
+  int64_t begin[kMax] = {}, end[kMax] = {};
+  static DecaySpans all(int64_t n) {  // every element decays (n > 0), or none (n == 0)
+    DecaySpans d;
+    if (n > 0) d.count = 1, d.end[0] = n;
+    return d;
+  }
+  bool decays(int64_t i) const {
+    for (int s = 0; s < count; s++)
+      if (i >= begin[s] && i < end[s]) return true;
+    return false;
+  }
+};
+
 // Work a backend has done since it was made, for llmt bench (issue 21's launches and host syncs
 // per step). ops: op entries that ran (the CPU's launches: one per op). launches: on the CUDA
 // backend every kernel launch, a cuBLASLt matmul as one. host_syncs: the times the host waited for
@@ -194,11 +213,12 @@ class Backend {
                      float grad_scale);
 
   // ---- optimizer and reductions ----
-  // AdamW as torch.optim.AdamW on f32 p, g, m, v: p *= 1 - lr*wd; m, v updated with g*grad_scale;
+  // AdamW as torch.optim.AdamW on f32 p, g, m, v: p *= 1 - lr*wd for the elements inside `decay`'s
+  // spans (the rest, biases and norm weights, take no decay); m, v updated with g*grad_scale;
   // bias-corrected step t (1-based). When p_compute.data != nullptr it receives p's rounding to bf16
-  // (the compute copy of the shard).
+  // (the compute copy of the shard). One call steps a unit's whole shard.
   void adamw(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1, float beta2,
-             float eps, float weight_decay, int t, float grad_scale);
+             float eps, float weight_decay, const DecaySpans& decay, int t, float grad_scale);
   // out[1] (f64, on the backend) += sum of x[i]^2 (x f32)
   void sum_squares(Tensor out, Tensor x, int64_t n);
 
@@ -239,7 +259,8 @@ class Backend {
   virtual void cross_entropy_impl(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
                                   float grad_scale) = 0;
   virtual void adamw_impl(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1,
-                          float beta2, float eps, float weight_decay, int t, float grad_scale) = 0;
+                          float beta2, float eps, float weight_decay, const DecaySpans& decay, int t,
+                          float grad_scale) = 0;
   virtual void sum_squares_impl(Tensor out, Tensor x, int64_t n) = 0;
   virtual void convert_impl(Tensor out, Tensor in, int64_t n) = 0;
 

@@ -807,7 +807,23 @@ class CpuBackend : public Backend {
 
   // ---- optimizer and reductions ----
   void adamw_impl(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int t, float grad_scale) override {
+                  float beta2, float eps, float weight_decay, const DecaySpans& decay, int t,
+                  float grad_scale) override {
+    // the elements between spans take no decay: a run of them, then a span, ...
+    int64_t at = 0;
+    for (int s = 0; s <= decay.count; s++) {
+      const int64_t b = s < decay.count ? decay.begin[s] : n;
+      adamw_run(p, p_compute, g, m, v, at, b, lr, beta1, beta2, eps, 0.0f, t, grad_scale);
+      if (s == decay.count) break;
+      adamw_run(p, p_compute, g, m, v, b, decay.end[s], lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+      at = decay.end[s];
+    }
+  }
+
+  // Elements [lo, hi) of one AdamW call, all with the same weight decay.
+  void adamw_run(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t lo, int64_t hi, float lr,
+                 float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale) {
+    if (hi <= lo) return;
     float* P = p.f32();
     const float* G = g.f32();
     float* Mm = m.f32();
@@ -819,7 +835,7 @@ class CpuBackend : public Backend {
     const float bc2_sqrt = std::sqrt(bc2);
     const float decay = 1.0f - lr * weight_decay;
 #pragma omp parallel for simd num_threads(nthreads_)
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = lo; i < hi; i++) {
       float gi = G[i] * grad_scale;
       float mi = beta1 * Mm[i] + (1.0f - beta1) * gi;
       float vi = beta2 * Vv[i] + (1.0f - beta2) * gi * gi;

@@ -316,9 +316,11 @@ class CudaBackend : public Backend {
 
   // ---- optimizer and reductions ----
   void adamw_impl(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int t, float grad_scale) override {
+                  float beta2, float eps, float weight_decay, const DecaySpans& decay, int t,
+                  float grad_scale) override {
+    static_assert(DecaySpans::kMax <= cuda::kAdamWMaxSpans, "the kernel takes every span the op allows");
     cuda::adamw(p.f32(), p_compute.data ? p_compute.bf16() : nullptr, g.f32(), m.f32(), v.f32(), n, lr, beta1, beta2,
-                eps, weight_decay, t, grad_scale, stream_);
+                eps, weight_decay, decay.count, decay.begin, decay.end, t, grad_scale, stream_);
   }
   void sum_squares_impl(Tensor out, Tensor x, int64_t n) override {
     double* partials = (double*)scratch(partials_, cuda::kSumSquaresPartials * sizeof(double));

@@ -191,18 +191,27 @@ void launch_swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_
 
 struct AdamWArgs {
   float lr, beta1, beta2, eps;
-  float decay;          // 1 - lr * weight_decay
+  float decay;          // 1 - lr * weight_decay, for elements inside a decay span
   float step_size;      // lr / (1 - beta1^t)
   float bc2_sqrt;       // sqrt(1 - beta2^t)
   float grad_scale;
+  int spans;            // decay spans [span_begin, span_end), sorted; elements outside take no decay
+  int64_t span_begin[kAdamWMaxSpans], span_end[kAdamWMaxSpans];
 };
 
-__device__ __forceinline__ float adamw_one(float& p, float g, float& m, float& v, const AdamWArgs& a) {
+// Element i's decay factor: a.decay inside a span, 1 outside (biases and norm weights).
+__device__ __forceinline__ float adamw_decay(int64_t i, const AdamWArgs& a) {
+  for (int s = 0; s < a.spans; s++)
+    if (i >= a.span_begin[s] && i < a.span_end[s]) return a.decay;
+  return 1.0f;
+}
+
+__device__ __forceinline__ float adamw_one(float& p, float g, float& m, float& v, float decay, const AdamWArgs& a) {
   g *= a.grad_scale;
   m = m + (1.0f - a.beta1) * (g - m);  // torch: exp_avg.lerp_(grad, 1 - beta1)
   v = a.beta2 * v + (1.0f - a.beta2) * g * g;
   float denom = sqrtf(v) / a.bc2_sqrt + a.eps;
-  p = p * a.decay - a.step_size * (m / denom);
+  p = p * decay - a.step_size * (m / denom);
   return p;
 }
 
@@ -220,7 +229,8 @@ __global__ void adamw_kernel(float* p, uint16_t* p_bf16, const float* g, float* 
     Vec<float, V> vv = load_vec<float, V>(v + e);
     Vec<uint16_t, V> vb;
 #pragma unroll
-    for (int k = 0; k < V; k++) vb.v[k] = bf16_bits(adamw_one(vp.v[k], vg.v[k], vm.v[k], vv.v[k], a));
+    for (int k = 0; k < V; k++)
+      vb.v[k] = bf16_bits(adamw_one(vp.v[k], vg.v[k], vm.v[k], vv.v[k], adamw_decay(e + k, a), a));
     store_vec<float, V>(p + e, vp);
     store_vec<float, V>(m + e, vm);
     store_vec<float, V>(v + e, vv);
@@ -228,7 +238,7 @@ __global__ void adamw_kernel(float* p, uint16_t* p_bf16, const float* g, float* 
   }
   for (int64_t i = nvec * V + tid; i < n; i += stride) {
     float pi = p[i], mi = m[i], vi = v[i];
-    adamw_one(pi, g[i], mi, vi, a);
+    adamw_one(pi, g[i], mi, vi, adamw_decay(i, a), a);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -374,9 +384,12 @@ void swiglu_backward_bf16(uint16_t* dgate_up, const uint16_t* dout, const uint16
 }
 
 void adamw(float* p, uint16_t* p_bf16, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
-           float beta2, float eps, float weight_decay, int t, float grad_scale, Stream stream) {
+           float beta2, float eps, float weight_decay, int spans, const int64_t* span_begin, const int64_t* span_end,
+           int t, float grad_scale, Stream stream) {
   check_n(n, "adamw");
   LLMT_CHECK(t >= 1, "cuda adamw: step t must be 1-based, got %d", t);
+  LLMT_CHECK(spans >= 0 && spans <= kAdamWMaxSpans, "cuda adamw: %d decay spans, expected 0 to %d", spans,
+             kAdamWMaxSpans);
   if (n == 0) return;
   AdamWArgs a;
   a.lr = lr;
@@ -387,6 +400,11 @@ void adamw(float* p, uint16_t* p_bf16, const float* g, float* m, float* v, int64
   a.step_size = (float)((double)lr / (1.0 - std::pow((double)beta1, (double)t)));
   a.bc2_sqrt = (float)std::sqrt(1.0 - std::pow((double)beta2, (double)t));
   a.grad_scale = grad_scale;
+  a.spans = spans;
+  for (int s = 0; s < kAdamWMaxSpans; s++) {
+    a.span_begin[s] = s < spans ? span_begin[s] : 0;
+    a.span_end[s] = s < spans ? span_end[s] : 0;
+  }
   constexpr int V = 4;
   if (aligned(p, 16) && aligned(g, 16) && aligned(m, 16) && aligned(v, 16) && aligned(p_bf16, 8)) {
     LLMT_LAUNCH(adamw_kernel<V>, grid_for((n + V - 1) / V), kBlock, 0, stream, p, p_bf16, g, m, v, n, a);

@@ -66,9 +66,13 @@ void swiglu_backward_bf16(uint16_t* dgate_up, const uint16_t* dout, const uint16
 // AdamW as torch.optim.AdamW on fp32 p, g, m, v (step t is 1-based):
 //   p *= 1 - lr*wd;  g' = g*grad_scale;  m = lerp(m, g', 1-beta1);  v = beta2 v + (1-beta2) g'^2
 //   p -= lr/(1-beta1^t) * m / (sqrt(v)/sqrt(1-beta2^t) + eps)
+// with the decay only for elements inside the `spans` spans [span_begin[s], span_end[s]) (host
+// arrays, at most kAdamWMaxSpans, passed to the kernel by value): one launch for a unit's shard.
 // When p_bf16 != nullptr it also receives the bf16 rounding of the new p (the compute copy).
+constexpr int kAdamWMaxSpans = 16;
 void adamw(float* p, uint16_t* p_bf16, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
-           float beta2, float eps, float weight_decay, int t, float grad_scale, Stream stream = nullptr);
+           float beta2, float eps, float weight_decay, int spans, const int64_t* span_begin, const int64_t* span_end,
+           int t, float grad_scale, Stream stream = nullptr);
 
 // ---- reductions ----
 // Sum of x[i]^2 in double, deterministic (a fixed two-pass tree: no atomics, the same bits every run

@@ -164,8 +164,8 @@ TEST_F(CudaOps, ErrorsThrowLlmtError) {
     EXPECT_NE(std::string(e.what()).find("cudaMalloc"), std::string::npos) << e.what();
   }
   EXPECT_THROW(cuda::scale_f32(nullptr, 1.0f, -1), Error);
-  EXPECT_THROW(cuda::adamw(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0,
-                           1.0f),
+  EXPECT_THROW(cuda::adamw(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0, nullptr,
+                           nullptr, 0, 1.0f),
                Error);
   // The device still works after the failures above.
   std::vector<float> x = uniform(1000);
@@ -364,10 +364,15 @@ TEST_F(CudaOps, SwigluBf16) {
 // ---- AdamW ----
 
 TEST_F(CudaOps, AdamW) {
-  const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f, grad_scale = 0.5f;
+  const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 5.0f, grad_scale = 0.5f;
   for (int off : {0, 1}) {
     SCOPED_TRACE("offset " + std::to_string(off));
     const int64_t n = kN - off;
+    // decay spans whose edges fall inside the kernel's 4-element vectors: elements outside them
+    // take no decay (a large wd, so that decaying the wrong ones shows)
+    DecaySpans spans;
+    spans.count = 2;
+    spans.begin[0] = 5, spans.end[0] = n / 2 + 1, spans.begin[1] = n / 2 + 3, spans.end[1] = n - 7;
     std::vector<float> p = uniform(kN), m = uniform(kN, -0.1f, 0.1f), v = uniform(kN, 1e-4f, 1e-2f);
     DeviceBuf<float> dp(p), dm(m), dv(v);
     DeviceBuf<uint16_t> dpb((size_t)kN);
@@ -375,11 +380,11 @@ TEST_F(CudaOps, AdamW) {
       SCOPED_TRACE("t=" + std::to_string(t));
       std::vector<float> g = uniform(kN);
       cpu_->adamw(f32_tensor(p.data() + off, {n}), Tensor(), f32_tensor(g.data() + off, {n}), f32_tensor(m.data() + off, {n}),
-                  f32_tensor(v.data() + off, {n}), n, lr, beta1, beta2, eps, wd, t, grad_scale);
+                  f32_tensor(v.data() + off, {n}), n, lr, beta1, beta2, eps, wd, spans, t, grad_scale);
       DeviceBuf<float> dg(g);
       uint16_t* pb = t == 2 ? nullptr : dpb.get() + off;  // the bf16 copy is optional
       cuda::adamw(dp.get() + off, pb, dg.get() + off, dm.get() + off, dv.get() + off, n, lr, beta1, beta2, eps, wd,
-                  t, grad_scale);
+                  spans.count, spans.begin, spans.end, t, grad_scale);
       std::vector<float> gp = dp.download();
       EXPECT_LT(rel_error(gp, p), kTolF32) << "p";
       EXPECT_LT(rel_error(dm.download(), m), kTolF32) << "m";

@@ -232,14 +232,15 @@ inline double cross_entropy(const DV& logits, const std::vector<int32_t>& target
   return total;
 }
 
-// One step of torch.optim.AdamW (_single_tensor_adamw), gradient scaled by grad_scale first.
-inline void adamw(DV& p, const DV& g, DV& m, DV& v, double lr, double beta1, double beta2, double eps, double wd,
+// One step of torch.optim.AdamW (_single_tensor_adamw), gradient scaled by grad_scale first;
+// element i decays with wd[i] (one AdamW call over tensors that decay and tensors that do not).
+inline void adamw(DV& p, const DV& g, DV& m, DV& v, double lr, double beta1, double beta2, double eps, const DV& wd,
                   int t, double grad_scale) {
   double bc1 = 1.0 - std::pow(beta1, t), bc2 = 1.0 - std::pow(beta2, t);
   double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
   for (size_t i = 0; i < p.size(); i++) {
     double gi = g[i] * grad_scale;
-    p[i] *= 1.0 - lr * wd;
+    p[i] *= 1.0 - lr * wd[i];
     m[i] = beta1 * m[i] + (1.0 - beta1) * gi;
     v[i] = beta2 * v[i] + (1.0 - beta2) * gi * gi;
     double denom = std::sqrt(v[i]) / bc2_sqrt + eps;

@@ -964,7 +964,14 @@ TEST_P(Ops, AdamWThreeStepsMatchTorchAdamWAndWriteTheComputeCopy) {
   const int64_t n = 37;
   // beta2 and eps away from the defaults so that a hard-coded constant or eps in the wrong place shows:
   // with |g*grad_scale| ~ 0.25, eps = 1e-3 moves the update by ~0.5%, far above the tolerance.
-  const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-3f, wd = 0.1f, gs = 0.5f;
+  // A large weight decay (lr * wd = 0.05 of p a step) so that decaying the wrong elements shows.
+  const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-3f, wd = 5.0f, gs = 0.5f;
+  // one call over "tensors" that decay ([3, 11), [11, 14) as a separate span, [20, 36)) and that do not
+  llmt::DecaySpans spans;
+  spans.count = 3;
+  spans.begin[0] = 3, spans.end[0] = 11, spans.begin[1] = 11, spans.end[1] = 14, spans.begin[2] = 20, spans.end[2] = 36;
+  DV wd_of(n, 0.0);
+  for (int64_t i = 0; i < n; i++) wd_of[i] = spans.decays(i) ? wd : 0.0;
   FV p = rand_f(rng, n), m(n, 0.f), v(n, 0.f);
   DV pd = to_d(p), md(n, 0.0), vd(n, 0.0);
   Buf P(p), M(m), Vb(v), PC((size_t)n * 2);
@@ -975,8 +982,8 @@ TEST_P(Ops, AdamWThreeStepsMatchTorchAdamWAndWriteTheComputeCopy) {
     FV p_before = P.rf();
     DV pd_before = pd;
     be().adamw(P.f32({n}), is_bf16() ? PC.bf16({n}) : Tensor(), G.f32({n}), M.f32({n}), Vb.f32({n}), n, lr, b1, b2, eps,
-               wd, t, gs);
-    llmt_ref::adamw(pd, to_d(g), md, vd, lr, b1, b2, eps, wd, t, gs);
+               wd, spans, t, gs);
+    llmt_ref::adamw(pd, to_d(g), md, vd, lr, b1, b2, eps, wd_of, t, gs);
     FV got = P.rf();
     EXPECT_TRUE(Close(got, pd, tol::kF32OpForward)) << "p";
     EXPECT_TRUE(Close(M.rf(), md, tol::kF32OpForward)) << "m";
@@ -1174,8 +1181,12 @@ TEST_P(Ops, BadArgumentsAreRefusedByTheEntry) {
   expect_error([&] { be().rope_forward(Big->a({B * T, 4 * 3}), B, T, 2, 1, 3, llmt::RopeSpec{}); },
                {name + " rope_forward: head size 3 is odd"});
   expect_error([&] { be().adamw(X->f32({n}), Tensor(), Y->f32({n}), Z->f32({n}), Big->f32({n}), n, 1e-3f, 0.9f, 0.999f,
-                                1e-8f, 0.f, 0, 1.f); },
+                                1e-8f, 0.f, llmt::DecaySpans::all(n), 0, 1.f); },
                {name + " adamw: step t (1-based) = 0, expected at least 1"});
+  llmt::DecaySpans beyond = llmt::DecaySpans::all(n + 1);
+  expect_error([&] { be().adamw(X->f32({n}), Tensor(), Y->f32({n}), Z->f32({n}), Big->f32({n}), n, 1e-3f, 0.9f, 0.999f,
+                                1e-8f, 0.1f, beyond, 1, 1.f); },
+               {name + " adamw: decay span 0", "beyond n"});
   expect_error([&] { be().dropout(X->a({n}), 1, 1, n, llmt::Dropout{1.0f, 7, 0}); },
                {name + " dropout: p = 1, expected 0 <= p < 1"});
   EXPECT_EQ(be().counters().ops, ops_before) << "a refused op was counted (it ran)";
