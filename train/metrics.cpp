@@ -154,7 +154,9 @@ void MetricsLogger::report_rank_times(int64_t s, nlohmann::json& j) {
     compute_ms.push_back(ranks[r].compute_ms);
     wait_ms.push_back(ranks[r].wait_ms);
   }
-  const std::vector<int> slow = slow_ranks(ranks, s_.straggler_threshold);
+  const std::vector<int> above = slow_ranks(ranks, s_.straggler_threshold);
+  const std::vector<int> slow = persistently_slow(above, above_before_);
+  above_before_ = above;
   j["step_ms_per_rank"] = step_ms;
   j["compute_ms_per_rank"] = compute_ms;
   j["comm_wait_ms_per_rank"] = wait_ms;

@@ -81,7 +81,8 @@ class MetricsLogger {
   double window_step_s_ = 0.0, window_wait_s_ = 0.0;
   int64_t window_timed_steps_ = 0;
   bool first_step_seen_ = false;
-  std::vector<std::string> hosts_;                     // every rank's host, gathered at the first report
+  std::vector<std::string> hosts_;  // every rank's host, gathered at the first report
+  std::vector<int> above_before_;   // ranks above the threshold in the previous window (rank 0)
   int64_t window_tokens_ = 0, window_steps_ = 0;
   double comm_first_step_ = 0.0, planned_comm_ = 0.0;
   bool comm_recorded_ = false;

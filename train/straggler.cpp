@@ -25,6 +25,13 @@ std::vector<int> slow_ranks(const std::vector<RankStepTimes>& ranks, double thre
   return slow;
 }
 
+std::vector<int> persistently_slow(const std::vector<int>& now, const std::vector<int>& before) {
+  std::vector<int> both;
+  for (int r : now)
+    if (std::find(before.begin(), before.end(), r) != before.end()) both.push_back(r);
+  return both;
+}
+
 std::string describe_slow_ranks(const std::vector<int>& slow, const std::vector<RankStepTimes>& ranks,
                                 const std::vector<std::string>& hosts, long long first_step, long long last_step,
                                 double threshold) {
@@ -38,7 +45,7 @@ std::string describe_slow_ranks(const std::vector<int>& slow, const std::vector<
                    r, r < (int)hosts.size() ? hosts[r].c_str() : "?", ranks[r].compute_ms, first_step, last_step,
                    med > 0 ? ranks[r].compute_ms / med : 0.0, med);
   }
-  if (!s.empty()) s += strformat(" (--straggler_threshold %g)", threshold);
+  if (!s.empty()) s += strformat(" (a second logging window in a row; --straggler_threshold %g)", threshold);
   return s;
 }
 

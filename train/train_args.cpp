@@ -236,8 +236,8 @@ const std::vector<TrainFlag>& train_flags() {
       {"logging_first_step", "logging", "True|False", "also log the first step", ARG(logging_first_step)},
       {"throughput_warmup_steps", "logging", "N", "steps left out of the final throughput", ARG(throughput_warmup_steps)},
       {"straggler_threshold", "logging", "X",
-       "at each logging step, name a rank whose compute per step is more than X above the median of every rank's "
-       "(0: never)", ARG(straggler_threshold)},
+       "at each logging step, name a rank whose compute per step is more than X above the median of every rank's, "
+       "two logging windows in a row (0: never)", ARG(straggler_threshold)},
       {"do_train", "logging", "True", "accepted: llmt train always trains",
        [](Flags& f, const char* n, TrainArgs&) {
          LLMT_CHECK(f.get_bool(n, true), "--do_train False: llmt train always trains");

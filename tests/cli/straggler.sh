@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The slow rank, named: under mpirun, LLMT_TEST_SLOW_RANK=1:MS makes rank 1 sleep MS in each step
-# (a slow node); the log names rank 1 and no other at every logging step, and metrics.jsonl carries
-# every rank's step, compute and wait times with slow_ranks [1]. With no delay nothing is named
+# (a slow node); the log names rank 1 and no other from the second logging window on (a rank is
+# named when it is slow two windows in a row), and metrics.jsonl carries every rank's step, compute
+# and wait times with slow_ranks [] then [1], [1]. With no delay nothing is named
 # (steps of tens of ms, and the test runs alone: a rank descheduled for a few ms is not a slow node).
 # Usage: straggler.sh path/to/llmt
 set -uo pipefail
@@ -19,14 +20,14 @@ LLMT_TEST_SLOW_RANK=1:150 "${mpi[@]}" "$llmt" train "${common[@]}" --output_dir 
   > "$work/slow.log" 2>&1 ||
   { echo "FAIL: the run with a slow rank"; tail "$work/slow.log"; exit 1; }
 named=$(grep -c "slow rank 1 (host $(hostname))" "$work/slow.log")
-[ "$named" -eq 3 ] || { echo "FAIL: rank 1 named $named times, expected at each of 3 logging steps"; cat "$work/slow.log"; exit 1; }
+[ "$named" -eq 2 ] || { echo "FAIL: rank 1 named $named times, expected at the 2nd and 3rd logging steps"; cat "$work/slow.log"; exit 1; }
 ! grep -q "slow rank 0" "$work/slow.log" || { echo "FAIL: rank 0 named too"; cat "$work/slow.log"; exit 1; }
 python3 - "$work/slow/metrics.jsonl" << 'PY' || exit 1
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
 assert len(recs) == 3, f"FAIL: {len(recs)} records"
+assert [r["slow_ranks"] for r in recs] == [[], [1], [1]], f"FAIL: slow_ranks {[r['slow_ranks'] for r in recs]}"
 for r in recs:
-    assert r["slow_ranks"] == [1], f"FAIL: slow_ranks {r['slow_ranks']} at step {r['step']}"
     c, w = r["compute_ms_per_rank"], r["comm_wait_ms_per_rank"]
     assert len(c) == 2 and len(w) == 2 and len(r["step_ms_per_rank"]) == 2, f"FAIL: {r}"
     # rank 1 computes at least its 150 ms sleep; rank 0 spends most of that waiting for it

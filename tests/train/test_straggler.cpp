@@ -29,6 +29,12 @@ TEST(Straggler, OffWithAZeroThresholdOrOneRank) {
   EXPECT_TRUE(slow_ranks(computing({100}), 0.15).empty());
 }
 
+TEST(Straggler, NamedOnlyWhenSlowForTwoWindowsInARow) {
+  EXPECT_EQ(persistently_slow({3, 1}, {1, 2, 3}), (std::vector<int>{3, 1}));
+  EXPECT_TRUE(persistently_slow({1}, {}).empty());
+  EXPECT_TRUE(persistently_slow({}, {1}).empty());
+}
+
 TEST(Straggler, TheLineNamesRankHostTimeAndMedian) {
   const auto ranks = computing({100, 210, 100});
   const std::string s = describe_slow_ranks({1}, ranks, {"a", "b", "c"}, 5, 8, 0.15);
