@@ -6,6 +6,7 @@
 // inputs), so a run repeats bit for bit.
 #include "kernels/cuda/cuda_ops.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.h"
@@ -181,20 +182,35 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T*
   }
 }
 
-// One thread per channel walks every row: two tokens with one id add in row order, never race.
-// A bad id is reported and its row skipped: the forward's report of it is read only at the next
-// synchronize, after this backward of the same step has run.
+// dwte, deterministically and without atomics: the token ids are split into `buckets` classes (id
+// % buckets; a bad id goes to class 0) and a thread per (channel, class) walks every row, adding
+// only its class's rows. Two rows with one id are always one thread's, added in row order, so the
+// sums are the same bits as one thread per channel walking every row, with C x buckets threads in
+// place of C (768 threads were 3 blocks of an H100's 132 SMs). The ids are read by every thread, a
+// warp's 32 channels at once; each row of dout once. A bad id is reported and its row skipped: the
+// forward's report of it is read only at the next synchronize, after this backward has run.
 template <typename T>
-__global__ void embedding_backward_kernel(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int64_t N,
-                                          int T_, int C, int V, int* err) {
-  const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+__global__ void embedding_backward_wte_kernel(float* dwte, const T* dout, const int32_t* tokens, int64_t N, int C,
+                                              int V, int buckets, int* err) {
+  const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x), bucket = (int)blockIdx.y;
   if (c >= C) return;
   for (int64_t row = 0; row < N; row++) {
-    const float d = to_f32(dout[row * C + c]);
     const int tok = tokens[row];
-    if (tok >= 0 && tok < V) dwte[(int64_t)tok * C + c] += d;
+    const bool ok = tok >= 0 && tok < V;
+    if ((ok ? tok % buckets : 0) != bucket) continue;
+    if (ok) dwte[(int64_t)tok * C + c] += to_f32(dout[row * C + c]);
     else if (c == 0) report(err, kErrToken, tok, row, V);
-    if (dwpe) dwpe[(row % T_) * C + c] += d;
+  }
+}
+
+// dwpe[t, c] += dout[b, t, c] over b in order (row order, as the sums above): a thread per (t, c).
+template <typename T>
+__global__ void embedding_backward_wpe_kernel(float* dwpe, const T* dout, int B, int T_, int C) {
+  const int64_t n = (int64_t)T_ * C, stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float acc = dwpe[i];
+    for (int b = 0; b < B; b++) acc += to_f32(dout[(int64_t)b * n + i]);
+    dwpe[i] = acc;
   }
 }
 
@@ -493,9 +509,18 @@ template <typename T>
 void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_, int C, int V,
                         int* err, Stream stream) {
   if (C == 0) return;
-  LLMT_LAUNCH(embedding_backward_kernel, blocks_for(C, kBlock), kBlock, 0, stream, dwte, dwpe, dout, tokens,
-              (int64_t)B * T_, T_, C, V, err);
+  const int64_t N = (int64_t)B * T_;
+  // classes of ids: enough threads to fill a GPU at training sizes (256 x C), few where a class
+  // would hold only a handful of rows (every thread reads every id: small batches, the emulator)
+  const int buckets = (int)std::max<int64_t>(1, std::min<int64_t>({256, V, N / 64}));
+  LLMT_LAUNCH(embedding_backward_wte_kernel, dim3(blocks_for(C, kBlock), (unsigned)buckets), kBlock, 0, stream, dwte,
+              dout, tokens, N, C, V, buckets, err);
   CUDA_CHECK_LAUNCH();
+  if (dwpe) {
+    LLMT_LAUNCH(embedding_backward_wpe_kernel, grid_stride_blocks((int64_t)T_ * C), kBlock, 0, stream, dwpe, dout, B,
+                T_, C);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 template <typename T>

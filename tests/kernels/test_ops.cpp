@@ -392,6 +392,43 @@ TEST_P(Ops, EmbeddingBackwardVsFiniteDifferencesAccumulates) {
   }
 }
 
+// At training sizes a device backend splits the rows by token id over many threads (kernels/cuda:
+// classes of ids); each id's rows must still add in row order, so every backend gives the sums of
+// the plain loop below bit for bit, and a bad id in any class is still refused.
+TEST_P(Ops, EmbeddingBackwardAddsEachIdsRowsInRowOrderAtTrainingSizes) {
+  std::mt19937 rng(25);
+  const int B = 8, T = 64, C = 12, V = 50;  // 512 rows: several classes of ids on a device
+  std::uniform_int_distribution<int> pick(0, V - 1);
+  IV tok(B * T);
+  for (auto& t : tok) t = pick(rng) % 7 == 0 ? 3 : pick(rng);  // id 3 frequent, as a space or "the" is
+  FV dout = rand_act(rng, (size_t)B * T * C), pre_wte = rand_f(rng, V * C), pre_wpe = rand_f(rng, T * C);
+  FV want_wte = pre_wte, want_wpe = pre_wpe;
+  for (int64_t row = 0; row < B * T; row++)
+    for (int c = 0; c < C; c++) {
+      want_wte[(size_t)tok[row] * C + c] += dout[(size_t)row * C + c];
+      want_wpe[(size_t)(row % T) * C + c] += dout[(size_t)row * C + c];
+    }
+  Buf Tok(tok), dWte(pre_wte), dWpe(pre_wpe);
+  BufP D = Buf::act(dout);
+  be().embedding_backward(dWte.f32({V, C}), dWpe.f32({T, C}), D->a({B * T, C}), Tok.i32({B, T}), B, T, C);
+  be().synchronize();
+  EXPECT_EQ(dWte.rf(), want_wte) << "dwte";
+  EXPECT_EQ(dWpe.rf(), want_wpe) << "dwpe";
+  for (int at : {0, B * T / 2 + 1, B * T - 1}) {
+    IV bad = tok;
+    bad[at] = at == 0 ? -1 : V + at;
+    Buf BadTok(bad);
+    EXPECT_THROW(
+        {
+          be().embedding_backward(dWte.f32({V, C}), Tensor(nullptr, DType::f32, {T, C}), D->a({B * T, C}),
+                                  BadTok.i32({B, T}), B, T, C);
+          be().synchronize();
+        },
+        llmt::Error)
+        << "bad id at row " << at;
+  }
+}
+
 TEST_P(Ops, EmbeddingTokenOutOfRangeThrows) {
   std::mt19937 rng(23);
   FV wte = rand_act(rng, V_ * C_), wpe = rand_act(rng, T_ * C_);
