@@ -14,7 +14,16 @@ double steady_s() {
 }
 }  // namespace
 
-double comm_wait_s() { return (double)g_wait_ns.load() * 1e-9; }
+std::atomic<double (*)()> g_device_source{nullptr};
+
+double host_comm_wait_s() { return (double)g_wait_ns.load() * 1e-9; }
+
+double comm_wait_s() {
+  double (*device)() = g_device_source.load();
+  return host_comm_wait_s() + (device ? device() : 0.0);
+}
+
+void set_device_comm_wait(double (*seconds)()) { g_device_source = seconds; }
 
 CommWaitTimer::CommWaitTimer() {
   if (t_depth++ == 0) start_ = steady_s();

@@ -21,13 +21,18 @@
 #include <nccl.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "engine/core/error.h"
+#include "engine/dist/comm_wait.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/watchdog.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -112,6 +117,75 @@ struct Event {
     return cudaEventQuery(e) == cudaSuccess;
   }
 };
+
+// Each collective's time on its communication stream, from when this rank's inputs were ready
+// (the stream reaches `start` after waiting on the compute stream) to the collective's end, so a
+// wait for slower peers is in it. Read back once the end event has completed (after the step's
+// read of its scalars): no host wait of its own. comm_wait.h adds the sum to the host's waits.
+// What the host itself waited while issuing it is taken off, so no wait counts twice: on a GPU the
+// issue does not block; the emulator's NCCL stand-in runs the collective in the call, over MPI,
+// whose waits the host already counted.
+class CollectiveClock {
+ public:
+  struct Timed {
+    cudaEvent_t start, end;
+    double host_s;  // the host's counted waits when the collective began, then during its issue
+  };
+  // A pair of timing events for a collective about to be issued on `stream`; `start` recorded now.
+  Timed begin(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Timed t{take(), take(), host_comm_wait_s()};
+    CUDA_CHECK(cudaEventRecord(t.start, stream));
+    return t;
+  }
+  // After the collective is issued: `end` recorded, the pair pending until it completes.
+  void end(Timed t, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    CUDA_CHECK(cudaEventRecord(t.end, stream));
+    t.host_s = host_comm_wait_s() - t.host_s;
+    pending_.push_back(t);
+  }
+  // Seconds of every completed collective so far; polls the pending ones without waiting.
+  double seconds() {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t kept = 0;
+    for (Timed& p : pending_) {
+      float ms = 0.0f;
+      if (cudaEventQuery(p.end) != cudaSuccess || cudaEventElapsedTime(&ms, p.start, p.end) != cudaSuccess) {
+        pending_[kept++] = p;  // not done yet (cudaErrorNotReady is no error: clear it)
+        (void)cudaGetLastError();
+        continue;
+      }
+      done_s_ += std::max(0.0, ms * 1e-3 - p.host_s);
+      free_.push_back(p.start);
+      free_.push_back(p.end);
+    }
+    pending_.resize(kept);
+    return done_s_;
+  }
+
+ private:
+  cudaEvent_t take() {
+    if (free_.empty()) {
+      cudaEvent_t e;
+      CUDA_CHECK(cudaEventCreate(&e));  // with timing
+      return e;
+    }
+    cudaEvent_t e = free_.back();
+    free_.pop_back();
+    return e;
+  }
+  std::mutex mu_;
+  std::vector<Timed> pending_;
+  std::vector<cudaEvent_t> free_;
+  double done_s_ = 0.0;
+};
+
+// Never destroyed: its events would outlive the CUDA context at exit.
+CollectiveClock& collective_clock() {
+  static CollectiveClock* clock = new CollectiveClock;
+  return *clock;
+}
 
 class NcclRequest : public CommRequest {
  public:
@@ -211,6 +285,7 @@ class NcclDataComm : public DataComm {
   std::unique_ptr<CommRequest> run(const char* op, int64_t count, DType t, Call call) {
     CUDA_CHECK(cudaEventRecord(inputs_ready_, compute_));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
+    const auto timed = collective_clock().begin(stream_);
     auto done = std::make_shared<Event>();
     const uint64_t id = watchdog_running() ? watchdog_begin(strformat("%s of %lld %s over %d ranks (nccl)", op,
                                                                       (long long)count, dtype_name(t), size_),
@@ -218,6 +293,7 @@ class NcclDataComm : public DataComm {
                                            : 0;
     try {
       issued(comm_, call(), op, timeout_s_);
+      collective_clock().end(timed, stream_);
       CUDA_CHECK(cudaEventRecord(done->e, stream_));
     } catch (...) {
       watchdog_end(id);
@@ -248,6 +324,7 @@ std::unique_ptr<DataComm> make_nccl_data_comm(ControlComm& world, Backend& be, d
   LLMT_CHECK(be.name() == "cuda" && !be.is_host_memory(), "NCCL needs the CUDA backend, not the %s one",
              be.name().c_str());
   cudaStream_t compute = (cudaStream_t)be.native_stream();
+  set_device_comm_wait([] { return collective_clock().seconds(); });  // the slow-rank report's device waits
   ncclUniqueId id;
   if (world.rank() == 0) {
     ncclResult_t r = ncclGetUniqueId(&id);

@@ -4,6 +4,8 @@
 # named when it is slow two windows in a row), and metrics.jsonl carries every rank's step, compute
 # and wait times with slow_ranks [] then [1], [1]. With no delay nothing is named
 # (steps of tens of ms, and the test runs alone: a rank descheduled for a few ms is not a slow node).
+# Then the same on the emulated CUDA backend with NCCL's stand-in (llmt_simt beside llmt), whose
+# collectives the device clock times (kernels/cuda/nccl_comm.cu).
 # Usage: straggler.sh path/to/llmt
 set -uo pipefail
 llmt=$1
@@ -61,4 +63,23 @@ recs = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
 assert len(recs) == 3 and all(r["slow_ranks"] == [] for r in recs), f"FAIL: {[r['slow_ranks'] for r in recs]}"
 print(f"no delay: nothing named; compute {recs[-1]['compute_ms_per_rank']} ms a step")
 PY
+simt="$(dirname "$llmt")/llmt_simt"
+if [ -x "$simt" ]; then
+  nccl=(--device cuda --ddp_backend nccl --model_config gpt2-tiny --tokenizer_name_or_path bytes
+        --train_file "$work/corpus.txt" --block_size 32 --per_device_train_batch_size 2 --max_steps 12
+        --logging_steps 4 --save_strategy no --threads 1 --cache_dir none --fsdp "full_shard auto_wrap")
+  for delay in 150 0; do
+    LLMT_TEST_SLOW_RANK=1:$delay OMP_NUM_THREADS=1 "${mpi[@]}" "$simt" train "${nccl[@]}" --output_dir "$work/nccl$delay" \
+      > "$work/nccl$delay.log" 2>&1 || { echo "FAIL: the emulated NCCL run, delay $delay"; tail "$work/nccl$delay.log"; exit 1; }
+    python3 - "$work/nccl$delay/metrics.jsonl" "$delay" << 'PY' || { cat "$work/nccl$delay.log"; exit 1; }
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+want = [[], [1], [1]] if sys.argv[2] != "0" else [[], [], []]
+assert [r["slow_ranks"] for r in recs] == want, f"FAIL: nccl, delay {sys.argv[2]}: {[r['slow_ranks'] for r in recs]}"
+print(f"emulated NCCL, delay {sys.argv[2]} ms: slow_ranks {want}; compute {[round(c) for c in recs[-1]['compute_ms_per_rank']]} ms")
+PY
+  done
+else
+  echo "no llmt_simt beside llmt: the emulated NCCL case is skipped"
+fi
 echo PASS

@@ -9,6 +9,7 @@
 
 #include <boost/context/fiber.hpp>
 #include <boost/context/pooled_fixedsize_stack.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -625,6 +626,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
 struct CUevent_st {
   int device;  // current when the event was made
+  std::chrono::steady_clock::time_point at{};  // when it was last recorded
+  bool recorded = false;
 };
 // Stops the program when `e` belongs to another device than the calling thread's current one.
 static void check_event_device(cudaEvent_t e, const char* call) {
@@ -636,7 +639,7 @@ static void check_event_device(cudaEvent_t e, const char* call) {
   std::abort();
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = new CUevent_st{t_current_device};
+  *e = new CUevent_st{t_current_device, {}, false};
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
@@ -651,6 +654,13 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
   check_event_device(e, "cudaEventRecord");
+  e->at = std::chrono::steady_clock::now();
+  e->recorded = true;
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms || !start || !end || !start->recorded || !end->recorded) return cudaErrorInvalidValue;
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {

@@ -262,6 +262,9 @@ cudaError_t cudaEventQuery(cudaEvent_t e);  // cudaSuccess: work is done when it
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+// Milliseconds between two recorded events: the host's clock at each record (the emulator runs a
+// stream's work when it is issued, so that is when the stream reached the event).
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
 namespace llmt {
 namespace simt {
