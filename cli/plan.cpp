@@ -17,7 +17,7 @@ int cli_plan(const std::vector<std::string>& args) {
         "llmt plan: per-rank memory and communication of a run, computed without allocating\n\n"
         "  --model NAME|FILE|DIR        preset, config.json or Hugging Face directory (gpt2)\n"
         "  --world_size N (1)           --ranks_per_node N (all on one node)\n"
-        "  --fsdp SPEC                  full_shard auto_wrap (the default here) | shard_grad_op | hybrid_shard | no_shard\n"
+        "  --fsdp SPEC                  full_shard auto_wrap (default) | shard_grad_op | hybrid_shard | no_shard\n"
         "  --hybrid_shard_group_size N  hybrid_shard's shard group (--ranks_per_node)\n"
         "  --per_device_train_batch_size N (1)  --seq_len N (512)  --gradient_accumulation_steps N (1)\n"
         "  --gradient_checkpointing True|False\n"

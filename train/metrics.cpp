@@ -142,12 +142,14 @@ void MetricsLogger::report_rank_times(int64_t s, nlohmann::json& j) {
     }
   }
   const double n = (double)window_timed_steps_;
-  const double mine[3] = {1e3 * window_step_s_ / n, 1e3 * (window_step_s_ - window_wait_s_) / n, 1e3 * window_wait_s_ / n};
+  const double mine[3] = {1e3 * window_step_s_ / n, 1e3 * (window_step_s_ - window_wait_s_) / n,
+                          1e3 * window_wait_s_ / n};  // step, compute, wait
   std::vector<double> all((size_t)W * 3);
   world_.all_gather(mine, all.data(), 3, DType::f64);
   if (world_.rank() != 0) return;
   std::vector<RankStepTimes> ranks((size_t)W);
-  nlohmann::json step_ms = nlohmann::json::array(), compute_ms = nlohmann::json::array(), wait_ms = nlohmann::json::array();
+  nlohmann::json step_ms = nlohmann::json::array(), compute_ms = nlohmann::json::array();
+  nlohmann::json wait_ms = nlohmann::json::array();
   for (int r = 0; r < W; r++) {
     ranks[r] = {all[3 * r], all[3 * r + 1], all[3 * r + 2]};
     step_ms.push_back(ranks[r].step_ms);
@@ -178,10 +180,12 @@ void MetricsLogger::record(const nlohmann::json& j) {
   for (const auto& [key, value] : j.items()) {
     if (key != "step" && value.is_number())
       scalars.push_back({eval && key == "perplexity" ? "eval/perplexity" : tensorboard_tag(key), value.get<double>()});
-    const bool ranked = key.size() > per_rank.size() && key.compare(key.size() - per_rank.size(), per_rank.size(), per_rank) == 0;
+    const bool ranked =
+        key.size() > per_rank.size() && key.compare(key.size() - per_rank.size(), per_rank.size(), per_rank) == 0;
     if (ranked && value.is_array())
       for (size_t r = 0; r < value.size(); r++)
-        if (value[r].is_number()) scalars.push_back({tensorboard_tag(key) + "/rank_" + std::to_string(r), value[r].get<double>()});
+        if (value[r].is_number())
+          scalars.push_back({tensorboard_tag(key) + "/rank_" + std::to_string(r), value[r].get<double>()});
   }
   tb_->add_scalars(j.value("step", (int64_t)0), scalars);
 }

@@ -34,7 +34,8 @@ State random_state(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(-1.f, 1.f);
   State s{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
-  for (int64_t i = 0; i < n; i++) s.p[i] = d(rng), s.g[i] = d(rng), s.m[i] = 0.1f * d(rng), s.v[i] = 0.01f * (1 + d(rng));
+  for (int64_t i = 0; i < n; i++)
+    s.p[i] = d(rng), s.g[i] = d(rng), s.m[i] = 0.1f * d(rng), s.v[i] = 0.01f * (1 + d(rng));
   return s;
 }
 
