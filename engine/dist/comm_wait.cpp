@@ -12,9 +12,8 @@ thread_local int t_depth = 0;  // timers open on this thread
 double steady_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+std::atomic<double (*)()> g_device_source{nullptr};  // set_device_comm_wait's
 }  // namespace
-
-std::atomic<double (*)()> g_device_source{nullptr};
 
 double host_comm_wait_s() { return (double)g_wait_ns.load() * 1e-9; }
 

@@ -24,12 +24,15 @@ void adamw_step_range(Backend& be, const UnitLayout& unit, int64_t lo, int64_t h
   for (const ParamSpec& s : unit.params) {
     const int64_t a = std::max(lo, s.offset) - lo, b = std::min(hi, s.offset + s.numel()) - lo;
     if (a >= b) continue;
-    const bool joins_last_span = s.decay && spans.count > 0 && spans.end[spans.count - 1] == a;
-    if (first >= 0 && (a != last || (s.decay && !joins_last_span && spans.count == DecaySpans::kMax))) flush();
+    bool extends_span = s.decay && spans.count > 0 && spans.end[spans.count - 1] == a;
+    if (first >= 0 && (a != last || (s.decay && !extends_span && spans.count == DecaySpans::kMax))) {
+      flush();
+      extends_span = false;
+    }
     if (first < 0) first = a;
     last = b;
     if (!s.decay) continue;
-    if (spans.count > 0 && spans.end[spans.count - 1] == a) spans.end[spans.count - 1] = b;
+    if (extends_span) spans.end[spans.count - 1] = b;
     else spans.begin[spans.count] = a, spans.end[spans.count] = b, spans.count++;
   }
   flush();
