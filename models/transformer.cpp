@@ -1,5 +1,6 @@
 #include "models/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/core/error.h"
@@ -120,7 +121,69 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T,
 }
 
 Transformer::~Transformer() {
+  release_kv_cache();
   for (void* p : allocations_) be_.release(p);
+}
+
+void Transformer::release_kv_cache() {
+  for (void* p : kv_allocations_) be_.release(p);
+  kv_allocations_.clear();
+  k_cache_.clear(), v_cache_.clear();
+  kv_on_ = false;
+}
+
+int64_t Transformer::kv_cache_bytes(const ModelConfig& cfg, int B, int cap, DType compute) {
+  return 2 * (int64_t)cfg.n_layer * B * cfg.n_kv_head * cap * cfg.head_size() * (int64_t)dtype_size(compute);
+}
+
+void Transformer::start_generation(int cap, const std::vector<int32_t>& key_start) {
+  LLMT_CHECK((int)key_start.size() == B_, "start_generation: %zu key starts for %d sequences", key_start.size(), B_);
+  LLMT_CHECK(cap > 0, "start_generation: a cache of %d positions", cap);
+  for (int b = 0; b < B_; b++) {
+    LLMT_CHECK(key_start[b] >= 0 && key_start[b] < cap, "start_generation: sequence %d starts at %d, outside the "
+               "cache's %d positions", b, key_start[b], cap);
+    LLMT_CHECK(cap - key_start[b] <= cfg_.max_seq_len, "generation: sequence %d would reach %d tokens, beyond the "
+               "model's context of %d", b, cap - key_start[b], cfg_.max_seq_len);
+    LLMT_CHECK(cfg_.sliding_window == 0 || cap - key_start[b] <= cfg_.sliding_window,
+               "generation: sequence %d would reach %d tokens, beyond the model's sliding_window of %d: llmt's "
+               "attention has no window yet", b, cap - key_start[b], cfg_.sliding_window);
+  }
+  if (cap != kv_cap_ || k_cache_.empty()) {
+    release_kv_cache();
+    const std::vector<int64_t> shape = {B_, cfg_.n_kv_head, cap, cfg_.head_size()};
+    auto take = [&](DType d, std::vector<int64_t> sh) {
+      Tensor probe(nullptr, d, sh);
+      void* p = be_.alloc(probe.nbytes());
+      kv_allocations_.push_back(p);
+      return Tensor(p, d, sh);
+    };
+    for (int l = 0; l < cfg_.n_layer; l++) k_cache_.push_back(take(dt_, shape)), v_cache_.push_back(take(dt_, shape));
+    positions_ = take(DType::i32, {(int64_t)B_ * T_max_});
+    key_start_ = take(DType::i32, {B_});
+  }
+  kv_cap_ = cap, kv_len_ = 0;
+  key_start_host_ = key_start;
+  be_.copy_from_host(key_start_.data, key_start.data(), sizeof(int32_t) * B_);
+}
+
+void Transformer::decode(UnitStore& store, const int32_t* tokens, int n) {
+  LLMT_CHECK(!k_cache_.empty(), "decode before start_generation");
+  LLMT_CHECK(n > 0 && n <= T_max_, "decode: %d tokens at once, the model was sized for 1 to %d", n, T_max_);
+  LLMT_CHECK(kv_len_ + n <= kv_cap_, "decode: %d cached and %d new tokens exceed the cache's %d positions", kv_len_, n,
+             kv_cap_);
+  cur_T_ = n;
+  train_ = nullptr;
+  have_grad_ = false;
+  const int64_t N = (int64_t)B_ * n;
+  std::vector<int32_t> pos((size_t)N);
+  for (int b = 0; b < B_; b++)  // counted from the first real token; padding's own are never read
+    for (int i = 0; i < n; i++) pos[(size_t)b * n + i] = std::max(0, kv_len_ + i - key_start_host_[b]);
+  be_.copy_from_host(tokens_.data, tokens, sizeof(int32_t) * N);
+  be_.copy_from_host(positions_.data, pos.data(), sizeof(int32_t) * N);
+  kv_on_ = true;
+  forward_units(store);
+  kv_on_ = false;
+  kv_len_ += n;
 }
 
 Tensor Transformer::rows(const Tensor& t, int64_t cols) const {
@@ -175,8 +238,13 @@ void Transformer::block_forward(int l, Tensor w) {
   // attention sub-block: resid_mid = x + dropout(proj(attention(norm1(x))))
   norm_forward(ln1, a.ln1_mean, a.ln1_rstd, x, w, o.ln1_w, o.ln1_b);
   be_.matmul(qkv, ln1, P(w, o.qkv_w, {QKV, C}), P(w, o.qkv_b, {QKV}), N, QKV, C, false, true, false);
-  if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_);
-  be_.attention_forward(attn_out, lse, qkv, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop));
+  if (kv_on_) {  // generation: each row at its position, attending over the cache
+    if (!gpt2) be_.rope_at(qkv, Tensor(positions_.data, DType::i32, {N}), N, NH, NKV, hs, rope_);
+    be_.attention_kv(attn_out, k_cache_[l], v_cache_[l], qkv, key_start_, B_, T, kv_len_, kv_cap_, NH, NKV, hs);
+  } else {
+    if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_);
+    be_.attention_forward(attn_out, lse, qkv, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop));
+  }
   if (out_drop_attn.active()) {
     Tensor branch = rows(dropped_, C);
     be_.matmul(branch, attn_out, P(w, o.attn_proj_w, {C, Q}), P(w, o.attn_proj_b, {C}), N, C, Q, false, true, false);
@@ -267,15 +335,33 @@ void Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t
   train_ = nullptr;
   if (train) train_copy_ = *train, train_ = &train_copy_;
   const int T = cur_T_;
-  const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, V = cfg_.vocab_size;
-  const RootOffsets& r = layout_.root;
+  const int64_t N = (int64_t)B_ * T, V = cfg_.vocab_size;
   be_.copy_from_host(tokens_.data, tokens, sizeof(int32_t) * N);
   if (targets) be_.copy_from_host(targets_.data, targets, sizeof(int32_t) * N);
-  Tensor tok(tokens_.data, DType::i32, {N}), x0 = rows(resid_[0], C);
+  forward_units(store);
+  have_grad_ = train != nullptr;
+  if (!targets) return;
+  Tensor lg = rows(logits_, V);
+  be_.cross_entropy(loss_sum, train ? lg : Tensor(), lg, Tensor(targets_.data, DType::i32, {N}), N, (int)V,
+                    train ? train->grad_scale : 0.0f);
+}
 
+void Transformer::forward_units(UnitStore& store) {
+  const int T = cur_T_;
+  const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, V = cfg_.vocab_size;
+  const RootOffsets& r = layout_.root;
+  Tensor tok(tokens_.data, DType::i32, {N}), x0 = rows(resid_[0], C);
   Tensor root = store.acquire(0);
   store.prefetch(1 % (cfg_.n_layer + 1));
-  be_.embedding_forward(x0, tok, P(root, r.wte, {V, C}), P(root, r.wpe, {cfg_.max_seq_len, C}), B_, T, (int)C, (int)V);
+  if (kv_on_ && r.wpe >= 0) {  // generation: wpe at each row's position, added to wte (one rounding either way)
+    Tensor wpe_rows = rows(dnorm_, C);  // backward's scratch, unused while generating
+    be_.embedding_forward(x0, tok, P(root, r.wte, {V, C}), Tensor(), B_, T, (int)C, (int)V);
+    be_.embedding_forward(wpe_rows, Tensor(positions_.data, DType::i32, {N}), P(root, r.wpe, {cfg_.max_seq_len, C}),
+                          Tensor(), B_, T, (int)C, cfg_.max_seq_len);
+    be_.add(x0, x0, wpe_rows, N * C);
+  } else {
+    be_.embedding_forward(x0, tok, P(root, r.wte, {V, C}), P(root, r.wpe, {cfg_.max_seq_len, C}), B_, T, (int)C, (int)V);
+  }
   be_.dropout(x0, B_, T, (int)C, dropout_for(-1, kEmbd, cfg_.embd_pdrop));
   store.release(0);
   for (int l = 0; l < cfg_.n_layer; l++) {
@@ -289,10 +375,6 @@ void Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t
   norm_forward(lnf, lnf_mean_, lnf_rstd_, rows(resid_[cfg_.n_layer], C), root, r.lnf_w, r.lnf_b);
   be_.matmul(lg, lnf, P(root, r.lm_head, {V, C}), Tensor(), N, V, C, false, true, false);
   store.release(0);
-  have_grad_ = train != nullptr;
-  if (!targets) return;
-  be_.cross_entropy(loss_sum, train ? lg : Tensor(), lg, Tensor(targets_.data, DType::i32, {N}), N, (int)V,
-                    train ? train->grad_scale : 0.0f);
 }
 
 void Transformer::backward(UnitStore& store) {

@@ -48,6 +48,7 @@ class Transformer {
 
   const ModelConfig& config() const { return cfg_; }
   const ModelLayout& layout() const { return layout_; }
+  Backend& backend() const { return be_; }
   int batch() const { return B_; }
   int seq_len() const { return T_max_; }  // the most tokens per sequence
 
@@ -72,8 +73,20 @@ class Transformer {
   // Adds this batch's gradients into store.grads(u); call after a training forward.
   void backward(UnitStore& store);
   // Logits [B*T, V] on the backend in the compute dtype (T of the last forward), valid after an
-  // evaluation forward.
+  // evaluation forward or a decode.
   Tensor logits() const;
+
+  // Generation (llmt generate) with a KV cache. start_generation sizes the cache for the model's B
+  // sequences of up to `cap` positions (prompt and new tokens) and empties it; sequence b's real
+  // tokens begin at key_start[b] (left padding before them: never attended, and positions count
+  // from the first real token, as transformers' generate does with an attention mask). decode runs
+  // n <= seq_len() tokens[B*n] of each sequence at positions cached() .. cached()+n-1, appending
+  // their keys and values to the cache; logits() holds their rows after it. Evaluation only.
+  void start_generation(int cap, const std::vector<int32_t>& key_start);
+  void decode(UnitStore& store, const int32_t* tokens, int n);
+  int cached() const { return kv_len_; }
+  // Bytes of a KV cache for B sequences of cap positions, for llmt plan.
+  static int64_t kv_cache_bytes(const ModelConfig& cfg, int B, int cap, DType compute);
 
  private:
   struct BlockActs {  // what one block keeps for its backward
@@ -87,6 +100,9 @@ class Transformer {
   void norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, int64_t w_off, int64_t b_off);
   void norm_backward(Tensor x, Tensor mean, Tensor rstd, Tensor w, Tensor g, int64_t w_off, int64_t b_off);
   void block_forward(int l, Tensor w);
+  // The embeddings, every block and the head over the current batch (forward's and decode's part).
+  void forward_units(UnitStore& store);
+  void release_kv_cache();
   void block_backward(int l, Tensor w, Tensor g);
   int act(int l) const { return checkpointing_ ? 0 : l; }  // which set of block activations layer l uses
   // Tensor [rows, cols] at the start of buffer t for the current batch (T rows per sequence).
@@ -111,6 +127,14 @@ class Transformer {
   Tensor lnf_, lnf_mean_, lnf_rstd_, logits_;
   // backward scratch; dropped_ holds a residual branch's output (forward) or gradient (backward) under dropout
   Tensor dres_, dnorm_, dattn_, dqkv_, dmlp_in_, dmlp_act_, dropped_;
+
+  // generation: while kv_on_, attention reads and extends the cache and positions_ places each row
+  bool kv_on_ = false;
+  int kv_cap_ = 0, kv_len_ = 0;
+  std::vector<int32_t> key_start_host_;
+  std::vector<Tensor> k_cache_, v_cache_;  // per layer [B, NKV, cap, hs]
+  Tensor positions_, key_start_;           // i32 [B*T] and [B]
+  std::vector<void*> kv_allocations_;
 };
 
 // Fills a unit's parameters the way GPT-2 / LLaMA initialise them: normal(0, 0.02) weights,

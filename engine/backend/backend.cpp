@@ -284,6 +284,31 @@ void Backend::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T
   run("attention", [&] { attention_forward_impl(out, lse, qkv, B, T, NH, NKV, hs, drop); });
 }
 
+void Backend::rope_at(Tensor qkv, Tensor positions, int64_t N, int NH, int NKV, int hs, const RopeSpec& rope) {
+  const char* op = "rope_at";
+  need_heads(*this, op, 1, 1, NH, NKV, hs);
+  need_size(*this, op, "N", N, 0);
+  LLMT_CHECK(hs % 2 == 0, "%s rope_at: head size %d is odd", name().c_str(), hs);
+  need_act(op, "qkv", qkv, N * (NH + 2 * NKV) * hs);
+  need(op, "positions", positions, DType::i32, N);
+  run("attention", [&] { rope_at_impl(qkv, positions, N, NH, NKV, hs, rope); });
+}
+
+void Backend::attention_kv(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn,
+                           int p0, int cap, int NH, int NKV, int hs) {
+  const char* op = "attention_kv";
+  need_heads(*this, op, B, Tn, NH, NKV, hs);
+  LLMT_CHECK(p0 >= 0 && p0 + Tn <= cap, "%s attention_kv: %d cached and %d new tokens exceed the cache's %d positions",
+             name().c_str(), p0, Tn, cap);
+  const int64_t BT = (int64_t)B * Tn, cache = (int64_t)B * NKV * cap * hs;
+  need_act(op, "out", out, BT * NH * hs);
+  need_act(op, "k_cache", k_cache, cache);
+  need_act(op, "v_cache", v_cache, cache);
+  need_act(op, "qkv", qkv, BT * (NH + 2 * NKV) * hs);
+  need(op, "key_start", key_start, DType::i32, B);
+  run("attention", [&] { attention_kv_impl(out, k_cache, v_cache, qkv, key_start, B, Tn, p0, cap, NH, NKV, hs); });
+}
+
 void Backend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
                                  int NKV, int hs, const Dropout& drop) {
   const char* op = "attention_backward";

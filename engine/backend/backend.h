@@ -199,6 +199,19 @@ class Backend {
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH, int NKV,
                           int hs, const Dropout& drop);
 
+  // ---- generation: a KV cache (llmt generate; nothing here goes backward) ----
+  // RoPE as rope_forward on N rows of qkv, row i at position positions[i] (i32 [N], >= 0) instead
+  // of its index in the sequence: the same angles, so a row at position t rotates as rope_forward's.
+  void rope_at(Tensor qkv, Tensor positions, int64_t N, int NH, int NKV, int hs, const RopeSpec& rope);
+  // Tn new tokens of each of B sequences against a KV cache k_cache, v_cache (act, [B, NKV, cap, hs]),
+  // which holds positions 0 .. p0-1 of each sequence. First appends the new tokens' k and v (their
+  // qkv rows, RoPE applied) at positions p0 .. p0+Tn-1; then out[b*Tn + i, NH*hs] (=) is query i
+  // (position p0 + i) attending causally, scale 1/sqrt(hs), grouped-query heads as attention_forward,
+  // over positions key_start[b] .. p0 + i (key_start: i32 [B], the sequence's first real token after
+  // left padding). A query before key_start[b] is padding: it attends nothing and gets zeros.
+  void attention_kv(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn, int p0,
+                    int cap, int NH, int NKV, int hs);
+
   // ---- elementwise (f32 or bf16) ----
   void add(Tensor out, Tensor a, Tensor b, int64_t n);  // out = a + b, one dtype (out may alias a or b)
   void accumulate(Tensor dst, Tensor src, int64_t n);   // dst += src (any float dtypes)
@@ -253,6 +266,9 @@ class Backend {
                                       const Dropout& drop) = 0;
   virtual void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
                                        int NH, int NKV, int hs, const Dropout& drop) = 0;
+  virtual void rope_at_impl(Tensor qkv, Tensor positions, int64_t N, int NH, int NKV, int hs, const RopeSpec& rope) = 0;
+  virtual void attention_kv_impl(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B,
+                                 int Tn, int p0, int cap, int NH, int NKV, int hs) = 0;
   virtual void add_impl(Tensor out, Tensor a, Tensor b, int64_t n) = 0;
   virtual void accumulate_impl(Tensor dst, Tensor src, int64_t n) = 0;
   virtual void scale_impl(Tensor x, float s, int64_t n) = 0;

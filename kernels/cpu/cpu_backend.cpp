@@ -531,8 +531,17 @@ class CpuBackend : public Backend {
     }
   }
 
-  // Rotates the q and k heads of every token by +angle (forward) or -angle (backward).
-  void rope_apply(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope, float sign) {
+  // Rotates the q and k heads of each of N rows by +angle (forward) or -angle (backward); row i is at
+  // position pos[i], or i % T without pos (B sequences of T tokens).
+  void rope_apply(Tensor qkv, int64_t N, int T, const int32_t* pos, int NH, int NKV, int hs, const RopeSpec& rope,
+                  float sign) {
+    if (pos) {  // the table covers every position asked for
+      T = 0;
+      for (int64_t i = 0; i < N; i++) {
+        LLMT_CHECK(pos[i] >= 0, "cpu rope_at: row %lld has position %d, expected >= 0", (long long)i, pos[i]);
+        T = std::max(T, pos[i] + 1);
+      }
+    }
     std::vector<float> cs, sn;
     rope_table(cs, sn, T, hs, rope);
     const int half = hs / 2;
@@ -541,8 +550,8 @@ class CpuBackend : public Backend {
       using A = decltype(tag);
       A* X = (A*)qkv.data;
 #pragma omp parallel for num_threads(nthreads_)
-      for (int64_t i = 0; i < (int64_t)B * T; i++) {
-        const int t = (int)(i % T);
+      for (int64_t i = 0; i < N; i++) {
+        const int t = pos ? pos[i] : (int)(i % T);
         const float* c = cs.data() + (size_t)t * half;
         const float* s = sn.data() + (size_t)t * half;
         for (int h = 0; h < NH + NKV; h++) {  // q heads then k heads, contiguous in the row
@@ -557,10 +566,66 @@ class CpuBackend : public Backend {
     });
   }
   void rope_forward_impl(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
-    rope_apply(qkv, B, T, NH, NKV, hs, rope, 1.0f);
+    rope_apply(qkv, (int64_t)B * T, T, nullptr, NH, NKV, hs, rope, 1.0f);
   }
   void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
-    rope_apply(dqkv, B, T, NH, NKV, hs, rope, -1.0f);  // a rotation's transpose is its inverse
+    rope_apply(dqkv, (int64_t)B * T, T, nullptr, NH, NKV, hs, rope, -1.0f);  // a rotation's transpose is its inverse
+  }
+  void rope_at_impl(Tensor qkv, Tensor positions, int64_t N, int NH, int NKV, int hs, const RopeSpec& rope) override {
+    rope_apply(qkv, N, 0, positions.i32(), NH, NKV, hs, rope, 1.0f);
+  }
+
+  // The new tokens' k and v into the cache, then each query row over its cached keys: scores, their
+  // maximum, the exponentials' sum and the weighted values, all in fp32.
+  void attention_kv_impl(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn,
+                         int p0, int cap, int NH, int NKV, int hs) override {
+    const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
+    const int group = NH / NKV;
+    const float scale = 1.0f / std::sqrt((float)hs);
+    const int32_t* ks = key_start.i32();
+    by_dtype(qkv.dtype, "attention_kv", [&](auto tag) {
+      using A = decltype(tag);
+      const A* X = (const A*)qkv.data;
+      A *K = (A*)k_cache.data, *V = (A*)v_cache.data, *O = (A*)out.data;
+      for (int b = 0; b < B; b++)
+        for (int i = 0; i < Tn; i++)
+          for (int kvh = 0; kvh < NKV; kvh++) {
+            const int64_t src = ((int64_t)b * Tn + i) * row, dst = (((int64_t)b * NKV + kvh) * cap + p0 + i) * hs;
+            std::memcpy(K + dst, X + src + (int64_t)(NH + kvh) * hs, sizeof(A) * hs);
+            std::memcpy(V + dst, X + src + (int64_t)(NH + NKV + kvh) * hs, sizeof(A) * hs);
+          }
+#pragma omp parallel num_threads(nthreads_)
+      {
+        std::vector<float> q((size_t)hs), acc((size_t)hs), s((size_t)cap);
+#pragma omp for collapse(3) schedule(static)
+        for (int b = 0; b < B; b++)
+          for (int h = 0; h < NH; h++)
+            for (int i = 0; i < Tn; i++) {
+              const int kvh = h / group, last = p0 + i, first = std::max(0, ks[b]);
+              const int64_t cache0 = ((int64_t)b * NKV + kvh) * cap * hs;
+              const int64_t o = ((int64_t)b * Tn + i) * NH * hs + (int64_t)h * hs;
+              for (int j = 0; j < hs; j++) acc[j] = 0.0f;
+              if (first <= last) {
+                for (int j = 0; j < hs; j++) q[j] = ld(X, ((int64_t)b * Tn + i) * row + (int64_t)h * hs + j) * scale;
+                float maxv = -INFINITY;
+                for (int t2 = first; t2 <= last; t2++) {
+                  float d = 0.0f;
+                  for (int j = 0; j < hs; j++) d += q[j] * ld(K, cache0 + (int64_t)t2 * hs + j);
+                  s[t2] = d;
+                  maxv = std::max(maxv, d);
+                }
+                float sum = 0.0f;
+                for (int t2 = first; t2 <= last; t2++) sum += (s[t2] = exp_approx(s[t2] - maxv));
+                const float inv = 1.0f / sum;
+                for (int t2 = first; t2 <= last; t2++) {
+                  const float p = s[t2] * inv;
+                  for (int j = 0; j < hs; j++) acc[j] += p * ld(V, cache0 + (int64_t)t2 * hs + j);
+                }
+              }
+              for (int j = 0; j < hs; j++) st(O, o + j, acc[j]);
+            }
+      }
+    });
   }
 
   // Forward, one query row at a time: scores against every earlier key, their log-sum-exp, the

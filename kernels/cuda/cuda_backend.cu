@@ -236,11 +236,24 @@ class CudaBackend : public Backend {
   // ---- attention ----
   void rope_forward_impl(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
     by_dtype(qkv.dtype, "rope_forward",
-             [&](auto tag) { cuda::rope((decltype(tag)*)qkv.data, B, T, NH, NKV, hs, rope, 1.0f, stream_); });
+             [&](auto tag) { cuda::rope((decltype(tag)*)qkv.data, nullptr, B, T, NH, NKV, hs, rope, 1.0f, stream_); });
   }
   void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
     by_dtype(dqkv.dtype, "rope_backward",
-             [&](auto tag) { cuda::rope((decltype(tag)*)dqkv.data, B, T, NH, NKV, hs, rope, -1.0f, stream_); });
+             [&](auto tag) { cuda::rope((decltype(tag)*)dqkv.data, nullptr, B, T, NH, NKV, hs, rope, -1.0f, stream_); });
+  }
+  void rope_at_impl(Tensor qkv, Tensor positions, int64_t N, int NH, int NKV, int hs, const RopeSpec& rope) override {
+    by_dtype(qkv.dtype, "rope_at", [&](auto tag) {
+      cuda::rope((decltype(tag)*)qkv.data, positions.i32(), 1, (int)N, NH, NKV, hs, rope, 1.0f, stream_);
+    });
+  }
+  void attention_kv_impl(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn, int p0,
+                         int cap, int NH, int NKV, int hs) override {
+    by_dtype(qkv.dtype, "attention_kv", [&](auto tag) {
+      using A = decltype(tag);
+      cuda::attention_kv((A*)out.data, (A*)k_cache.data, (A*)v_cache.data, (const A*)qkv.data, key_start.i32(), B, Tn, p0,
+                         cap, NH, NKV, hs, stream_);
+    });
   }
   void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
                               const Dropout& drop) override {

@@ -283,13 +283,14 @@ __global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dout, const T* x, con
 
 // ---- RoPE, rotate_half layout, angle t * inv_freq[j] (rope_inv_freq) as transformers computes it ----
 template <typename T>
-__global__ void rope_kernel(T* qkv, int T_, int NH, int NKV, int hs, RopeSpec rope, float sign, int64_t n) {
+__global__ void rope_kernel(T* qkv, const int32_t* pos, int T_, int NH, int NKV, int hs, RopeSpec rope, float sign,
+                            int64_t n) {
   const int half = hs / 2, heads = NH + NKV;
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t row = i / ((int64_t)heads * half);
-    const int h = (int)(i / half % heads), j = (int)(i % half), t = (int)(row % T_);
+    const int h = (int)(i / half % heads), j = (int)(i % half), t = pos ? pos[row] : (int)(row % T_);
     const float inv_freq = rope_inv_freq(rope, j, hs);
     const float angle = (float)t * inv_freq;
     const float c = (float)cos((double)angle), s = sign * (float)sin((double)angle);
@@ -346,6 +347,48 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int T
     T* o = out + ((int64_t)b * T_ + t) * NH * hs + (int64_t)h * hs;
     for (int j = 0; j < hs; j++) o[j] = from_f32<T>(acc[j] / sum);
     lse[((int64_t)b * NH + h) * T_ + t] = m + logf(sum);
+  }
+}
+
+// ---- generation: the KV cache ----
+// element e of the new tokens' k and v (B*Tn rows of NKV*hs each) into the cache [B, NKV, cap, hs]
+template <typename T>
+__global__ void kv_append_kernel(T* k_cache, T* v_cache, const T* qkv, int Tn, int p0, int cap, int NH, int NKV, int hs,
+                                 int64_t n) {
+  const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs, stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+    const int64_t r = e / ((int64_t)NKV * hs);  // the token's row, b * Tn + i
+    const int kvh = (int)(e / hs % NKV), j = (int)(e % hs), b = (int)(r / Tn), i = (int)(r % Tn);
+    const int64_t dst = (((int64_t)b * NKV + kvh) * cap + p0 + i) * hs + j;
+    k_cache[dst] = qkv[r * row_len + (int64_t)(NH + kvh) * hs + j];
+    v_cache[dst] = qkv[r * row_len + (int64_t)(NH + NKV + kvh) * hs + j];
+  }
+}
+
+// a thread per new query row of head blockIdx.x, sequence blockIdx.y: two passes over its cached keys
+template <typename T>
+__global__ void attention_kv_kernel(T* out, const T* k_cache, const T* v_cache, const T* qkv, const int32_t* key_start,
+                                    int Tn, int p0, int cap, int NH, int NKV, int hs) {
+  const int h = (int)blockIdx.x, b = (int)blockIdx.y, kvh = h / (NH / NKV);
+  const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
+  const T* K = k_cache + ((int64_t)b * NKV + kvh) * cap * hs;
+  const T* V = v_cache + ((int64_t)b * NKV + kvh) * cap * hs;
+  const float scale = 1.0f / sqrtf((float)hs);
+  const int first = key_start[b] > 0 ? key_start[b] : 0;
+  float q[kMaxHeadSize], acc[kMaxHeadSize];
+  for (int i = (int)threadIdx.x; i < Tn; i += (int)blockDim.x) {
+    const int last = p0 + i;
+    const T* qr = qkv + ((int64_t)b * Tn + i) * row_len + (int64_t)h * hs;
+    for (int j = 0; j < hs; j++) q[j] = to_f32(qr[j]) * scale, acc[j] = 0.0f;
+    float m = -INFINITY, sum = 0.0f;
+    for (int t2 = first; t2 <= last; t2++) m = fmaxf(m, dot_row(q, K + (int64_t)t2 * hs, hs));
+    for (int t2 = first; t2 <= last; t2++) {
+      const float e = expf(dot_row(q, K + (int64_t)t2 * hs, hs) - m);
+      sum += e;
+      for (int j = 0; j < hs; j++) acc[j] += e * to_f32(V[(int64_t)t2 * hs + j]);
+    }
+    T* o = out + ((int64_t)b * Tn + i) * NH * hs + (int64_t)h * hs;
+    for (int j = 0; j < hs; j++) o[j] = from_f32<T>(first <= last ? acc[j] / sum : 0.0f);
   }
 }
 
@@ -557,11 +600,12 @@ void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, c
 }
 
 template <typename T>
-void rope(T* qkv, int B, int T_, int NH, int NKV, int hs, const RopeSpec& rope, float sign, Stream stream) {
+void rope(T* qkv, const int32_t* pos, int B, int T_, int NH, int NKV, int hs, const RopeSpec& rope, float sign,
+          Stream stream) {
   LLMT_CHECK(hs % 2 == 0, "cuda rope: head size %d is odd", hs);
   const int64_t n = (int64_t)B * T_ * (NH + NKV) * (hs / 2);
   if (n == 0) return;
-  LLMT_LAUNCH(rope_kernel, grid_stride_blocks(n), kBlock, 0, stream, qkv, T_, NH, NKV, hs, rope, sign, n);
+  LLMT_LAUNCH(rope_kernel, grid_stride_blocks(n), kBlock, 0, stream, qkv, pos, T_, NH, NKV, hs, rope, sign, n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -612,6 +656,21 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
 }
 
 template <typename T>
+void attention_kv(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* key_start, int B, int Tn, int p0, int cap,
+                  int NH, int NKV, int hs, Stream stream) {
+  LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
+  LLMT_CHECK(hs <= kMaxHeadSize, "cuda attention: head size %d over %d", hs, kMaxHeadSize);
+  const int64_t n = (int64_t)B * Tn * NKV * hs;
+  if (n == 0) return;
+  LLMT_LAUNCH(kv_append_kernel, grid_stride_blocks(n), kBlock, 0, stream, k_cache, v_cache, qkv, Tn, p0, cap, NH, NKV,
+              hs, n);
+  CUDA_CHECK_LAUNCH();
+  LLMT_LAUNCH(attention_kv_kernel, dim3(NH, B), attention_threads(Tn), 0, stream, out, k_cache, v_cache, qkv, key_start,
+              Tn, p0, cap, NH, NKV, hs);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
 void cross_entropy(double* loss_sum, double* row_losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
                    int V, float grad_scale, int* err, Stream stream) {
   if (N == 0) return;
@@ -642,7 +701,8 @@ void accumulate_mixed(Td* dst, const Ts* src, int64_t n, Stream stream) {
   template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int, float, Stream);                     \
   template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int64_t, int, float*,   \
                                     Stream);                                                                         \
-  template void rope<T>(T*, int, int, int, int, int, const RopeSpec&, float, Stream);                                          \
+  template void rope<T>(T*, const int32_t*, int, int, int, int, int, const RopeSpec&, float, Stream);                         \
+  template void attention_kv<T>(T*, T*, T*, const T*, const int32_t*, int, int, int, int, int, int, int, Stream);           \
   template void dropout<T>(T*, int, int, int, const Dropout&, Stream);                                               \
   template void attention_forward<T>(T*, float*, const T*, int, int, int, int, int, const Dropout&, Stream);         \
   template void attention_row_dots<T>(float*, const T*, const T*, int64_t, int, Stream);                           \

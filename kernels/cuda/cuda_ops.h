@@ -56,8 +56,10 @@ template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t N, int C,
                       float* partials, Stream stream);
 
+// pos: each row's position (i32 [B*T_]), or nullptr for t of the row's (b, t)
 template <typename T>
-void rope(T* qkv, int B, int T_, int NH, int NKV, int hs, const RopeSpec& rope, float sign, Stream stream);
+void rope(T* qkv, const int32_t* pos, int B, int T_, int NH, int NKV, int hs, const RopeSpec& rope, float sign,
+          Stream stream);
 template <typename T>
 void dropout(T* x, int B, int T_, int C, const Dropout& d, Stream stream);
 
@@ -72,6 +74,11 @@ void attention_row_dots(float* D, const T* dout, const T* out, int64_t rows, int
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d, int B,
                         int T_, int NH, int NKV, int hs, const Dropout& drop, Stream stream);
+
+// Backend::attention_kv: the new tokens' k and v into the cache, then their attention over it.
+template <typename T>
+void attention_kv(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* key_start, int B, int Tn, int p0, int cap,
+                  int NH, int NKV, int hs, Stream stream);
 
 // loss_sum[0] += the rows' losses (row_losses: N doubles of scratch); dlogits may be nullptr or alias logits.
 template <typename T>

@@ -782,6 +782,77 @@ TEST_P(Ops, RopeForwardAndBackwardVsReference) {
     }
 }
 
+// rope_at places each row at a position of its own: a row at position t must rotate bitwise as
+// rope_forward rotates row t of a sequence.
+TEST_P(Ops, RopeAtEqualsRopeForwardAtTheSamePositions) {
+  std::mt19937 rng(57);
+  llmt::RopeSpec spec;
+  spec.theta = 500000.0f, spec.scaling = llmt::RopeSpec::llama3, spec.factor = 8, spec.original_max = 16;
+  const int NH = 4, NKV = 2, R = (NH + 2 * NKV) * HS, S = 40;  // a sequence of S positions
+  FV seq = rand_act(rng, (size_t)S * R);
+  BufP Seq = Buf::act(seq);
+  be().rope_forward(Seq->a({S, R}), 1, S, NH, NKV, HS, spec);
+  FV roped = Seq->rf();
+  const IV pos = {0, 39, 5, 5, 17, 1, 38};  // any order, repeats
+  const int N = (int)pos.size();
+  FV rowsv((size_t)N * R);
+  for (int i = 0; i < N; i++) std::copy_n(seq.begin() + (size_t)pos[i] * R, R, rowsv.begin() + (size_t)i * R);
+  BufP X = Buf::act(rowsv);
+  Buf P(pos);
+  be().rope_at(X->a({N, R}), P.i32({N}), N, NH, NKV, HS, spec);
+  FV got = X->rf();
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < R; j++)
+      ASSERT_EQ(got[(size_t)i * R + j], roped[(size_t)pos[i] * R + j]) << "row " << i << " at position " << pos[i];
+}
+
+// A KV cache filled a chunk at a time (a prompt, then one token per call) must give each new row
+// what causal attention over the whole sequence gives it; with left padding, what attention over the
+// sequence without its padding gives, and zeros on the padding's rows.
+TEST_P(Ops, AttentionKvMatchesWholeSequenceAttention) {
+  std::mt19937 rng(58);
+  const int B = 3, T = 9, cap = 11;
+  for (AttnCfg c : {AttnCfg{4, 2}, AttnCfg{3, 3}, AttnCfg{3, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "NH=" << c.NH << " NKV=" << c.NKV);
+    const int R = (c.NH + 2 * c.NKV) * HS, Q = c.NH * HS;
+    const IV starts = {0, 3, 8};  // sequence b's first real token
+    FV qkv = rand_act(rng, (size_t)B * T * R, -1.5f, 1.5f);
+    BufP K = Buf::act(FV((size_t)B * c.NKV * cap * HS, 0.0f)), V = Buf::act(FV((size_t)B * c.NKV * cap * HS, 0.0f));
+    Buf Starts(starts);
+    FV got((size_t)B * T * Q);
+    for (int p0 = 0; p0 < T;) {
+      const int Tn = p0 == 0 ? 5 : 1;
+      FV chunk((size_t)B * Tn * R), garbage = rand_act(rng, (size_t)B * Tn * Q, 5.f, 6.f);
+      for (int b = 0; b < B; b++)
+        std::copy_n(qkv.begin() + ((size_t)b * T + p0) * R, (size_t)Tn * R, chunk.begin() + (size_t)b * Tn * R);
+      BufP X = Buf::act(chunk), Out = Buf::act(garbage);
+      be().attention_kv(Out->a({B * Tn, Q}), K->a({B, c.NKV, cap, HS}), V->a({B, c.NKV, cap, HS}), X->a({B * Tn, R}),
+                        Starts.i32({B}), B, Tn, p0, cap, c.NH, c.NKV, HS);
+      FV o = Out->rf();
+      for (int b = 0; b < B; b++)
+        std::copy_n(o.begin() + (size_t)b * Tn * Q, (size_t)Tn * Q, got.begin() + ((size_t)b * T + p0) * Q);
+      p0 += Tn;
+    }
+    FV kc = K->rf(), vc = V->rf();
+    for (int b = 0; b < B; b++) {
+      const int s0 = starts[b], L = T - s0;
+      DV one(qkv.begin() + ((size_t)b * T + s0) * R, qkv.begin() + ((size_t)b * T + T) * R);
+      DV want = llmt_ref::attention(one, 1, L, c.NH, c.NKV, HS);
+      FV mine(got.begin() + ((size_t)b * T + s0) * Q, got.begin() + ((size_t)b * T + T) * Q);
+      EXPECT_TRUE(Close(mine, want, fwd_tol())) << "sequence " << b << " from its first real token " << s0;
+      for (size_t e = (size_t)b * T * Q; e < ((size_t)b * T + s0) * Q; e++)
+        ASSERT_EQ(got[e], 0.0f) << "a padding row of sequence " << b << " must be zeros";
+      for (int t = 0; t < T; t++)  // the cache holds every token's k and v exactly, padding too
+        for (int kvh = 0; kvh < c.NKV; kvh++)
+          for (int j = 0; j < HS; j++) {
+            const size_t at = (((size_t)b * c.NKV + kvh) * cap + t) * HS + j, row = ((size_t)b * T + t) * R;
+            ASSERT_EQ(kc[at], qkv[row + (size_t)(c.NH + kvh) * HS + j]) << "k cache b " << b << " t " << t;
+            ASSERT_EQ(vc[at], qkv[row + (size_t)(c.NH + c.NKV + kvh) * HS + j]) << "v cache b " << b << " t " << t;
+          }
+    }
+  }
+}
+
 // dropout on attention probabilities as the op's contract says: 1/(1-p) where kept, 0 where dropped
 llmt_ref::DropFn attn_drop(const llmt::Dropout& d) {
   if (!d.active()) return nullptr;
@@ -1217,6 +1288,12 @@ TEST_P(Ops, BadArgumentsAreRefusedByTheEntry) {
                {name + " attention_backward: 3 heads do not group over 2 kv heads"});
   expect_error([&] { be().rope_forward(Big->a({B * T, 4 * 3}), B, T, 2, 1, 3, llmt::RopeSpec{}); },
                {name + " rope_forward: head size 3 is odd"});
+  expect_error([&] { be().rope_at(Big->a({2, 8 * hs}), X->f32({2}), 2, 2, 1, hs, llmt::RopeSpec{}); },
+               {name + " rope_at: positions is f32, expected i32"});
+  // a KV cache of 4 positions holding 3 cannot take 2 more
+  expect_error([&] { be().attention_kv(Y->a({2, 2 * hs}), Z->a({1, 1, 4, hs}), Z->a({1, 1, 4, hs}), Big->a({2, 4 * hs}),
+                                       X->i32({1}), 1, 2, 3, 4, 2, 1, hs); },
+               {name + " attention_kv: 3 cached and 2 new tokens exceed the cache's 4 positions"});
   expect_error([&] { be().adamw(X->f32({n}), Tensor(), Y->f32({n}), Z->f32({n}), Big->f32({n}), n, 1e-3f, 0.9f, 0.999f,
                                 1e-8f, 0.f, llmt::DecaySpans::all(n), 0, 1.f); },
                {name + " adamw: step t (1-based) = 0, expected at least 1"});

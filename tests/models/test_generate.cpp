@@ -1,0 +1,201 @@
+// Generation with a KV cache (models/generate.h) against transformers' generate(do_sample=False) on
+// every tiny fixture (tests/reference/<model>/generate.json, made by make_generate_fixtures.py), on
+// the CPU and on the CUDA backend (the SIMT emulator in ctest); the KV cache against recomputing the
+// whole sequence; seeded sampling repeated bitwise; the token choice's warpers one by one.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "engine/dist/communicator.h"
+#include "engine/formats/safetensors.h"
+#include "engine/fsdp/fsdp.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "models/generate.h"
+#include "models/hf_checkpoint.h"
+#include "models/transformer.h"
+#include "tests/test_util.h"
+
+using namespace llmt;
+using IdRows = std::vector<std::vector<int32_t>>;
+
+namespace {
+
+const char* kFixtures[] = {"gpt2_tiny",    "llama_tiny", "llama_tied_tiny", "llama31_tiny",
+                           "mistral_tiny", "qwen2_tiny", "llama_bias_tiny"};
+
+// A fixture model on a backend, its parameters in an unsharded store, for batches of B sequences of
+// up to T tokens.
+struct Loaded {
+  ModelConfig cfg;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<DataComm> solo;
+  std::unique_ptr<FsdpStore> store;
+};
+std::unique_ptr<Loaded> load(const std::string& name, const std::string& device, DType compute, int B, int T) {
+  const std::string dir = llmt_test::reference_dir() + "/" + name;
+  auto m = std::make_unique<Loaded>();
+  m->cfg = config_from_json_file(dir + "/config.json");
+  m->be = device == "cpu" ? make_cpu_backend(2, compute) : make_cuda_backend(0, compute, false);
+  m->model = std::make_unique<Transformer>(m->cfg, *m->be, B, T);
+  const ModelLayout& L = m->model->layout();
+  m->solo = make_solo_data_comm();
+  m->store = std::make_unique<FsdpStore>(*m->be, L, Strategy::no_shard, *m->solo, 1);
+  SafetensorsCheckpoint ckpt(dir);
+  for (size_t u = 0; u < L.units.size(); u++) {
+    std::vector<float> host((size_t)L.units[u].numel);
+    load_hf_unit(ckpt, m->cfg, L, (int)u, host.data());
+    m->store->set_unit((int)u, host.data());
+  }
+  return m;
+}
+
+std::vector<float> logits_host(const Transformer& model) {
+  const Tensor t = model.logits();
+  std::vector<float> out((size_t)t.numel());
+  if (t.dtype == DType::f32) return model.backend().copy_to_host(out.data(), t.data, t.nbytes()), out;
+  std::vector<uint16_t> h(out.size());
+  model.backend().copy_to_host(h.data(), t.data, t.nbytes());
+  for (size_t i = 0; i < h.size(); i++) out[i] = bf16_to_f32(h[i]);
+  return out;
+}
+
+nlohmann::json reference(const std::string& name) {
+  std::ifstream f(llmt_test::reference_dir() + "/" + name + "/generate.json");
+  EXPECT_TRUE(f.good()) << name << "/generate.json missing: run tests/reference/make_generate_fixtures.py";
+  return nlohmann::json::parse(f);
+}
+
+size_t longest(const IdRows& p) {
+  size_t n = 0;
+  for (const auto& r : p) n = std::max(n, r.size());
+  return n;
+}
+
+IdRows run(const std::string& name, const std::string& device, DType compute, const IdRows& prompts,
+           const GenerateOptions& o) {
+  auto m = load(name, device, compute, (int)prompts.size(), (int)longest(prompts));
+  IdRows out;
+  for (const Generated& g : generate(*m->model, *m->store, prompts, o)) out.push_back(g.ids);
+  return out;
+}
+
+class GenerateVsTransformers : public ::testing::TestWithParam<const char*> {};
+
+// Greedy ids equal transformers' for each prompt alone, the three left-padded in one batch, and the
+// batch with an EOS that stops one prompt early, in fp32 on the CPU and on the CUDA backend.
+TEST_P(GenerateVsTransformers, GreedyIdsEqual) {
+  const std::string name = GetParam();
+  const nlohmann::json ref = reference(name);
+  const IdRows prompts = ref["prompts"].get<IdRows>();
+  ASSERT_GT(ref["min_margin"].get<double>(), 1e-4) << "the reference is within fp32 noise of a tie";
+  GenerateOptions o;
+  o.max_new_tokens = ref["max_new_tokens"].get<int>();
+  o.pad_id = ref["pad_token_id"].get<int>();
+  for (const char* device : {"cpu", "cuda"}) {
+    SCOPED_TRACE(device);
+    const IdRows alone = ref["alone"].get<IdRows>();
+    for (size_t i = 0; i < prompts.size(); i++)
+      EXPECT_EQ(run(name, device, DType::f32, {prompts[i]}, o)[0], alone[i]) << "prompt " << i << " alone";
+    EXPECT_EQ(run(name, device, DType::f32, prompts, o), ref["batched"].get<IdRows>()) << "the batch, left-padded";
+    GenerateOptions stop = o;
+    stop.eos_ids = {ref["eos"]["eos_token_id"].get<int32_t>()};
+    EXPECT_EQ(run(name, device, DType::f32, prompts, stop), ref["eos"]["ids"].get<IdRows>()) << "with an EOS";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GenerateVsTransformers, ::testing::ValuesIn(kFixtures),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
+// Each step's logits with the cache equal those of a forward pass over the whole sequence so far
+// (no cache), in fp32 and in bf16, on the CPU and the CUDA backend.
+TEST(Generate, KvCacheLogitsEqualRecomputingTheSequence) {
+  for (const char* name : {"gpt2_tiny", "llama_tiny"})
+    for (const char* device : {"cpu", "cuda"})
+      for (DType dt : {DType::f32, DType::bf16}) {
+        SCOPED_TRACE(::testing::Message() << name << " " << device << " " << dtype_name(dt));
+        const std::vector<int32_t> seq = {5, 77, 200, 3, 41, 9, 130, 250, 17, 60, 99, 4};
+        const int P = 5, n = (int)seq.size();
+        auto cached = load(name, device, dt, 1, P);
+        cached->model->start_generation(n, {0});
+        cached->model->decode(*cached->store, seq.data(), P);
+        for (int t = P; t <= n; t++) {
+          const int rows = t == P ? P : 1;
+          if (t > P) cached->model->decode(*cached->store, &seq[(size_t)t - 1], 1);
+          std::vector<float> got = logits_host(*cached->model);
+          auto whole = load(name, device, dt, 1, t);
+          whole->model->forward(*whole->store, seq.data(), nullptr, t, Tensor());
+          std::vector<float> want = logits_host(*whole->model);
+          const int V = cached->cfg.vocab_size;
+          ASSERT_EQ(got.size(), (size_t)rows * V);
+          // the last row: the one generation reads
+          const double err = llmt_test::rel_error(&got[(size_t)(rows - 1) * V], &want[(size_t)(t - 1) * V], V);
+          EXPECT_LT(err, dt == DType::f32 ? 1e-5 : 2e-2) << "position " << t - 1;
+        }
+      }
+}
+
+// Sampling draws from (seed, the prompt's index, the step) only: the same seed repeats bitwise, on
+// either backend alike, whatever else is in the batch; another seed gives other tokens.
+TEST(Generate, SeededSamplingRepeats) {
+  const IdRows prompts = {{10, 20, 30}, {7, 8}};
+  GenerateOptions o;
+  o.do_sample = true, o.max_new_tokens = 10, o.temperature = 1.5f, o.top_k = 100, o.top_p = 0.95f, o.seed = 1234;
+  const IdRows a = run("llama_tiny", "cpu", DType::f32, prompts, o);
+  EXPECT_EQ(run("llama_tiny", "cpu", DType::f32, prompts, o), a);
+  EXPECT_EQ(run("llama_tiny", "cuda", DType::f32, prompts, o), a);
+  auto single = load("llama_tiny", "cpu", DType::f32, 1, 3);
+  EXPECT_EQ(generate(*single->model, *single->store, {prompts[0]}, o)[0].ids, a[0]) << "prompt 0 alone";
+  o.seed = 1235;
+  EXPECT_NE(run("llama_tiny", "cpu", DType::f32, prompts, o), a);
+}
+
+TEST(Generate, ChooseTokenWarpers) {
+  const std::vector<float> logits = {0.0f, 2.0f, 1.0f, 2.0f, -1.0f};
+  GenerateOptions greedy;
+  EXPECT_EQ(choose_token(logits, greedy, 0.5), 1) << "greedy takes the first largest";
+  GenerateOptions s;
+  s.do_sample = true, s.top_k = 0;
+  // softmax of the logits: cumulative sums tell which token u lands on
+  std::vector<double> p;
+  double z = 0;
+  for (float l : logits) z += std::exp((double)l);
+  double cum = 0;
+  for (size_t i = 0; i < logits.size(); i++) {
+    const double pi = std::exp((double)logits[i]) / z;
+    EXPECT_EQ(choose_token(logits, s, cum + pi * 0.5), (int32_t)i) << "u inside token " << i << "'s share";
+    cum += pi;
+  }
+  s.top_k = 2;  // keeps the two 2.0s only
+  for (double u : {0.01, 0.3, 0.6, 0.99}) {
+    const int32_t id = choose_token(logits, s, u);
+    EXPECT_TRUE(id == 1 || id == 3) << "top_k 2 drew " << id;
+  }
+  s.top_k = 0, s.top_p = 0.5f;  // the two 2.0s hold 0.73 of the mass: token 1 (first in the sort) and 3
+  for (double u : {0.01, 0.99}) {
+    const int32_t id = choose_token(logits, s, u);
+    EXPECT_TRUE(id == 1 || id == 3) << "top_p 0.5 drew " << id;
+  }
+  s.top_p = 1.0f, s.temperature = 1e-3f;  // a cold temperature is greedy up to the tie
+  EXPECT_EQ(choose_token(logits, s, 0.2), 1);
+  EXPECT_EQ(choose_token(logits, s, 0.8), 3);
+}
+
+TEST(Generate, RefusesWhatItCannotDo) {
+  auto m = load("mistral_tiny", "cpu", DType::f32, 1, 12);
+  GenerateOptions o;
+  o.max_new_tokens = 8;  // 12 + 8 > the sliding window of 16
+  llmt_test::expect_error([&] { generate(*m->model, *m->store, {std::vector<int32_t>(12, 5)}, o); },
+                          {"sliding_window of 16"});
+  llmt_test::expect_error([&] { generate(*m->model, *m->store, {{}}, o); }, {"prompt 0 has no tokens"});
+  o.max_new_tokens = 2;
+  llmt_test::expect_error([&] { m->model->decode(*m->store, std::vector<int32_t>(13, 5).data(), 13); },
+                          {"decode"});
+}
+
+}  // namespace
