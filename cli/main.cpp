@@ -24,6 +24,7 @@ static void usage() {
       "  tokenize text on stdin to token ids and back; --bench FILE measures encoding speed\n"
       "  plan    per-rank memory and communication of a run, computed without allocating\n"
       "  export  a Hugging Face directory from a checkpoint's exact training state\n"
+      "  generate text from a model or checkpoint for prompts (greedy or sampled, a KV cache), as JSONL\n"
       "  netcheck RDMA/NCCL network report and settings on every rank; --bench times the collectives\n\n"
       "llmt <command> --help describes each command's flags.\n");
 }
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     else if (cmd == "plan") rc = llmt::cli_plan(args);
     else if (cmd == "tokenize") rc = llmt::cli_tokenize(args);
     else if (cmd == "export") rc = llmt::cli_export(args);
+    else if (cmd == "generate") rc = llmt::cli_generate(args);
     else if (cmd == "netcheck") rc = llmt::cli_netcheck(args);
     else {
       llmt::log_error("unknown command \"%s\"", cmd.c_str());

@@ -7,6 +7,7 @@ namespace llmt {
 
 static int g_rank = 0;
 static int g_world = 1;
+static bool g_info_stderr = false;
 
 void log_set_rank(int rank, int world_size) {
   g_rank = rank;
@@ -14,6 +15,8 @@ void log_set_rank(int rank, int world_size) {
 }
 
 int log_rank() { return g_rank; }
+
+void log_info_to_stderr(bool on) { g_info_stderr = on; }
 
 static void vlog(FILE* f, const char* tag, const char* fmt, va_list ap) {
   if (g_world > 1) std::fprintf(f, "[rank %d] ", g_rank);
@@ -27,9 +30,10 @@ void log_info(const char* fmt, ...) {
   if (g_rank != 0) return;
   va_list ap;
   va_start(ap, fmt);
-  std::vfprintf(stdout, fmt, ap);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
+  FILE* f = g_info_stderr ? stderr : stdout;
+  std::vfprintf(f, fmt, ap);
+  std::fputc('\n', f);
+  std::fflush(f);
   va_end(ap);
 }
 

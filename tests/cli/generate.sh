@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# llmt generate as a user runs it: from a checkpoint and from the Hugging Face directory the same
+# training wrote (the same weights, so the same greedy ids), on the CPU and on the CUDA backend
+# (the SIMT emulator), JSONL on stdout with the progress on stderr, seeded sampling repeated, and bad
+# input refused naming the file and line without touching an existing output.
+# Usage: generate.sh path/to/llmt path/to/llmt_simt
+set -uo pipefail
+llmt=$1
+simt=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+for i in $(seq 300); do echo "line $i: the quick brown fox jumps over the lazy dog"; done > "$work/corpus.txt"
+"$llmt" train --model_config gpt2-tiny --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --block_size 32 \
+  --threads 1 --cache_dir "$work/cache" --per_device_train_batch_size 4 --learning_rate 3e-3 --max_steps 40 \
+  --save_steps 40 --output_dir "$work/out" > "$work/train.log" 2>&1 || { tail -20 "$work/train.log"; fail "train"; }
+gen() { "$1" generate --tokenizer_name_or_path bytes --max_new_tokens 12 --threads 1 "${@:2}"; }
+prompts=(--prompt "line 7: the quick" --prompt "line 12" --prompt "the lazy")
+
+# the final model and its checkpoint (state.h5, verified) give the same greedy ids
+gen "$llmt" --model_name_or_path "$work/out" "${prompts[@]}" > "$work/final.jsonl" 2> "$work/final.err" \
+  || { cat "$work/final.err"; fail "generate from the final model"; }
+gen "$llmt" --model_name_or_path "$work/out/checkpoint-40" "${prompts[@]}" --output "$work/ckpt.jsonl" \
+  > "$work/ckpt.log" 2>&1 || { cat "$work/ckpt.log"; fail "generate from checkpoint-40"; }
+python3 - "$work/final.jsonl" "$work/ckpt.jsonl" <<'PY' || exit 1
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]  # stdout must hold nothing but the records
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert [r["index"] for r in a] == [0, 1, 2], a
+assert [r["ids"] for r in a] == [r["ids"] for r in b], (a, b)
+for r in a:
+    assert r["finish_reason"] == "length" and len(r["ids"]) == 12, r
+    assert r["text"] == bytes(r["ids"]).decode("utf-8", "replace"), r
+print("final model and checkpoint-40: the same ids;", repr(a[0]["prompt"] + a[0]["text"]))
+PY
+grep -q "prefill .* tokens/s, decode .* tokens/s" "$work/final.err" || fail "no tokens/s on stderr"
+
+# the CUDA backend on the emulator: the same greedy ids as the CPU
+gen "$simt" --model_name_or_path "$work/out" "${prompts[@]}" --device cuda > "$work/cuda.jsonl" 2> "$work/cuda.err" \
+  || { cat "$work/cuda.err"; fail "generate --device cuda"; }
+python3 -c "
+import json, sys
+ids = lambda p: [json.loads(l)['ids'] for l in open(p)]
+assert ids('$work/cuda.jsonl') == ids('$work/final.jsonl'), (ids('$work/cuda.jsonl'), ids('$work/final.jsonl'))
+print('--device cuda (emulated): the same ids as the CPU')" || exit 1
+
+# sampling with a seed repeats; one prompt per batch or all in one, the same draws
+s=(--model_name_or_path "$work/out" "${prompts[@]}" --do_sample True --temperature 0.8 --top_p 0.9 --seed 5)
+gen "$llmt" "${s[@]}" > "$work/s1.jsonl" 2>/dev/null && gen "$llmt" "${s[@]}" --batch_size 1 > "$work/s2.jsonl" 2>/dev/null \
+  || fail "sampling"
+cmp -s "$work/s1.jsonl" "$work/s2.jsonl" || fail "seeded sampling differs between batch sizes"
+gen "$llmt" "${s[@]/--seed 5/}" --seed 6 > "$work/s3.jsonl" 2>/dev/null
+cmp -s "$work/s1.jsonl" "$work/s3.jsonl" && fail "seeds 5 and 6 sampled the same"
+echo "sampling: seed 5 repeats across batch sizes, seed 6 differs"
+
+# bad input: named, and an existing --output untouched
+echo '{"instruction": "Say hi", "input": ""}' > "$work/alpaca.jsonl"
+echo '{"prompt": "ok"}' > "$work/bad.jsonl"
+echo '{"prompt": 5}' >> "$work/bad.jsonl"
+echo "keep me" > "$work/keep.jsonl"
+expect_error() {  # expect_error <message> flags...
+  local msg=$1
+  shift
+  if gen "$llmt" --model_name_or_path "$work/out" --output "$work/keep.jsonl" "$@" > "$work/err.log" 2>&1; then
+    fail "ran: $*"; fi
+  grep -qF "$msg" "$work/err.log" || { cat "$work/err.log"; fail "no \"$msg\" for $*"; }
+  [ "$(cat "$work/keep.jsonl")" = "keep me" ] || fail "$* touched the existing output"
+  echo "refused: $msg"
+}
+expect_error "alpaca.jsonl:1: an Alpaca record" --prompts_file "$work/alpaca.jsonl"
+expect_error 'bad.jsonl:2: "prompt" is 5, expected a string' --prompts_file "$work/bad.jsonl"
+expect_error "no prompts" --prompts_file /dev/null
+expect_error "exceed the model's context of" --prompt "x" --max_new_tokens 100000
+gen "$llmt" --model_name_or_path "$work/out" --prompts_file "$work/alpaca.jsonl" --alpaca_template True \
+  > "$work/alpaca.out" 2>/dev/null || fail "--alpaca_template"
+python3 -c "
+import json; r = json.loads(open('$work/alpaca.out').read())
+assert r['prompt'].startswith('Below is an instruction') and r['prompt'].endswith('### Response:'), r['prompt']
+print('--alpaca_template: Stanford\'s prompt,', r['prompt_tokens'], 'tokens')" || exit 1
+# a damaged checkpoint is refused by its checksums
+printf 'X' | dd of="$work/out/checkpoint-40/state.h5" bs=1 seek=3000 conv=notrunc 2>/dev/null
+if gen "$llmt" --model_name_or_path "$work/out/checkpoint-40" --prompt x > "$work/bad.log" 2>&1; then
+  fail "a damaged checkpoint generated"; fi
+grep -q "state.h5" "$work/bad.log" || { cat "$work/bad.log"; fail "the damaged file is not named"; }
+echo "a damaged checkpoint: refused, naming state.h5"
+# one process
+if OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 "$llmt" generate --model_name_or_path "$work/out" --tokenizer_name_or_path bytes \
+     --prompt x > "$work/mpi.log" 2>&1; then fail "ran under mpirun -np 2"; fi
+grep -q "runs as one process" "$work/mpi.log" || { cat "$work/mpi.log"; fail "no message under mpirun"; }
+echo "mpirun -np 2: refused"
+echo PASS

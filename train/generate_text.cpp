@@ -1,0 +1,236 @@
+#include "train/generate_text.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "data/alpaca.h"
+#include "data/byte_tokenizer.h"
+#include "data/tokenizer.h"
+#include "engine/ckpt/checkpoint.h"
+#include "engine/ckpt/train_state.h"
+#include "engine/core/error.h"
+#include "engine/core/json_text.h"
+#include "engine/core/log.h"
+#include "engine/formats/safetensors.h"
+#include "models/generate.h"
+#include "models/hf_checkpoint.h"
+#include "train/export.h"
+#include "train/session.h"
+
+namespace llmt {
+
+namespace {
+
+bool is_file(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// A record's string field, or "" when absent or null; anything else is an error naming the line.
+std::string text_field(const nlohmann::json& r, const char* key, const std::string& where) {
+  if (!r.contains(key) || r[key].is_null()) return "";
+  LLMT_CHECK(r[key].is_string(), "%s: \"%s\" is %s, expected a string", where.c_str(), key,
+             clip_for_message(r[key].dump()).c_str());
+  return r[key].get<std::string>();
+}
+
+// transformers' generation_config.json eos_token_id (an id or a list: instruct models stop at
+// several), config.json's, and the tokenizer's own EOS.
+std::vector<int32_t> eos_ids(const std::string& dir, const ModelConfig& cfg, const Tokenizer& tok) {
+  std::vector<int32_t> ids;
+  auto add = [&](long long id) {
+    if (id >= 0 && id < cfg.vocab_size && std::find(ids.begin(), ids.end(), (int32_t)id) == ids.end())
+      ids.push_back((int32_t)id);
+  };
+  const std::string path = dir + "/generation_config.json";
+  if (is_file(path)) {
+    std::ifstream f(path, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    check_json_depth(text, path);
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    LLMT_CHECK(!j.is_discarded() && j.is_object(), "%s: not a JSON object", path.c_str());
+    if (j.contains("eos_token_id")) {
+      const nlohmann::json& e = j["eos_token_id"];
+      if (e.is_number_integer()) add(e.get<long long>());
+      if (e.is_array())
+        for (const auto& v : e)
+          if (v.is_number_integer()) add(v.get<long long>());
+    }
+  }
+  add(cfg.eos_token_id);
+  add(tok.eos_id());
+  return ids;
+}
+
+std::string describe_ids(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids) s += (s.empty() ? "" : ", ") + std::to_string(id);
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+std::vector<std::string> read_generate_prompts(const GenerateArgs& a) {
+  std::vector<std::string> out;
+  for (const std::string& p : a.prompts) {
+    if (!a.alpaca_template) {
+      out.push_back(p);
+      continue;
+    }
+    AlpacaRecord r;
+    r.instruction = p;
+    out.push_back(alpaca_prompt(r));
+  }
+  if (a.prompts_file.empty()) return out;
+  std::ifstream f(a.prompts_file, std::ios::binary);
+  LLMT_CHECK(f.good(), "llmt generate: cannot open --prompts_file %s: %s", a.prompts_file.c_str(), std::strerror(errno));
+  std::string line;
+  size_t line_no = 0;
+  while (std::getline(f, line)) {
+    line_no++;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
+    const std::string where = a.prompts_file + ":" + std::to_string(line_no);
+    check_json_depth(line, where);
+    nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+    LLMT_CHECK(!r.is_discarded() && r.is_object(), "%s: expected a JSON object ({\"prompt\": ...} or an Alpaca record) "
+               "on each line, got: %s", where.c_str(), clip_for_message(line).c_str());
+    if (r.contains("prompt")) {
+      std::string p = text_field(r, "prompt", where);
+      out.push_back(a.alpaca_template ? alpaca_prompt(AlpacaRecord{p, "", ""}) : p);
+      continue;
+    }
+    LLMT_CHECK(r.contains("instruction"), "%s: the record has neither \"prompt\" nor \"instruction\"", where.c_str());
+    LLMT_CHECK(a.alpaca_template, "%s: an Alpaca record (\"instruction\"): give --alpaca_template True to format it "
+               "as training did (Stanford's PROMPT_DICT), or write {\"prompt\": ...} records", where.c_str());
+    AlpacaRecord rec;
+    rec.instruction = text_field(r, "instruction", where);
+    rec.input = r.contains("input") ? text_field(r, "input", where) : text_field(r, "context", where);
+    out.push_back(alpaca_prompt(rec));
+  }
+  LLMT_CHECK(!f.bad(), "llmt generate: reading %s failed after line %zu: %s", a.prompts_file.c_str(), line_no,
+             std::strerror(errno));
+  return out;
+}
+
+void run_generate(const GenerateArgs& a, ControlComm& world, const LaunchInfo& launch) {
+  LLMT_CHECK(world.size() == 1, "llmt generate runs as one process (%d were started): run it without mpirun or srun",
+             world.size());
+  LLMT_CHECK(!a.model_name_or_path.empty(), "llmt generate: --model_name_or_path is required (a Hugging Face "
+             "directory or a checkpoint)");
+  LLMT_CHECK(a.max_new_tokens >= 1, "llmt generate: --max_new_tokens %d, expected at least 1", a.max_new_tokens);
+  LLMT_CHECK(a.batch_size >= 1, "llmt generate: --batch_size %d, expected at least 1", a.batch_size);
+  LLMT_CHECK(a.temperature > 0, "llmt generate: --temperature %g, expected > 0", a.temperature);
+  LLMT_CHECK(a.top_p > 0 && a.top_p <= 1, "llmt generate: --top_p %g, expected in (0, 1]", a.top_p);
+  LLMT_CHECK(a.top_k >= 0, "llmt generate: --top_k %d, expected >= 0 (0: off)", a.top_k);
+  const std::vector<std::string> texts = read_generate_prompts(a);
+  LLMT_CHECK(!texts.empty(), "llmt generate: no prompts: give --prompt TEXT or --prompts_file FILE");
+
+  // the model: a checkpoint's exact training state, or a Hugging Face directory's weights
+  const std::string& dir = a.model_name_or_path;
+  const bool checkpoint = is_file(dir + "/state.h5") && is_file(dir + "/manifest.json");
+  if (checkpoint) {
+    std::vector<std::string> required = kCheckpointRequiredFiles;
+    required.push_back("state.h5");
+    verify_checkpoint(dir, required);
+  }
+  const ModelConfig cfg = config_from_json_file(dir + "/config.json");
+  const std::string tok_src = a.tokenizer_name_or_path.empty() ? dir : a.tokenizer_name_or_path;
+  std::unique_ptr<Tokenizer> tok =
+      tok_src == "bytes" ? make_byte_tokenizer() : load_tokenizer(tok_src, a.llama3_special_tokens);
+  LLMT_CHECK(tok->vocab_size() <= cfg.vocab_size, "the tokenizer (%s, %d ids) does not fit the model's vocabulary of %d",
+             tok_src.c_str(), tok->vocab_size(), cfg.vocab_size);
+
+  SessionSettings ss;  // the store alone, unsharded; each batch sizes its own model
+  ss.device = a.device;
+  ss.threads = a.threads;
+  ss.bf16 = a.bf16;
+  ss.strategy = Strategy::no_shard;
+  Session session = make_session(world, launch, ss, cfg);
+  const ModelLayout& L = session.layout();
+  if (checkpoint) {
+    load_train_state(dir + "/state.h5", world, L, *session.store, config_to_hf_json(cfg).dump());
+  } else {
+    SafetensorsCheckpoint ckpt(dir);
+    check_hf_tensors(ckpt, cfg, L, dir);
+    std::vector<float> host;
+    for (size_t u = 0; u < L.units.size(); u++) {
+      host.assign((size_t)L.units[u].numel, 0.0f);
+      load_hf_unit(ckpt, cfg, L, (int)u, host.data());
+      session.store->set_unit((int)u, host.data());
+    }
+  }
+
+  GenerateOptions o;
+  o.max_new_tokens = a.max_new_tokens;
+  o.do_sample = a.do_sample;
+  o.temperature = (float)a.temperature;
+  o.top_k = a.top_k;
+  o.top_p = (float)a.top_p;
+  o.seed = a.seed;
+  o.eos_ids = eos_ids(dir, cfg, *tok);
+  o.pad_id = o.eos_ids.empty() ? 0 : o.eos_ids[0];
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < texts.size(); i++) {
+    prompts.push_back(tok->encode_with_specials(texts[i]));
+    LLMT_CHECK(!prompts.back().empty(), "llmt generate: prompt %zu encodes to no tokens", i);
+  }
+  log_info("generate %s (%s), %zu prompt%s in batches of %d, %s, at most %d new tokens, stopping at %s; %s%s",
+           dir.c_str(), cfg.describe().c_str(), texts.size(), texts.size() == 1 ? "" : "s", a.batch_size,
+           a.do_sample ? strformat("sampling (temperature %g, top_k %d, top_p %g, seed %llu)", a.temperature, a.top_k,
+                                   a.top_p, (unsigned long long)a.seed).c_str()
+                       : "greedy",
+           a.max_new_tokens, describe_ids(o.eos_ids).c_str(), a.device.c_str(), a.bf16 ? ", bf16" : ", fp32");
+
+  std::string jsonl;
+  GenerateTimes total;
+  const size_t nb = (texts.size() + a.batch_size - 1) / a.batch_size;
+  for (size_t k = 0; k < nb; k++) {
+    const size_t first = k * a.batch_size, end = std::min(texts.size(), first + a.batch_size);
+    std::vector<std::vector<int32_t>> batch(prompts.begin() + first, prompts.begin() + end);
+    size_t P = 0;
+    for (const auto& p : batch) P = std::max(P, p.size());
+    LLMT_CHECK((int64_t)P + a.max_new_tokens <= cfg.max_seq_len, "llmt generate: prompt of %zu tokens (batch %zu) and "
+               "%d new tokens exceed the model's context of %d; lower --max_new_tokens or shorten the prompt", P,
+               k + 1, a.max_new_tokens, cfg.max_seq_len);
+    Transformer model(cfg, *session.backend, (int)batch.size(), (int)P);
+    const double kv_mib = Transformer::kv_cache_bytes(cfg, (int)batch.size(), (int)P + a.max_new_tokens,
+                                                      session.backend->compute_dtype()) / 1048576.0;
+    GenerateTimes t;
+    std::vector<Generated> got = generate(model, *session.store, batch, o, (int64_t)first, &t);
+    for (size_t i = 0; i < got.size(); i++) {
+      nlohmann::ordered_json r;  // keys in this order
+      r["index"] = first + i;
+      r["prompt"] = texts[first + i];
+      r["prompt_tokens"] = batch[i].size();
+      r["ids"] = got[i].ids;
+      r["text"] = tok->decode(got[i].ids, true);
+      r["finish_reason"] = got[i].stopped_at_eos ? "eos" : "length";
+      jsonl += r.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    }
+    log_info("batch %zu/%zu: %zu prompt%s of up to %zu tokens, KV cache %.2f MiB; prefill %.0f tokens/s, decode %.1f "
+             "tokens/s", k + 1, nb, batch.size(), batch.size() == 1 ? "" : "s", P, kv_mib,
+             t.prefill_tokens / std::max(t.prefill_s, 1e-9), t.decode_tokens / std::max(t.decode_s, 1e-9));
+    total.prefill_s += t.prefill_s, total.decode_s += t.decode_s;
+    total.prefill_tokens += t.prefill_tokens, total.decode_tokens += t.decode_tokens;
+  }
+  log_info("generated: prefill %lld tokens in %.2f s (%.0f tokens/s), decode %lld tokens in %.2f s (%.1f tokens/s)",
+           (long long)total.prefill_tokens, total.prefill_s, total.prefill_tokens / std::max(total.prefill_s, 1e-9),
+           (long long)total.decode_tokens, total.decode_s, total.decode_tokens / std::max(total.decode_s, 1e-9));
+  if (!a.output.empty()) {
+    write_file_atomic(a.output, jsonl);
+    log_info("wrote %zu records to %s", texts.size(), a.output.c_str());
+    return;
+  }
+  LLMT_CHECK(std::fwrite(jsonl.data(), 1, jsonl.size(), stdout) == jsonl.size(),
+             "llmt generate: writing standard output failed: %s", std::strerror(errno));
+}
+
+}  // namespace llmt
