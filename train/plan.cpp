@@ -99,6 +99,7 @@ Plan plan_run(const ModelConfig& cfg, const PlanArgs& a) {
   p.comm_all_reduce_bytes = ar;
   p.comm_total_bytes = ag + rs + ar;
   p.flops_per_token = Transformer::flops_per_token(cfg, L, a.seq_len);
+  p.kv_cache_gib = Transformer::kv_cache_bytes(cfg, a.batch, a.seq_len, p.compute_dtype) / gib;
   return p;
 }
 
@@ -130,7 +131,8 @@ nlohmann::json plan_json(const Plan& p) {
           {"comm_total_bytes", p.comm_total_bytes},
           {"comm_total_gib", p.comm_total_bytes / gib},
           {"flops_per_token", p.flops_per_token},
-          {"flops_convention", Transformer::kFlopsConvention}};
+          {"flops_convention", Transformer::kFlopsConvention},
+          {"kv_cache_gib", p.kv_cache_gib}};
 }
 
 nlohmann::json make_plan(const ModelConfig& cfg, const PlanArgs& a) { return plan_json(plan_run(cfg, a)); }
@@ -173,7 +175,8 @@ std::string format_plan(const nlohmann::json& p) {
       "       activations and scratch                    %8.3f GiB\n"
       "       total                                      %8.3f GiB\n"
       "per rank, per step, bytes sent (ring convention)\n"
-      "       all_gather %.3f GiB, reduce_scatter %.3f GiB, all_reduce %.3f GiB: %.3f GiB\n",
+      "       all_gather %.3f GiB, reduce_scatter %.3f GiB, all_reduce %.3f GiB: %.3f GiB\n"
+      "llmt generate, %d sequences of %d tokens: KV cache %.3f GiB\n",
       p["model"].get<std::string>().c_str(), (long long)p["params"].get<int64_t>(),
       p["strategy"].get<std::string>().c_str(), p["world"].get<int>(), p["ranks_per_node"].get<int>(),
       p["shard_group"].get<int>(), p["replicas"].get<int>(), p["batch"].get<int>(), p["seq_len"].get<int>(),
@@ -183,7 +186,8 @@ std::string format_plan(const nlohmann::json& p) {
       p["persistent_gib"].get<double>(), p["gathered_peak_gib"].get<double>(),
       p["activations_gib"].get<double>(), p["total_gib"].get<double>(),
       p["comm_all_gather_bytes"].get<double>() / gib, p["comm_reduce_scatter_bytes"].get<double>() / gib,
-      p["comm_all_reduce_bytes"].get<double>() / gib, p["comm_total_bytes"].get<double>() / gib);
+      p["comm_all_reduce_bytes"].get<double>() / gib, p["comm_total_bytes"].get<double>() / gib, p["batch"].get<int>(),
+      p["seq_len"].get<int>(), p["kv_cache_gib"].get<double>());
 }
 
 }  // namespace llmt

@@ -42,6 +42,9 @@ struct Plan {
   std::map<std::string, double> activations_by_buffer_gib;
   double comm_all_gather_bytes = 0, comm_reduce_scatter_bytes = 0, comm_all_reduce_bytes = 0, comm_total_bytes = 0;
   double flops_per_token = 0;
+  // llmt generate's KV cache for `batch` sequences of seq_len tokens (prompt and new), unsharded:
+  // generation runs on one process
+  double kv_cache_gib = 0;
 };
 Plan plan_run(const ModelConfig& cfg, const PlanArgs& a);
 // The plan as `llmt plan --json` prints it (and its table, format_plan, reads).

@@ -19,6 +19,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
 #include "tests/test_util.h"
+#include "train/plan.h"
 
 using namespace llmt;
 using IdRows = std::vector<std::vector<int32_t>>;
@@ -184,6 +185,18 @@ TEST(Generate, ChooseTokenWarpers) {
   s.top_p = 1.0f, s.temperature = 1e-3f;  // a cold temperature is greedy up to the tie
   EXPECT_EQ(choose_token(logits, s, 0.2), 1);
   EXPECT_EQ(choose_token(logits, s, 0.8), 3);
+}
+
+// llmt plan sizes the cache generate allocates: Llama 3 8B keeps 2 (k, v) x 32 layers x 8 kv heads
+// x 128 channels in bf16, 128 KiB a token, so 4 sequences of 4096 tokens take 2 GiB.
+TEST(Generate, PlanSizesTheKvCache) {
+  PlanArgs a;
+  a.model = "llama3-8b", a.batch = 4, a.seq_len = 4096, a.bf16 = true;
+  const ModelConfig cfg = config_from_preset(a.model);
+  EXPECT_DOUBLE_EQ(plan_run(cfg, a).kv_cache_gib, 2.0);
+  EXPECT_EQ(Transformer::kv_cache_bytes(cfg, 1, 1, DType::bf16), 128 * 1024);
+  a.bf16 = false;
+  EXPECT_DOUBLE_EQ(plan_run(cfg, a).kv_cache_gib, 4.0);
 }
 
 TEST(Generate, RefusesWhatItCannotDo) {
