@@ -239,7 +239,7 @@ void Transformer::block_forward(int l, Tensor w) {
   norm_forward(ln1, a.ln1_mean, a.ln1_rstd, x, w, o.ln1_w, o.ln1_b);
   be_.matmul(qkv, ln1, P(w, o.qkv_w, {QKV, C}), P(w, o.qkv_b, {QKV}), N, QKV, C, false, true, false);
   if (kv_on_) {  // generation: each row at its position, attending over the cache
-    if (!gpt2) be_.rope_at(qkv, Tensor(positions_.data, DType::i32, {N}), N, NH, NKV, hs, rope_);
+    if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, Tensor(positions_.data, DType::i32, {N}));
     be_.attention_kv(attn_out, k_cache_[l], v_cache_[l], qkv, key_start_, B_, T, kv_len_, kv_cap_, NH, NKV, hs);
   } else {
     if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_);

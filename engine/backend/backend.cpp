@@ -255,24 +255,28 @@ void need_heads(const Backend& be, const char* op, int B, int T, int NH, int NKV
 
 }  // namespace
 
-void Backend::rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) {
+void Backend::rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
+                           Tensor positions) {
   const char* op = "rope_forward";
   need_heads(*this, op, B, T, NH, NKV, hs);
   LLMT_CHECK(hs % 2 == 0, "%s rope_forward: head size %d is odd", name().c_str(), hs);
   need_act(op, "qkv", qkv, (int64_t)B * T * (NH + 2 * NKV) * hs);
-  run("attention", [&] { rope_forward_impl(qkv, B, T, NH, NKV, hs, rope); });
+  if (positions.data) need(op, "positions", positions, DType::i32, (int64_t)B * T);
+  run("attention", [&] { rope_forward_impl(qkv, B, T, NH, NKV, hs, rope, positions); });
 }
 
-void Backend::rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) {
+void Backend::rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
+                            Tensor positions) {
   const char* op = "rope_backward";
   need_heads(*this, op, B, T, NH, NKV, hs);
   LLMT_CHECK(hs % 2 == 0, "%s rope_backward: head size %d is odd", name().c_str(), hs);
   need_act(op, "dqkv", dqkv, (int64_t)B * T * (NH + 2 * NKV) * hs);
-  run("attention", [&] { rope_backward_impl(dqkv, B, T, NH, NKV, hs, rope); });
+  if (positions.data) need(op, "positions", positions, DType::i32, (int64_t)B * T);
+  run("attention", [&] { rope_backward_impl(dqkv, B, T, NH, NKV, hs, rope, positions); });
 }
 
 void Backend::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                                const Dropout& drop) {
+                                const Dropout& drop, Tensor doc_start) {
   const char* op = "attention_forward";
   need_heads(*this, op, B, T, NH, NKV, hs);
   LLMT_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "%s attention_forward: dropout p = %g, expected 0 <= p < 1",
@@ -281,17 +285,8 @@ void Backend::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T
   need_act(op, "out", out, BT * NH * hs);
   need(op, "lse", lse, DType::f32, BT * NH);
   need_act(op, "qkv", qkv, BT * (NH + 2 * NKV) * hs);
-  run("attention", [&] { attention_forward_impl(out, lse, qkv, B, T, NH, NKV, hs, drop); });
-}
-
-void Backend::rope_at(Tensor qkv, Tensor positions, int64_t N, int NH, int NKV, int hs, const RopeSpec& rope) {
-  const char* op = "rope_at";
-  need_heads(*this, op, 1, 1, NH, NKV, hs);
-  need_size(*this, op, "N", N, 0);
-  LLMT_CHECK(hs % 2 == 0, "%s rope_at: head size %d is odd", name().c_str(), hs);
-  need_act(op, "qkv", qkv, N * (NH + 2 * NKV) * hs);
-  need(op, "positions", positions, DType::i32, N);
-  run("attention", [&] { rope_at_impl(qkv, positions, N, NH, NKV, hs, rope); });
+  if (doc_start.data) need(op, "doc_start", doc_start, DType::i32, BT);
+  run("attention", [&] { attention_forward_impl(out, lse, qkv, B, T, NH, NKV, hs, drop, doc_start); });
 }
 
 void Backend::attention_kv(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn,
@@ -310,7 +305,7 @@ void Backend::attention_kv(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qk
 }
 
 void Backend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                                 int NKV, int hs, const Dropout& drop) {
+                                 int NKV, int hs, const Dropout& drop, Tensor doc_start) {
   const char* op = "attention_backward";
   need_heads(*this, op, B, T, NH, NKV, hs);
   LLMT_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "%s attention_backward: dropout p = %g, expected 0 <= p < 1",
@@ -321,7 +316,8 @@ void Backend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor ou
   need_act(op, "qkv", qkv, BT * (NH + 2 * NKV) * hs);
   need_act(op, "out", out, BT * NH * hs);
   need(op, "lse", lse, DType::f32, BT * NH);
-  run("attention", [&] { attention_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs, drop); });
+  if (doc_start.data) need(op, "doc_start", doc_start, DType::i32, BT);
+  run("attention", [&] { attention_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs, drop, doc_start); });
 }
 
 // ---- elementwise ----

@@ -184,25 +184,28 @@ class Backend {
 
   // ---- attention (act, lse f32) ----
   // qkv rows are [q (NH*hs) | k (NKV*hs) | v (NKV*hs)] for each of the B*T tokens; hs is even.
-  // RoPE in place on the q and k parts, Hugging Face rotate_half layout, positions 0..T-1,
-  // inv_freq[i] = rope_inv_freq(rope, i, hs). rope_backward applies the inverse rotation to dq and
-  // dk in place.
-  void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope);
-  void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope);
+  // RoPE in place on the q and k parts, Hugging Face rotate_half layout, row (b, t) at position t, or
+  // at positions[b*T + t] (i32 [B*T], >= 0) when given (packed documents, generation): the same
+  // angles either way. inv_freq[i] = rope_inv_freq(rope, i, hs). rope_backward applies the inverse
+  // rotation to dq and dk in place.
+  void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
+                    Tensor positions = Tensor());
+  void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
+                     Tensor positions = Tensor());
   // Causal self-attention with grouped-query heads (head h reads kv head h / (NH/NKV); NH % NKV == 0),
   // scale 1/sqrt(hs), dropout on the probabilities as `drop` says (its row index counts sequences).
   // out[B*T, NH*hs] (=); lse[B,NH,T] (=) keeps each query row's log-sum-exp of the scaled scores: all
   // that backward needs to recompute the probabilities, so no T x T buffer exists.
+  // doc_start (i32 [B*T], or no data): packed documents. Token (b, t) belongs to the document that
+  // begins at position doc_start[b*T + t] <= t of its row (documents are contiguous: doc_start[t] is
+  // t or doc_start[t-1]), and attends only keys from there to t, never across a boundary.
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                         const Dropout& drop);
+                         const Dropout& drop, Tensor doc_start = Tensor());
   // dqkv (=) from dout, given the forward's qkv, out and lse (FlashAttention-2's backward).
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH, int NKV,
-                          int hs, const Dropout& drop);
+                          int hs, const Dropout& drop, Tensor doc_start = Tensor());
 
   // ---- generation: a KV cache (llmt generate; nothing here goes backward) ----
-  // RoPE as rope_forward on N rows of qkv, row i at position positions[i] (i32 [N], >= 0) instead
-  // of its index in the sequence: the same angles, so a row at position t rotates as rope_forward's.
-  void rope_at(Tensor qkv, Tensor positions, int64_t N, int NH, int NKV, int hs, const RopeSpec& rope);
   // Tn new tokens of each of B sequences against a KV cache k_cache, v_cache (act, [B, NKV, cap, hs]),
   // which holds positions 0 .. p0-1 of each sequence. First appends the new tokens' k and v (their
   // qkv rows, RoPE applied) at positions p0 .. p0+Tn-1; then out[b*Tn + i, NH*hs] (=) is query i
@@ -260,13 +263,14 @@ class Backend {
   virtual void swiglu_forward_impl(Tensor out, Tensor gate_up, int64_t N, int I) = 0;
   virtual void swiglu_backward_impl(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) = 0;
   virtual void dropout_impl(Tensor x, int B, int T, int C, const Dropout& d) = 0;
-  virtual void rope_forward_impl(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) = 0;
-  virtual void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) = 0;
+  virtual void rope_forward_impl(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
+                                 Tensor positions) = 0;
+  virtual void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
+                                  Tensor positions) = 0;
   virtual void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                                      const Dropout& drop) = 0;
+                                      const Dropout& drop, Tensor doc_start) = 0;
   virtual void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
-                                       int NH, int NKV, int hs, const Dropout& drop) = 0;
-  virtual void rope_at_impl(Tensor qkv, Tensor positions, int64_t N, int NH, int NKV, int hs, const RopeSpec& rope) = 0;
+                                       int NH, int NKV, int hs, const Dropout& drop, Tensor doc_start) = 0;
   virtual void attention_kv_impl(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B,
                                  int Tn, int p0, int cap, int NH, int NKV, int hs) = 0;
   virtual void add_impl(Tensor out, Tensor a, Tensor b, int64_t n) = 0;

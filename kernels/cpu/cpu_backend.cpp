@@ -538,7 +538,7 @@ class CpuBackend : public Backend {
     if (pos) {  // the table covers every position asked for
       T = 0;
       for (int64_t i = 0; i < N; i++) {
-        LLMT_CHECK(pos[i] >= 0, "cpu rope_at: row %lld has position %d, expected >= 0", (long long)i, pos[i]);
+        LLMT_CHECK(pos[i] >= 0, "cpu rope: row %lld has position %d, expected >= 0", (long long)i, pos[i]);
         T = std::max(T, pos[i] + 1);
       }
     }
@@ -565,14 +565,14 @@ class CpuBackend : public Backend {
       }
     });
   }
-  void rope_forward_impl(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
-    rope_apply(qkv, (int64_t)B * T, T, nullptr, NH, NKV, hs, rope, 1.0f);
+  void rope_forward_impl(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
+                         Tensor positions) override {
+    rope_apply(qkv, (int64_t)B * T, T, positions.data ? positions.i32() : nullptr, NH, NKV, hs, rope, 1.0f);
   }
-  void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
-    rope_apply(dqkv, (int64_t)B * T, T, nullptr, NH, NKV, hs, rope, -1.0f);  // a rotation's transpose is its inverse
-  }
-  void rope_at_impl(Tensor qkv, Tensor positions, int64_t N, int NH, int NKV, int hs, const RopeSpec& rope) override {
-    rope_apply(qkv, N, 0, positions.i32(), NH, NKV, hs, rope, 1.0f);
+  void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
+                          Tensor positions) override {
+    // a rotation's transpose is its inverse
+    rope_apply(dqkv, (int64_t)B * T, T, positions.data ? positions.i32() : nullptr, NH, NKV, hs, rope, -1.0f);
   }
 
   // The new tokens' k and v into the cache, then each query row over its cached keys: scores, their
@@ -632,7 +632,8 @@ class CpuBackend : public Backend {
   // weighted sum of values. Only lse is kept; the probabilities live in a row of scratch. Keys are
   // held transposed ([hs][T]) so that a row's scores accumulate over t2 in vector lanes.
   void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                              const Dropout& drop) override {
+                              const Dropout& drop, Tensor doc_start) override {
+    const int32_t* doc = doc_start.data ? doc_start.i32() : nullptr;
     float* L = lse.f32();
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
     const int group = NH / NKV;
@@ -654,24 +655,25 @@ class CpuBackend : public Backend {
             load_head_t(X, base, row, (int64_t)(NH + kvh) * hs, T, hs, kt);
             load_head(X, base, row, (int64_t)(NH + NKV + kvh) * hs, T, hs, v);
             for (int t = 0; t < T; t++) {
+              const int s0 = doc ? doc[(int64_t)b * T + t] : 0;  // the first key of t's document
               for (int j = 0; j < hs; j++) q[j] = ld(X, base + t * row + (int64_t)h * hs + j) * scale;
-              for (int t2 = 0; t2 <= t; t2++) s[t2] = 0.0f;
+              for (int t2 = s0; t2 <= t; t2++) s[t2] = 0.0f;
               for (int j = 0; j < hs; j++) {
                 const float qj = q[j];
                 const float* __restrict kj = kt + (size_t)j * T;
 #pragma omp simd
-                for (int t2 = 0; t2 <= t; t2++) s[t2] += qj * kj[t2];
+                for (int t2 = s0; t2 <= t; t2++) s[t2] += qj * kj[t2];
               }
               float maxv = -INFINITY;
 #pragma omp simd reduction(max : maxv)
-              for (int t2 = 0; t2 <= t; t2++) maxv = std::max(maxv, s[t2]);
+              for (int t2 = s0; t2 <= t; t2++) maxv = std::max(maxv, s[t2]);
               float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-              for (int t2 = 0; t2 <= t; t2++) sum += (s[t2] = exp_approx(s[t2] - maxv));
+              for (int t2 = s0; t2 <= t; t2++) sum += (s[t2] = exp_approx(s[t2] - maxv));
               const float inv = 1.0f / sum;
               for (int j = 0; j < hs; j++) acc[j] = 0.0f;
               const int64_t drow = dropout_row(drop.row0 + b, t);
-              for (int t2 = 0; t2 <= t; t2++) {
+              for (int t2 = s0; t2 <= t; t2++) {
                 float p = s[t2] * inv;
                 if (drop.active())
                   p = dropout_keep(drop.key, drow, ((int64_t)h << kDropoutPosBits) + t2, drop.p) ? p * keep_scale : 0.0f;
@@ -694,7 +696,8 @@ class CpuBackend : public Backend {
   // row sums. dk and dv accumulate in fp32 scratch and are stored once. Rows of scores and their
   // gradients run over t2 in vector lanes (keys and values held both ways).
   void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                               int NKV, int hs, const Dropout& drop) override {
+                               int NKV, int hs, const Dropout& drop, Tensor doc_start) override {
+    const int32_t* doc = doc_start.data ? doc_start.i32() : nullptr;
     const float* L = lse.f32();
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
     const int group = NH / NKV;
@@ -730,6 +733,7 @@ class CpuBackend : public Backend {
             std::fill(dv, dv + th, 0.0f);
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
               for (int t = 0; t < T; t++) {
+                const int s0 = doc ? doc[(int64_t)b * T + t] : 0;  // the first key of t's document
                 const int64_t o = ((int64_t)b * T + t) * NH * hs + (int64_t)h * hs;
                 float Dt = 0.0f;  // rowsum(dout * out): the softmax backward's sum over the row
                 for (int j = 0; j < hs; j++) {
@@ -739,29 +743,29 @@ class CpuBackend : public Backend {
                   dq[j] = 0.0f;
                 }
                 const float lse_t = L[((int64_t)b * NH + h) * T + t];
-                for (int t2 = 0; t2 <= t; t2++) p[t2] = dp[t2] = 0.0f;
+                for (int t2 = s0; t2 <= t; t2++) p[t2] = dp[t2] = 0.0f;
                 for (int j = 0; j < hs; j++) {  // scores (q . k) and dout . v, over t2 in lanes
                   const float qj = q[j] * scale, dj = dd[j];
                   const float *__restrict kj = kt + (size_t)j * T, *__restrict vj = vt + (size_t)j * T;
 #pragma omp simd
-                  for (int t2 = 0; t2 <= t; t2++) {
+                  for (int t2 = s0; t2 <= t; t2++) {
                     p[t2] += qj * kj[t2];
                     dp[t2] += dj * vj[t2];
                   }
                 }
 #pragma omp simd
-                for (int t2 = 0; t2 <= t; t2++) pd[t2] = p[t2] = exp_approx(p[t2] - lse_t);
+                for (int t2 = s0; t2 <= t; t2++) pd[t2] = p[t2] = exp_approx(p[t2] - lse_t);
                 if (drop.active()) {
                   const int64_t drow = dropout_row(drop.row0 + b, t);
-                  for (int t2 = 0; t2 <= t; t2++) {
+                  for (int t2 = s0; t2 <= t; t2++) {
                     bool keep = dropout_keep(drop.key, drow, ((int64_t)h << kDropoutPosBits) + t2, drop.p);
                     pd[t2] = keep ? p[t2] * keep_scale : 0.0f;
                     dp[t2] = keep ? dp[t2] * keep_scale : 0.0f;
                   }
                 }
 #pragma omp simd
-                for (int t2 = 0; t2 <= t; t2++) dp[t2] = p[t2] * (dp[t2] - Dt) * scale;  // now d(score)
-                for (int t2 = 0; t2 <= t; t2++) {
+                for (int t2 = s0; t2 <= t; t2++) dp[t2] = p[t2] * (dp[t2] - Dt) * scale;  // now d(score)
+                for (int t2 = s0; t2 <= t; t2++) {
                   const float ds = dp[t2], pv = pd[t2];
                   const float* __restrict kk = k + (size_t)t2 * hs;
                   float *__restrict dkk = dk + (size_t)t2 * hs, *__restrict dvv = dv + (size_t)t2 * hs;

@@ -234,17 +234,17 @@ class CudaBackend : public Backend {
   }
 
   // ---- attention ----
-  void rope_forward_impl(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
-    by_dtype(qkv.dtype, "rope_forward",
-             [&](auto tag) { cuda::rope((decltype(tag)*)qkv.data, nullptr, B, T, NH, NKV, hs, rope, 1.0f, stream_); });
+  static const int32_t* i32_or_null(const Tensor& t) { return t.data ? t.i32() : nullptr; }
+  void rope_forward_impl(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
+                         Tensor positions) override {
+    by_dtype(qkv.dtype, "rope_forward", [&](auto tag) {
+      cuda::rope((decltype(tag)*)qkv.data, i32_or_null(positions), B, T, NH, NKV, hs, rope, 1.0f, stream_);
+    });
   }
-  void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope) override {
-    by_dtype(dqkv.dtype, "rope_backward",
-             [&](auto tag) { cuda::rope((decltype(tag)*)dqkv.data, nullptr, B, T, NH, NKV, hs, rope, -1.0f, stream_); });
-  }
-  void rope_at_impl(Tensor qkv, Tensor positions, int64_t N, int NH, int NKV, int hs, const RopeSpec& rope) override {
-    by_dtype(qkv.dtype, "rope_at", [&](auto tag) {
-      cuda::rope((decltype(tag)*)qkv.data, positions.i32(), 1, (int)N, NH, NKV, hs, rope, 1.0f, stream_);
+  void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
+                          Tensor positions) override {
+    by_dtype(dqkv.dtype, "rope_backward", [&](auto tag) {
+      cuda::rope((decltype(tag)*)dqkv.data, i32_or_null(positions), B, T, NH, NKV, hs, rope, -1.0f, stream_);
     });
   }
   void attention_kv_impl(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn, int p0,
@@ -256,10 +256,11 @@ class CudaBackend : public Backend {
     });
   }
   void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                              const Dropout& drop) override {
+                              const Dropout& drop, Tensor doc_start) override {
+    const int32_t* doc = i32_or_null(doc_start);
     if (qkv.dtype == DType::bf16 && cuda::attention_impl() == cuda::AttentionImpl::flash) {
       if (cuda::flash_attention_fits(hs))
-        return cuda::flash_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), B, T, NH, NKV, hs, drop, stream_);
+        return cuda::flash_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), doc, B, T, NH, NKV, hs, drop, stream_);
       const char* asked = std::getenv("LLMT_ATTENTION");
       static bool warned = false;
       if (asked && *asked && !warned) {
@@ -269,22 +270,23 @@ class CudaBackend : public Backend {
     }
     by_dtype(qkv.dtype, "attention_forward", [&](auto tag) {
       using A = decltype(tag);
-      cuda::attention_forward((A*)out.data, lse.f32(), (const A*)qkv.data, B, T, NH, NKV, hs, drop, stream_);
+      cuda::attention_forward((A*)out.data, lse.f32(), (const A*)qkv.data, doc, B, T, NH, NKV, hs, drop, stream_);
     });
   }
   void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                               int NKV, int hs, const Dropout& drop) override {
+                               int NKV, int hs, const Dropout& drop, Tensor doc_start) override {
+    const int32_t* doc = i32_or_null(doc_start);
     float* d = (float*)scratch(attn_d_, (size_t)B * T * NH * sizeof(float));
     if (qkv.dtype == DType::bf16 && cuda::attention_impl() == cuda::AttentionImpl::flash &&
         cuda::flash_attention_fits(hs)) {
       cuda::attention_row_dots(d, dout.bf16(), out.bf16(), (int64_t)B * T * NH, hs, stream_);
-      return cuda::flash_attention_backward(dqkv.bf16(), dout.bf16(), qkv.bf16(), lse.f32(), d, B, T, NH, NKV, hs, drop,
-                                            stream_);
+      return cuda::flash_attention_backward(dqkv.bf16(), dout.bf16(), qkv.bf16(), lse.f32(), d, doc, B, T, NH, NKV, hs,
+                                            drop, stream_);
     }
     by_dtype(qkv.dtype, "attention_backward", [&](auto tag) {
       using A = decltype(tag);
       cuda::attention_backward((A*)dqkv.data, (const A*)dout.data, (const A*)qkv.data, (const A*)out.data, lse.f32(),
-                               d, B, T, NH, NKV, hs, drop, stream_);
+                               d, doc, B, T, NH, NKV, hs, drop, stream_);
     });
   }
 

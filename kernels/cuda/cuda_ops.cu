@@ -326,18 +326,20 @@ __device__ __forceinline__ float dot_row(const float* q, const T* k, int hs) {
 }
 
 template <typename T>
-__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int T_, int NH, int NKV, int hs, Dropout drop) {
+__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, const int32_t* doc, int T_, int NH, int NKV,
+                                         int hs, Dropout drop) {
   const int h = (int)blockIdx.x, b = (int)blockIdx.y, kvh = h / (NH / NKV);
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const T* base = qkv + (int64_t)b * T_ * row_len;
   const float scale = 1.0f / sqrtf((float)hs), keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
   float q[kMaxHeadSize], acc[kMaxHeadSize];
   for (int t = (int)threadIdx.x; t < T_; t += (int)blockDim.x) {
+    const int s0 = doc ? doc[(int64_t)b * T_ + t] : 0;  // the first key of t's document
     for (int j = 0; j < hs; j++) q[j] = to_f32(base[t * row_len + (int64_t)h * hs + j]) * scale, acc[j] = 0.0f;
     float m = -INFINITY;
-    for (int t2 = 0; t2 <= t; t2++) m = fmaxf(m, dot_row(q, base + t2 * row_len + (int64_t)(NH + kvh) * hs, hs));
+    for (int t2 = s0; t2 <= t; t2++) m = fmaxf(m, dot_row(q, base + t2 * row_len + (int64_t)(NH + kvh) * hs, hs));
     float sum = 0.0f;
-    for (int t2 = 0; t2 <= t; t2++) {
+    for (int t2 = s0; t2 <= t; t2++) {
       const float e = expf(dot_row(q, base + t2 * row_len + (int64_t)(NH + kvh) * hs, hs) - m);
       sum += e;
       const float wgt = drop.p > 0.0f ? (attn_keep(drop, b, h, t, t2) ? e * keep_scale : 0.0f) : e;
@@ -404,8 +406,8 @@ __global__ void attention_d_kernel(float* D, const T* dout, const T* out, int hs
 }
 
 template <typename T>
-__global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D, int T_,
-                                    int NH, int NKV, int hs, Dropout drop) {
+__global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D,
+                                    const int32_t* doc, int T_, int NH, int NKV, int hs, Dropout drop) {
   const int h = (int)blockIdx.x, b = (int)blockIdx.y, kvh = h / (NH / NKV);
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const T* base = qkv + (int64_t)b * T_ * row_len;
@@ -419,7 +421,7 @@ __global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const 
       dq[j] = 0.0f;
     }
     const float lse_t = lse[((int64_t)b * NH + h) * T_ + t], Dt = D[o];
-    for (int t2 = 0; t2 <= t; t2++) {
+    for (int t2 = doc ? doc[(int64_t)b * T_ + t] : 0; t2 <= t; t2++) {
       const T* k = base + t2 * row_len + (int64_t)(NH + kvh) * hs;
       const T* v = base + t2 * row_len + (int64_t)(NH + NKV + kvh) * hs;
       const float p = expf(dot_row(q, k, hs) - lse_t);
@@ -434,8 +436,8 @@ __global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const 
 }
 
 template <typename T>
-__global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D, int T_,
-                                     int NH, int NKV, int hs, Dropout drop) {
+__global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D,
+                                     const int32_t* doc, int T_, int NH, int NKV, int hs, Dropout drop) {
   const int kvh = (int)blockIdx.x, b = (int)blockIdx.y, group = NH / NKV;
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const T* base = qkv + (int64_t)b * T_ * row_len;
@@ -449,6 +451,7 @@ __global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const
     }
     for (int h = kvh * group; h < (kvh + 1) * group; h++) {
       for (int t = t2; t < T_; t++) {
+        if (doc && doc[(int64_t)b * T_ + t] > t2) break;  // t and every later query are in a later document
         const T* q = base + t * row_len + (int64_t)h * hs;
         const int64_t o = ((int64_t)b * T_ + t) * NH + h;
         const T* dd = dout + o * hs;
@@ -623,13 +626,13 @@ void dropout(T* x, int B, int T_, int C, const Dropout& d, Stream stream) {
 inline int attention_threads(int T_) { return T_ >= 128 ? 128 : (T_ + WARP_SIZE - 1) / WARP_SIZE * WARP_SIZE; }
 
 template <typename T>
-void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, int NKV, int hs, const Dropout& drop,
-                       Stream stream) {
+void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int T_, int NH, int NKV, int hs,
+                       const Dropout& drop, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(hs <= kMaxHeadSize, "cuda attention: head size %d over %d", hs, kMaxHeadSize);
   if (B == 0 || T_ == 0) return;
-  LLMT_LAUNCH(attention_forward_kernel, dim3(NH, B), attention_threads(T_), 0, stream, out, lse, qkv, T_, NH, NKV, hs,
-              drop);
+  LLMT_LAUNCH(attention_forward_kernel, dim3(NH, B), attention_threads(T_), 0, stream, out, lse, qkv, doc, T_, NH, NKV,
+              hs, drop);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -641,17 +644,17 @@ void attention_row_dots(float* D, const T* dout, const T* out, int64_t rows, int
 }
 
 template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d, int B,
-                        int T_, int NH, int NKV, int hs, const Dropout& drop, Stream stream) {
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d,
+                        const int32_t* doc, int B, int T_, int NH, int NKV, int hs, const Dropout& drop, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(hs <= kMaxHeadSize, "cuda attention: head size %d over %d", hs, kMaxHeadSize);
   if (B == 0 || T_ == 0) return;
   attention_row_dots(scratch_d, dout, out, (int64_t)B * T_ * NH, hs, stream);
-  LLMT_LAUNCH(attention_dq_kernel, dim3(NH, B), attention_threads(T_), 0, stream, dqkv, dout, qkv, lse, scratch_d, T_,
-              NH, NKV, hs, drop);
+  LLMT_LAUNCH(attention_dq_kernel, dim3(NH, B), attention_threads(T_), 0, stream, dqkv, dout, qkv, lse, scratch_d, doc,
+              T_, NH, NKV, hs, drop);
   CUDA_CHECK_LAUNCH();
-  LLMT_LAUNCH(attention_dkv_kernel, dim3(NKV, B), attention_threads(T_), 0, stream, dqkv, dout, qkv, lse, scratch_d, T_,
-              NH, NKV, hs, drop);
+  LLMT_LAUNCH(attention_dkv_kernel, dim3(NKV, B), attention_threads(T_), 0, stream, dqkv, dout, qkv, lse, scratch_d,
+              doc, T_, NH, NKV, hs, drop);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -704,9 +707,11 @@ void accumulate_mixed(Td* dst, const Ts* src, int64_t n, Stream stream) {
   template void rope<T>(T*, const int32_t*, int, int, int, int, int, const RopeSpec&, float, Stream);                         \
   template void attention_kv<T>(T*, T*, T*, const T*, const int32_t*, int, int, int, int, int, int, int, Stream);           \
   template void dropout<T>(T*, int, int, int, const Dropout&, Stream);                                               \
-  template void attention_forward<T>(T*, float*, const T*, int, int, int, int, int, const Dropout&, Stream);         \
+  template void attention_forward<T>(T*, float*, const T*, const int32_t*, int, int, int, int, int, const Dropout&,   \
+                                     Stream);                                                                        \
   template void attention_row_dots<T>(float*, const T*, const T*, int64_t, int, Stream);                           \
-  template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, float*, int, int, int, int, int,  \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, float*, const int32_t*, int, int, \
+                                      int, int, int,                                                                 \
                                       const Dropout&, Stream);                                                       \
   template void cross_entropy<T>(double*, double*, T*, const T*, const int32_t*, int64_t, int, float, int*, Stream);
 LLMT_ACT_TYPES(LLMT_INSTANTIATE)

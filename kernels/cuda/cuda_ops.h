@@ -64,16 +64,17 @@ template <typename T>
 void dropout(T* x, int B, int T_, int C, const Dropout& d, Stream stream);
 
 // scratch_d: B*NH*T floats (rowsum(dout * out)) for the backward.
+// doc: Backend::attention_forward's doc_start (device, [B*T_]) or nullptr
 template <typename T>
-void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, int NKV, int hs, const Dropout& drop,
-                       Stream stream);
+void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int T_, int NH, int NKV, int hs,
+                       const Dropout& drop, Stream stream);
 // D[o] = rowsum(dout * out) for each of the `rows` rows (b, t, h) of attention's output: the term
 // every attention backward subtracts (FlashAttention-2's D).
 template <typename T>
 void attention_row_dots(float* D, const T* dout, const T* out, int64_t rows, int hs, Stream stream);
 template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d, int B,
-                        int T_, int NH, int NKV, int hs, const Dropout& drop, Stream stream);
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d,
+                        const int32_t* doc, int B, int T_, int NH, int NKV, int hs, const Dropout& drop, Stream stream);
 
 // Backend::attention_kv: the new tokens' k and v into the cache, then their attention over it.
 template <typename T>

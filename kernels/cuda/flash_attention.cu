@@ -57,9 +57,16 @@ __device__ __forceinline__ void load_tile(uint16_t* dst, const uint16_t* src, in
   }
 }
 
+// The first position of row t's document in sequence b (packed documents), 0 without them or past
+// the sequence.
+__device__ __forceinline__ int doc_start_of(const int32_t* doc, int b, int T_, int t) {
+  return doc && t < T_ ? doc[(int64_t)b * T_ + t] : 0;
+}
+
 template <int HS>
 __global__ void __launch_bounds__(kFlashThreads)
-    flash_forward_kernel(uint16_t* out, float* lse, const uint16_t* qkv, int T_, int NH, int NKV, Dropout drop) {
+    flash_forward_kernel(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc, int T_, int NH, int NKV,
+                         Dropout drop) {
   constexpr int LD = HS + 8;  // shared row stride in elements: 16-byte aligned, conflict-free for ldmatrix
   __shared__ __align__(16) uint16_t sk[kFlashKeys * LD];
   __shared__ __align__(16) uint16_t sv[kFlashKeys * LD];
@@ -82,10 +89,14 @@ __global__ void __launch_bounds__(kFlashThreads)
   float o[HS / 8][4];
   for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};  // rows g and g+8: max, this lane's sum
+  int first[2];  // the first key of each row's document (packed documents), else 0
+  for (int r = 0; r < 2; r++) first[r] = doc_start_of(doc, b, T_, q0 + g + 8 * r);
 
   const int block_end = (qt + 1) * kFlashRows < T_ ? (qt + 1) * kFlashRows : T_;
   const int block_last = block_end - 1;  // the last key any row of the block sees
-  for (int k0 = 0; k0 <= block_last; k0 += kFlashKeys) {
+  // from the tile holding the block's first row's document start: no row sees a key before it
+  for (int k0 = doc_start_of(doc, b, T_, qt * kFlashRows) / kFlashKeys * kFlashKeys; k0 <= block_last;
+       k0 += kFlashKeys) {
     __syncthreads();  // every warp is done with the previous tile
     load_tile<HS>(sk, base, row_len, (int64_t)(NH + kvh) * HS, k0, T_);
     load_tile<HS>(sv, base, row_len, (int64_t)(NH + NKV + kvh) * HS, k0, T_);
@@ -101,21 +112,24 @@ __global__ void __launch_bounds__(kFlashThreads)
         mma_m16n8k16_bf16(s[n], qf[kk], kb, s[n]);
       }
     }
-    // scale, the causal mask, the new row maxima (over the row's four lanes)
+    // scale, the causal and document masks, the new row maxima (over the row's four lanes)
     float mx[2] = {-INFINITY, -INFINITY};
     for (int n = 0; n < kFlashKeys / 8; n++)
       for (int i = 0; i < 4; i++) {
         const int row = q0 + g + (i >= 2 ? 8 : 0), key = k0 + n * 8 + 2 * t4 + (i & 1);
-        const float v = key > row || key >= T_ ? -INFINITY : s[n][i] * scale;
+        const float v = key > row || key >= T_ || key < first[i / 2] ? -INFINITY : s[n][i] * scale;
         s[n][i] = v;
         mx[i / 2] = fmaxf(mx[i / 2], v);
       }
-    float alpha[2];
+    float alpha[2], m_exp[2];
     for (int r = 0; r < 2; r++) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);  // finite: the first tile holds key 0, which every row sees
-      alpha[r] = expf(m[r] - m_new);
+      const float m_new = fmaxf(m[r], mx[r]);
+      // -inf while a row has seen only masked keys (a later document's row in an earlier tile): its
+      // sums stay 0, and exponents are taken from 0 so that none is exp(-inf + inf)
+      m_exp[r] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[r] = expf(m[r] - m_exp[r]);
       m[r] = m_new;
       lsum[r] *= alpha[r];
     }
@@ -126,7 +140,7 @@ __global__ void __launch_bounds__(kFlashThreads)
     // P = exp(S - m): the sums take every probability, the product with V the kept ones, scaled
     for (int n = 0; n < kFlashKeys / 8; n++)
       for (int i = 0; i < 4; i++) {
-        const float e = expf(s[n][i] - m[i / 2]);
+        const float e = expf(s[n][i] - m_exp[i / 2]);
         lsum[i / 2] += e;
         float w = e;
         if (drop.p > 0.0f) {
@@ -184,11 +198,12 @@ __global__ void __launch_bounds__(kFlashThreads)
 template <int HS>
 __global__ void __launch_bounds__(kFlashThreads)
     flash_dkv_kernel(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D,
-                     int T_, int NH, int NKV, Dropout drop) {
+                     const int32_t* doc, int T_, int NH, int NKV, Dropout drop) {
   constexpr int LD = HS + 8;
   __shared__ __align__(16) uint16_t sq[kFlashRows * LD];
   __shared__ __align__(16) uint16_t sdo[kFlashRows * LD];
   __shared__ float slse[kFlashRows], sd[kFlashRows];
+  __shared__ int sdoc[kFlashRows];
   const int kt = (int)blockIdx.x, kvh = (int)blockIdx.y, b = (int)blockIdx.z, group = NH / NKV;
   const int tid = (int)threadIdx.x, warp = tid / WARP_SIZE, l = tid % WARP_SIZE, g = l / 4, t4 = l % 4;
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * HS, out_len = (int64_t)NH * HS;
@@ -213,6 +228,8 @@ __global__ void __launch_bounds__(kFlashThreads)
 
   for (int h = kvh * group; h < (kvh + 1) * group; h++)
     for (int qs = kt * kFlashKeys; qs < T_; qs += kFlashRows) {
+      // this tile's queries and every later one belong to documents after the block's last key
+      if (doc_start_of(doc, b, T_, qs) > kt * kFlashKeys + kFlashKeys - 1) break;
       __syncthreads();  // every warp is done with the previous tiles
       load_tile<HS>(sq, base, row_len, (int64_t)h * HS, qs, T_);
       load_tile<HS>(sdo, dbase, out_len, (int64_t)h * HS, qs, T_);
@@ -220,6 +237,7 @@ __global__ void __launch_bounds__(kFlashThreads)
         const int t = qs + tid;
         slse[tid] = t < T_ ? lse[((int64_t)b * NH + h) * T_ + t] : 0.0f;
         sd[tid] = t < T_ ? D[((int64_t)b * T_ + t) * NH + h] : 0.0f;
+        sdoc[tid] = doc_start_of(doc, b, T_, t);
       }
       __syncthreads();
 
@@ -242,7 +260,7 @@ __global__ void __launch_bounds__(kFlashThreads)
       for (int n = 0; n < kFlashRows / 8; n++)
         for (int i = 0; i < 4; i++) {
           const int key = k0 + g + (i >= 2 ? 8 : 0), qc = n * 8 + 2 * t4 + (i & 1), query = qs + qc;
-          const float pr = key > query || query >= T_ ? 0.0f : expf(p[n][i] * scale - slse[qc]);
+          const float pr = key > query || query >= T_ || key < sdoc[qc] ? 0.0f : expf(p[n][i] * scale - slse[qc]);
           float keep = 1.0f;
           if (drop.p > 0.0f)
             keep = query < T_ && key < T_ &&
@@ -291,8 +309,8 @@ __global__ void __launch_bounds__(kFlashThreads)
 // shared memory: S = Q K^T, dP = dO V^T, then dQ += dS K (K key-major, by ldmatrix.trans).
 template <int HS>
 __global__ void __launch_bounds__(kFlashThreads)
-    flash_dq_kernel(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D, int T_,
-                    int NH, int NKV, Dropout drop) {
+    flash_dq_kernel(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D,
+                    const int32_t* doc, int T_, int NH, int NKV, Dropout drop) {
   constexpr int LD = HS + 8;
   __shared__ __align__(16) uint16_t sk[kFlashKeys * LD];
   __shared__ __align__(16) uint16_t sv[kFlashKeys * LD];
@@ -315,8 +333,10 @@ __global__ void __launch_bounds__(kFlashThreads)
     }
   }
   float row_lse[2], row_d[2];
+  int first[2];
   for (int r = 0; r < 2; r++) {
     const int row = q0 + g + 8 * r;
+    first[r] = doc_start_of(doc, b, T_, row);
     row_lse[r] = row < T_ ? lse[((int64_t)b * NH + h) * T_ + row] : 0.0f;
     row_d[r] = row < T_ ? D[((int64_t)b * T_ + row) * NH + h] : 0.0f;
   }
@@ -324,7 +344,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   for (int n = 0; n < HS / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
 
   const int block_end = (qt + 1) * kFlashRows < T_ ? (qt + 1) * kFlashRows : T_;
-  for (int k0 = 0; k0 < block_end; k0 += kFlashKeys) {
+  for (int k0 = doc_start_of(doc, b, T_, qt * kFlashRows) / kFlashKeys * kFlashKeys; k0 < block_end;
+       k0 += kFlashKeys) {
     __syncthreads();
     load_tile<HS>(sk, base, row_len, (int64_t)(NH + kvh) * HS, k0, T_);
     load_tile<HS>(sv, base, row_len, (int64_t)(NH + NKV + kvh) * HS, k0, T_);
@@ -345,7 +366,7 @@ __global__ void __launch_bounds__(kFlashThreads)
     for (int n = 0; n < kFlashKeys / 8; n++)
       for (int i = 0; i < 4; i++) {
         const int r = i / 2, row = q0 + g + 8 * r, key = k0 + n * 8 + 2 * t4 + (i & 1);
-        const float pr = key > row || row >= T_ ? 0.0f : expf(s[n][i] * scale - row_lse[r]);
+        const float pr = key > row || row >= T_ || key < first[r] ? 0.0f : expf(s[n][i] * scale - row_lse[r]);
         float keep = 1.0f;
         if (drop.p > 0.0f)
           keep = row < T_ && key < T_ &&
@@ -395,33 +416,39 @@ AttentionImpl attention_impl() {
 
 bool flash_attention_fits(int hs) { return hs == 64 || hs == 128; }
 
-void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T_, int NH, int NKV, int hs,
-                             const Dropout& drop, Stream stream) {
+void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc, int B, int T_, int NH,
+                             int NKV, int hs, const Dropout& drop, Stream stream) {
   LLMT_CHECK(flash_attention_fits(hs), "flash attention: head size %d (64 or 128)", hs);
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   if (B == 0 || T_ == 0) return;
   const dim3 grid((unsigned)((T_ + kFlashRows - 1) / kFlashRows), (unsigned)NH, (unsigned)B);
-  if (hs == 64) LLMT_LAUNCH(flash_forward_kernel<64>, grid, kFlashThreads, 0, stream, out, lse, qkv, T_, NH, NKV, drop);
-  else LLMT_LAUNCH(flash_forward_kernel<128>, grid, kFlashThreads, 0, stream, out, lse, qkv, T_, NH, NKV, drop);
+  if (hs == 64)
+    LLMT_LAUNCH(flash_forward_kernel<64>, grid, kFlashThreads, 0, stream, out, lse, qkv, doc, T_, NH, NKV, drop);
+  else
+    LLMT_LAUNCH(flash_forward_kernel<128>, grid, kFlashThreads, 0, stream, out, lse, qkv, doc, T_, NH, NKV, drop);
   CUDA_CHECK_LAUNCH();
 }
 
 void flash_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse,
-                              const float* D, int B, int T_, int NH, int NKV, int hs, const Dropout& drop,
-                              Stream stream) {
+                              const float* D, const int32_t* doc, int B, int T_, int NH, int NKV, int hs,
+                              const Dropout& drop, Stream stream) {
   LLMT_CHECK(flash_attention_fits(hs), "flash attention: head size %d (64 or 128)", hs);
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   if (B == 0 || T_ == 0) return;
   const unsigned tiles = (unsigned)((T_ + kFlashRows - 1) / kFlashRows);
   const dim3 kv_grid(tiles, (unsigned)NKV, (unsigned)B), q_grid(tiles, (unsigned)NH, (unsigned)B);
   if (hs == 64) {
-    LLMT_LAUNCH(flash_dkv_kernel<64>, kv_grid, kFlashThreads, 0, stream, dqkv, dout, qkv, lse, D, T_, NH, NKV, drop);
+    LLMT_LAUNCH(flash_dkv_kernel<64>, kv_grid, kFlashThreads, 0, stream, dqkv, dout, qkv, lse, D, doc, T_, NH, NKV,
+                drop);
     CUDA_CHECK_LAUNCH();
-    LLMT_LAUNCH(flash_dq_kernel<64>, q_grid, kFlashThreads, 0, stream, dqkv, dout, qkv, lse, D, T_, NH, NKV, drop);
+    LLMT_LAUNCH(flash_dq_kernel<64>, q_grid, kFlashThreads, 0, stream, dqkv, dout, qkv, lse, D, doc, T_, NH, NKV,
+                drop);
   } else {
-    LLMT_LAUNCH(flash_dkv_kernel<128>, kv_grid, kFlashThreads, 0, stream, dqkv, dout, qkv, lse, D, T_, NH, NKV, drop);
+    LLMT_LAUNCH(flash_dkv_kernel<128>, kv_grid, kFlashThreads, 0, stream, dqkv, dout, qkv, lse, D, doc, T_, NH, NKV,
+                drop);
     CUDA_CHECK_LAUNCH();
-    LLMT_LAUNCH(flash_dq_kernel<128>, q_grid, kFlashThreads, 0, stream, dqkv, dout, qkv, lse, D, T_, NH, NKV, drop);
+    LLMT_LAUNCH(flash_dq_kernel<128>, q_grid, kFlashThreads, 0, stream, dqkv, dout, qkv, lse, D, doc, T_, NH, NKV,
+                drop);
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -17,14 +17,15 @@ AttentionImpl attention_impl();
 bool flash_attention_fits(int hs);
 
 // As attention_forward (cuda_ops.h) for bf16 tensors: out[B*T, NH*hs], lse[B, NH, T] from qkv rows
-// [q | k | v], scale 1/sqrt(hs), dropout on the probabilities as the Backend op says.
-void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T_, int NH, int NKV, int hs,
-                             const Dropout& drop, Stream stream);
+// [q | k | v], scale 1/sqrt(hs), dropout on the probabilities as the Backend op says; doc: its
+// doc_start (device, [B*T_]) or nullptr.
+void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc, int B, int T_, int NH,
+                             int NKV, int hs, const Dropout& drop, Stream stream);
 // As attention_backward (cuda_ops.h) for bf16 tensors: dqkv (=) from dout, the forward's qkv and
 // lse, and D = rowsum(dout * out) from attention_row_dots. Deterministic: no atomics.
 void flash_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse,
-                              const float* D, int B, int T_, int NH, int NKV, int hs, const Dropout& drop,
-                              Stream stream);
+                              const float* D, const int32_t* doc, int B, int T_, int NH, int NKV, int hs,
+                              const Dropout& drop, Stream stream);
 
 }  // namespace cuda
 }  // namespace llmt

@@ -782,9 +782,9 @@ TEST_P(Ops, RopeForwardAndBackwardVsReference) {
     }
 }
 
-// rope_at places each row at a position of its own: a row at position t must rotate bitwise as
-// rope_forward rotates row t of a sequence.
-TEST_P(Ops, RopeAtEqualsRopeForwardAtTheSamePositions) {
+// RoPE with positions places each row at a position of its own: a row at position t must rotate
+// bitwise as row t of a sequence does, and rope_backward with the same positions undo it.
+TEST_P(Ops, RopeAtPositionsEqualsRopeAtTheSameRows) {
   std::mt19937 rng(57);
   llmt::RopeSpec spec;
   spec.theta = 500000.0f, spec.scaling = llmt::RopeSpec::llama3, spec.factor = 8, spec.original_max = 16;
@@ -799,11 +799,16 @@ TEST_P(Ops, RopeAtEqualsRopeForwardAtTheSamePositions) {
   for (int i = 0; i < N; i++) std::copy_n(seq.begin() + (size_t)pos[i] * R, R, rowsv.begin() + (size_t)i * R);
   BufP X = Buf::act(rowsv);
   Buf P(pos);
-  be().rope_at(X->a({N, R}), P.i32({N}), N, NH, NKV, HS, spec);
+  be().rope_forward(X->a({N, R}), 1, N, NH, NKV, HS, spec, P.i32({N}));
   FV got = X->rf();
   for (int i = 0; i < N; i++)
     for (int j = 0; j < R; j++)
       ASSERT_EQ(got[(size_t)i * R + j], roped[(size_t)pos[i] * R + j]) << "row " << i << " at position " << pos[i];
+  be().rope_backward(X->a({N, R}), 1, N, NH, NKV, HS, spec, P.i32({N}));
+  FV back = X->rf();
+  double worst = 0;
+  for (size_t e = 0; e < back.size(); e++) worst = std::max(worst, (double)std::fabs(back[e] - rowsv[e]));
+  EXPECT_LT(worst, is_bf16() ? 2e-2 : 1e-5) << "rope_backward at the same positions undoes the rotation";
 }
 
 // A KV cache filled a chunk at a time (a prompt, then one token per call) must give each new row
@@ -959,6 +964,59 @@ TEST_P(Ops, AttentionBackwardHeadSizes64And128OverTiles) {
       backward();
       EXPECT_EQ(dQ->rf(), first) << "a second backward differs";
     }
+}
+
+// Packed documents (doc_start): each document of a row must come out as if it ran alone. The
+// reference runs every document through the plain double reference by itself. Documents of one
+// token, boundaries on and off the 64-row tiles, rows whose first tiles are all another document's:
+// on a GPU (and the emulator) in bf16 the tensor-core kernels, elsewhere the plain ones.
+TEST_P(Ops, AttentionPackedDocumentsEqualEachDocumentAlone) {
+  std::mt19937 rng(59);
+  struct Case {
+    int T, NH, NKV, hs;
+    std::vector<std::vector<int>> starts;  // each row's document starts (the first is 0)
+  };
+  const Case cases[] = {{130, 4, 2, 64, {{0, 50, 51}, {0, 64, 100, 129}}},
+                        {70, 2, 1, 128, {{0, 3}}},
+                        {13, 3, 1, 6, {{0, 4, 5, 9}, {0}, {0, 12}}}};
+  for (const Case& c : cases) {
+    const int B = (int)c.starts.size(), R = (c.NH + 2 * c.NKV) * c.hs, Q = c.NH * c.hs;
+    SCOPED_TRACE(::testing::Message() << "T=" << c.T << " hs=" << c.hs << " rows " << B);
+    const int64_t rows = (int64_t)B * c.T;
+    IV doc((size_t)rows);
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < c.T; t++) {
+        int d0 = 0;
+        for (int st : c.starts[b]) if (st <= t) d0 = st;
+        doc[(size_t)b * c.T + t] = d0;
+      }
+    FV qkv = rand_act(rng, (size_t)(rows * R), -1.5f, 1.5f), g = rand_act(rng, (size_t)(rows * Q));
+    // the reference: every document alone
+    DV want_out((size_t)rows * Q), want_lse((size_t)B * c.NH * c.T), want_dqkv((size_t)rows * R);
+    for (int b = 0; b < B; b++)
+      for (size_t k = 0; k < c.starts[b].size(); k++) {
+        const int s0 = c.starts[b][k], e = k + 1 < c.starts[b].size() ? c.starts[b][k + 1] : c.T, L = e - s0;
+        const size_t r0 = (size_t)b * c.T + s0;
+        DV sub(qkv.begin() + r0 * R, qkv.begin() + (r0 + L) * R), gsub(g.begin() + r0 * Q, g.begin() + (r0 + L) * Q);
+        DV lse;
+        DV out = llmt_ref::attention(sub, 1, L, c.NH, c.NKV, c.hs, &lse);
+        DV dq = llmt_ref::attention_backward(sub, gsub, 1, L, c.NH, c.NKV, c.hs);
+        std::copy(out.begin(), out.end(), want_out.begin() + r0 * Q);
+        std::copy(dq.begin(), dq.end(), want_dqkv.begin() + r0 * R);
+        for (int h = 0; h < c.NH; h++)
+          for (int i = 0; i < L; i++) want_lse[((size_t)b * c.NH + h) * c.T + s0 + i] = lse[(size_t)h * L + i];
+      }
+    BufP X = Buf::act(qkv), Out = Buf::act(rand_act(rng, (size_t)rows * Q, 5.f, 6.f)), dOut = Buf::act(g);
+    BufP dX = Buf::act(rand_act(rng, qkv.size(), 5.f, 6.f));
+    Buf Lse((size_t)B * c.NH * c.T * 4), Doc(doc);
+    be().attention_forward(Out->a({rows, Q}), Lse.f32({B, c.NH, c.T}), X->a({rows, R}), B, c.T, c.NH, c.NKV, c.hs,
+                           llmt::Dropout{}, Doc.i32({rows}));
+    EXPECT_TRUE(Close(Out->rf(), want_out, fwd_tol())) << "out";
+    EXPECT_TRUE(Close(Lse.rf(), want_lse, tol::kF32OpForward + (is_bf16() ? tol::kBf16OpForward / 4 : 0.0))) << "lse";
+    be().attention_backward(dX->a({rows, R}), dOut->a({rows, Q}), X->a({rows, R}), Out->a({rows, Q}),
+                            Lse.f32({B, c.NH, c.T}), B, c.T, c.NH, c.NKV, c.hs, llmt::Dropout{}, Doc.i32({rows}));
+    EXPECT_TRUE(Close(dX->rf(), want_dqkv, grad_tol())) << "dqkv";
+  }
 }
 
 TEST_P(Ops, AttentionBackwardVsFiniteDifferencesMhaGqaDropout) {
@@ -1288,8 +1346,11 @@ TEST_P(Ops, BadArgumentsAreRefusedByTheEntry) {
                {name + " attention_backward: 3 heads do not group over 2 kv heads"});
   expect_error([&] { be().rope_forward(Big->a({B * T, 4 * 3}), B, T, 2, 1, 3, llmt::RopeSpec{}); },
                {name + " rope_forward: head size 3 is odd"});
-  expect_error([&] { be().rope_at(Big->a({2, 8 * hs}), X->f32({2}), 2, 2, 1, hs, llmt::RopeSpec{}); },
-               {name + " rope_at: positions is f32, expected i32"});
+  expect_error([&] { be().rope_forward(Big->a({2, 8 * hs}), 1, 2, 2, 1, hs, llmt::RopeSpec{}, X->f32({2})); },
+               {name + " rope_forward: positions is f32, expected i32"});
+  expect_error([&] { be().attention_forward(Big->a({B * T, 2 * hs}), X->f32({B * 2 * T}), Big->a({B * T, 4 * hs}), B, T,
+                                            2, 1, hs, llmt::Dropout{}, Y->i32({1})); },
+               {name + " attention_forward: doc_start holds 1 elements"});
   // a KV cache of 4 positions holding 3 cannot take 2 more
   expect_error([&] { be().attention_kv(Y->a({2, 2 * hs}), Z->a({1, 1, 4, hs}), Z->a({1, 1, 4, hs}), Big->a({2, 4 * hs}),
                                        X->i32({1}), 1, 2, 3, 4, 2, 1, hs); },
