@@ -31,6 +31,8 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
   const DType f32 = DType::f32;
   auto t = [&](const char* name, DType d, std::vector<int64_t> shape) { return take({name, d, std::move(shape)}); };
   Tensor tokens = t("tokens", DType::i32, {N}), targets = t("targets", DType::i32, {N});
+  // packed documents (and generation): each token's position and its document's first position
+  Tensor positions = t("positions", DType::i32, {N}), doc_starts = t("document starts", DType::i32, {N});
   std::vector<Tensor> resid;
   for (int l = 0; l <= cfg.n_layer; l++) resid.push_back(t("residual stream", dt, {N, C}));
   std::vector<BlockActs> acts;
@@ -58,6 +60,7 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
   Tensor dropped = cfg.resid_pdrop > 0.0f ? t("dropout branch", dt, {N, C}) : Tensor();
   if (!m) return;
   m->tokens_ = tokens, m->targets_ = targets, m->resid_ = resid, m->acts_ = acts;
+  m->positions_ = positions, m->doc_start_ = doc_starts;
   m->lnf_ = lnf, m->lnf_mean_ = lnf_mean, m->lnf_rstd_ = lnf_rstd, m->logits_ = logits;
   m->dres_ = dres, m->dnorm_ = dnorm, m->dattn_ = dattn, m->dqkv_ = dqkv, m->dmlp_in_ = dmlp_in, m->dmlp_act_ = dmlp_act;
   m->dropped_ = dropped;
@@ -158,7 +161,6 @@ void Transformer::start_generation(int cap, const std::vector<int32_t>& key_star
       return Tensor(p, d, sh);
     };
     for (int l = 0; l < cfg_.n_layer; l++) k_cache_.push_back(take(dt_, shape)), v_cache_.push_back(take(dt_, shape));
-    positions_ = take(DType::i32, {(int64_t)B_ * T_max_});
     key_start_ = take(DType::i32, {B_});
   }
   kv_cap_ = cap, kv_len_ = 0;
@@ -174,6 +176,7 @@ void Transformer::decode(UnitStore& store, const int32_t* tokens, int n) {
   cur_T_ = n;
   train_ = nullptr;
   have_grad_ = false;
+  packed_ = false;
   const int64_t N = (int64_t)B_ * n;
   std::vector<int32_t> pos((size_t)N);
   for (int b = 0; b < B_; b++)  // counted from the first real token; padding's own are never read
@@ -191,6 +194,10 @@ Tensor Transformer::rows(const Tensor& t, int64_t cols) const {
 }
 
 Tensor Transformer::logits() const { return rows(logits_, cfg_.vocab_size); }
+
+Tensor Transformer::packed_tensor(const Tensor& t) const {
+  return packed_ ? Tensor(t.data, DType::i32, {(int64_t)B_ * cur_T_}) : Tensor();
+}
 
 Dropout Transformer::dropout_for(int layer, int site, float p) const {
   Dropout d;
@@ -242,8 +249,9 @@ void Transformer::block_forward(int l, Tensor w) {
     if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, Tensor(positions_.data, DType::i32, {N}));
     be_.attention_kv(attn_out, k_cache_[l], v_cache_[l], qkv, key_start_, B_, T, kv_len_, kv_cap_, NH, NKV, hs);
   } else {
-    if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_);
-    be_.attention_forward(attn_out, lse, qkv, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop));
+    if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
+    be_.attention_forward(attn_out, lse, qkv, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
+                          packed_tensor(doc_start_));
   }
   if (out_drop_attn.active()) {
     Tensor branch = rows(dropped_, C);
@@ -317,8 +325,9 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   be_.matmul(P(g, o.attn_proj_w, {C, Q}), dbranch, attn_out, Tensor(), C, Q, N, true, false, true);
   if (o.attn_proj_b >= 0) be_.bias_backward(P(g, o.attn_proj_b, {C}), dbranch, N, C);
   be_.matmul(dattn, dbranch, P(w, o.attn_proj_w, {C, Q}), Tensor(), N, Q, C, false, false, false);
-  be_.attention_backward(dqkv, dattn, qkv, attn_out, lse, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop));
-  if (!gpt2) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_);
+  be_.attention_backward(dqkv, dattn, qkv, attn_out, lse, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
+                         packed_tensor(doc_start_));
+  if (!gpt2) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
   be_.matmul(P(g, o.qkv_w, {QKV, C}), dqkv, ln1, Tensor(), QKV, C, N, true, false, true);
   if (o.qkv_b >= 0) be_.bias_backward(P(g, o.qkv_b, {QKV}), dqkv, N, QKV);  // after RoPE's inverse: the bias came before RoPE
   be_.matmul(dnorm, dqkv, P(w, o.qkv_w, {QKV, C}), Tensor(), N, C, QKV, false, false, false);
@@ -326,7 +335,7 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
 }
 
 void Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t* targets, int seq_len,
-                          Tensor loss_sum, const TrainPass* train) {
+                          Tensor loss_sum, const TrainPass* train, const int32_t* doc_start) {
   LLMT_CHECK(!train || targets, "forward: gradients need targets");
   LLMT_CHECK(!targets || loss_sum.data, "forward: a loss needs a loss_sum tensor");
   LLMT_CHECK(seq_len >= 0 && seq_len <= T_max_, "forward: sequence length %d exceeds the %d the model was sized for",
@@ -338,6 +347,19 @@ void Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t
   const int64_t N = (int64_t)B_ * T, V = cfg_.vocab_size;
   be_.copy_from_host(tokens_.data, tokens, sizeof(int32_t) * N);
   if (targets) be_.copy_from_host(targets_.data, targets, sizeof(int32_t) * N);
+  packed_ = doc_start != nullptr;
+  if (packed_) {  // positions restart at each document
+    std::vector<int32_t> pos((size_t)N);
+    for (int64_t i = 0; i < N; i++) {
+      const int t = (int)(i % T), d = doc_start[i];
+      LLMT_CHECK(d >= 0 && d <= t && (t == 0 ? d == 0 : d == t || d == doc_start[i - 1]),
+                 "forward: token %lld (position %d of its row) has document start %d: documents must be contiguous "
+                 "runs starting at or before the token", (long long)i, t, d);
+      pos[(size_t)i] = t - d;
+    }
+    be_.copy_from_host(doc_start_.data, doc_start, sizeof(int32_t) * N);
+    be_.copy_from_host(positions_.data, pos.data(), sizeof(int32_t) * N);
+  }
   forward_units(store);
   have_grad_ = train != nullptr;
   if (!targets) return;
@@ -353,8 +375,8 @@ void Transformer::forward_units(UnitStore& store) {
   Tensor tok(tokens_.data, DType::i32, {N}), x0 = rows(resid_[0], C);
   Tensor root = store.acquire(0);
   store.prefetch(1 % (cfg_.n_layer + 1));
-  if (kv_on_ && r.wpe >= 0) {  // generation: wpe at each row's position, added to wte (one rounding either way)
-    Tensor wpe_rows = rows(dnorm_, C);  // backward's scratch, unused while generating
+  if ((kv_on_ || packed_) && r.wpe >= 0) {  // wpe at each row's own position, added to wte (one rounding either way)
+    Tensor wpe_rows = rows(dnorm_, C);  // backward's scratch, free until backward
     be_.embedding_forward(x0, tok, P(root, r.wte, {V, C}), Tensor(), B_, T, (int)C, (int)V);
     be_.embedding_forward(wpe_rows, Tensor(positions_.data, DType::i32, {N}), P(root, r.wpe, {cfg_.max_seq_len, C}),
                           Tensor(), B_, T, (int)C, cfg_.max_seq_len);
@@ -406,8 +428,14 @@ void Transformer::backward(UnitStore& store) {
 
   // the embedding's gradient needs no parameters, only the root's gradient buffer
   be_.dropout(dres, B_, T, (int)C, dropout_for(-1, kEmbd, cfg_.embd_pdrop));
-  be_.embedding_backward(P(groot, r.wte, {V, C}), P(groot, r.wpe, {cfg_.max_seq_len, C}), dres,
-                         Tensor(tokens_.data, DType::i32, {N}), B_, T, (int)C);
+  if (packed_ && r.wpe >= 0) {  // wpe's rows at each token's position within its document
+    be_.embedding_backward(P(groot, r.wte, {V, C}), Tensor(), dres, Tensor(tokens_.data, DType::i32, {N}), B_, T, (int)C);
+    be_.embedding_backward(P(groot, r.wpe, {cfg_.max_seq_len, C}), Tensor(), dres,
+                           Tensor(positions_.data, DType::i32, {N}), B_, T, (int)C);
+  } else {
+    be_.embedding_backward(P(groot, r.wte, {V, C}), P(groot, r.wpe, {cfg_.max_seq_len, C}), dres,
+                           Tensor(tokens_.data, DType::i32, {N}), B_, T, (int)C);
+  }
   store.grads_done(0);
   store.backward_done();
 }

@@ -68,8 +68,11 @@ class Transformer {
   // kIgnoreIndex = ignored), loss_sum[1] (f64 on the backend) += the sum of the token losses. With
   // `train`, it also leaves grad_scale * dloss/dlogits in place of the logits for backward and
   // applies dropout; without, it is an evaluation pass and keeps the logits.
+  // doc_start[B*T] (host; null: one document a row): packed documents, each token's document
+  // beginning at doc_start[b*T + t] of its row; attention stays inside a document and positions
+  // restart at each (transformers' DataCollatorWithFlattening / TRL's packing).
   void forward(UnitStore& store, const int32_t* tokens, const int32_t* targets, int seq_len, Tensor loss_sum,
-               const TrainPass* train = nullptr);
+               const TrainPass* train = nullptr, const int32_t* doc_start = nullptr);
   // Adds this batch's gradients into store.grads(u); call after a training forward.
   void backward(UnitStore& store);
   // Logits [B*T, V] on the backend in the compute dtype (T of the last forward), valid after an
@@ -103,6 +106,8 @@ class Transformer {
   // The embeddings, every block and the head over the current batch (forward's and decode's part).
   void forward_units(UnitStore& store);
   void release_kv_cache();
+  // t as an i32 [B*T] tensor of the current batch while documents are packed, else no tensor
+  Tensor packed_tensor(const Tensor& t) const;
   void block_backward(int l, Tensor w, Tensor g);
   int act(int l) const { return checkpointing_ ? 0 : l; }  // which set of block activations layer l uses
   // Tensor [rows, cols] at the start of buffer t for the current batch (T rows per sequence).
@@ -128,12 +133,15 @@ class Transformer {
   // backward scratch; dropped_ holds a residual branch's output (forward) or gradient (backward) under dropout
   Tensor dres_, dnorm_, dattn_, dqkv_, dmlp_in_, dmlp_act_, dropped_;
 
+  // packed documents (the last forward's): positions_ and doc_start_ hold each token's
+  bool packed_ = false;
+  Tensor positions_, doc_start_;  // i32 [B*T]
   // generation: while kv_on_, attention reads and extends the cache and positions_ places each row
   bool kv_on_ = false;
   int kv_cap_ = 0, kv_len_ = 0;
   std::vector<int32_t> key_start_host_;
   std::vector<Tensor> k_cache_, v_cache_;  // per layer [B, NKV, cap, hs]
-  Tensor positions_, key_start_;           // i32 [B*T] and [B]
+  Tensor key_start_;                       // i32 [B]
   std::vector<void*> kv_allocations_;
 };
 
