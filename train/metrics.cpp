@@ -90,6 +90,7 @@ void MetricsLogger::after_step(int64_t s, const StepResult& r, double lr) {
              "is diverging; lower --learning_rate or set --max_grad_norm", (long long)s + 1, r.loss, r.grad_norm,
              first_loss_, first_grad_norm_);
   }
+  window_loss_tokens_ += r.counted;
   // --logging_strategy as the Trainer's: every logging_steps, or at each epoch's end; and the last step
   const bool last = s + 1 == s_.total_steps;
   const bool epoch_end = (s + 1) % s_.steps_per_epoch == 0;
@@ -102,9 +103,11 @@ void MetricsLogger::after_step(int64_t s, const StepResult& r, double lr) {
   const double epoch = (double)(s + 1) / s_.steps_per_epoch;
   const int W = s_.world;
   if (s_.live) std::printf("\r");
-  log_info("step %6lld/%lld | epoch %.2f | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s (%.0f per rank) | "
-           "%.0f ms/step | rss %.2f GiB",
-           (long long)s + 1, (long long)s_.total_steps, epoch, mean_loss, lr, r.grad_norm, tps, tps / W,
+  const double loss_tps = window_loss_tokens_ / dt;
+  const double padding = window_computed_ > 0 ? 1.0 - (double)window_real_ / (double)window_computed_ : 0.0;
+  log_info("step %6lld/%lld | epoch %.2f | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s (%.0f per rank, %.0f "
+           "with loss) | %.0f ms/step | rss %.2f GiB",
+           (long long)s + 1, (long long)s_.total_steps, epoch, mean_loss, lr, r.grad_norm, tps, tps / W, loss_tps,
            1000.0 * dt / window_steps_, peak_rss_gib());
   nlohmann::json j = {{"step", s + 1},
                       {"epoch", epoch},
@@ -113,6 +116,8 @@ void MetricsLogger::after_step(int64_t s, const StepResult& r, double lr) {
                       {"grad_norm", r.grad_norm},
                       {"tokens_per_s", tps},
                       {"tokens_per_s_per_rank", tps / W},
+                      {"loss_tokens_per_s", loss_tps},
+                      {"padding_fraction_rank0", padding},
                       {"gflops_rank0", window_flops_ / dt / 1e9},
                       {"flops_convention", Transformer::kFlopsConvention},
                       {"peak_rss_gib", peak_rss_gib()}};
@@ -126,6 +131,8 @@ void MetricsLogger::after_step(int64_t s, const StepResult& r, double lr) {
   window_start_ = now_s();
   window_loss_ = window_flops_ = window_step_s_ = window_wait_s_ = 0.0;
   window_tokens_ = window_steps_ = window_timed_steps_ = 0;
+  window_computed_ = window_real_ = 0;
+  window_loss_tokens_ = 0.0;
 }
 
 void MetricsLogger::report_rank_times(int64_t s, nlohmann::json& j) {

@@ -54,6 +54,8 @@ class MetricsLogger {
   // One step's figures into the window: its loss, the tokens of every rank, rank 0's FLOPs, and
   // this rank's wall time for the step and the part of it spent waiting in collectives.
   void add_step(double loss, int64_t tokens, double flops, double step_s, double wait_s);
+  // This rank's step computed on `computed` tokens of which `real` are examples' (the rest padding).
+  void add_padding(int64_t computed, int64_t real) { window_computed_ += computed, window_real_ += real; }
   // What rank 0 sent in the run's first step and what the plan predicted: in the first record.
   void set_first_step_comm(double sent, double planned) { comm_first_step_ = sent, planned_comm_ = planned; }
   // After step `s`: the live line, the divergence warning, and every logging_steps (and at the last
@@ -84,6 +86,8 @@ class MetricsLogger {
   std::vector<std::string> hosts_;  // every rank's host, gathered at the first report
   std::vector<int> above_before_;   // ranks above the threshold in the previous window (rank 0)
   int64_t window_tokens_ = 0, window_steps_ = 0;
+  int64_t window_computed_ = 0, window_real_ = 0;  // this rank's tokens computed and not padding
+  double window_loss_tokens_ = 0.0;                // tokens with a target, every rank's
   double comm_first_step_ = 0.0, planned_comm_ = 0.0;
   bool comm_recorded_ = false;
   double first_loss_ = 0.0, first_grad_norm_ = 0.0;  // this run's first step, for the divergence warning

@@ -32,7 +32,7 @@ StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control
     TrainPass pass;
     pass.grad_scale = (float)(1.0 / r.counted);
     pass.dropout = {s.seed, s.step, mb.first_sequence};
-    model.forward(store, mb.tokens, mb.targets, mb.seq_len, loss_sum, &pass);
+    model.forward(store, mb.tokens, mb.targets, mb.seq_len, loss_sum, &pass, mb.doc_start);
     model.backward(store);
   }
   data.all_reduce_async(loss_sum.data, 1, DType::f64, ReduceOp::sum)->wait();

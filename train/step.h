@@ -18,6 +18,7 @@ struct MicroBatch {
   const int32_t* targets;  // B * seq_len, host; kIgnoreIndex = no loss
   int seq_len;
   int64_t first_sequence = 0;  // global index of its first sequence in the step's global batch (dropout)
+  const int32_t* doc_start = nullptr;  // B * seq_len, host: packed examples (Transformer::forward), or null
 };
 
 struct StepSettings {

@@ -99,6 +99,9 @@ const std::vector<TrainFlag>& train_flags() {
        },
        nullptr},
       {"model_max_length", "data", "N", "Alpaca examples are cut at this many tokens", DATA(model_max_length)},
+      {"packing", "data", "True|False",
+       "pack whole examples into rows of --model_max_length (TRL's SFTConfig packing): no padding between them, "
+       "attention inside each example, positions restarting at each", ARG(packing)},
       {"alpaca_instruction_field", "data", "NAME", "the Alpaca record's instruction field", DATA(instruction_field)},
       {"alpaca_input_field", "data", "NAME", "the Alpaca record's input field", DATA(input_field)},
       {"alpaca_output_field", "data", "NAME", "the Alpaca record's response field", DATA(output_field)},
@@ -292,7 +295,7 @@ ConfigFields train_config_fields(const TrainArgs& a) {
       {"--tokenizer_name_or_path", a.tokenizer_name_or_path}, {"--data_path", x.data_path},
       {"--dataset_name", x.dataset_name}, {"--dataset_config_name", x.dataset_config_name},
       {"--dataset_dir", x.dataset_dir}, {"--train_file", x.train_file}, {"--validation_file", x.validation_file},
-      {"--block_size", i(x.block_size)}, {"--model_max_length", i(x.model_max_length)},
+      {"--block_size", i(x.block_size)}, {"--model_max_length", i(x.model_max_length)}, {"--packing", b(a.packing)},
       {"--alpaca_instruction_field", x.instruction_field}, {"--alpaca_input_field", x.input_field},
       {"--alpaca_output_field", x.output_field}, {"--validation_split_percentage", i(x.validation_split_percentage)},
       {"--output_dir", a.output_dir}, {"--max_steps", i(a.max_steps)}, {"--num_train_epochs", d(a.num_train_epochs)},

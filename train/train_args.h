@@ -39,6 +39,7 @@ struct TrainArgs : ParallelismConfig, PrecisionConfig {
   std::string tokenizer_name_or_path;  // default: model_name_or_path; "bytes" = byte-level
   std::string llama3_special_tokens = "auto";  // names of a bare Llama 3 tokenizer.model's specials: auto, 3.0, 3.1
   DataArgs data;
+  bool packing = false;              // whole examples packed into rows of model_max_length (TRL's SFTConfig)
   std::string output_dir;
   int64_t max_steps = -1;            // > 0 overrides num_train_epochs
   double num_train_epochs = 3.0;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "data/byte_tokenizer.h"
+#include "data/packing.h"
 #include "data/sampler.h"
 #include "data/tokenizer.h"
 #include "engine/backend/backend.h"
@@ -135,6 +136,7 @@ class Trainer {
   // setup, from the flags
   void build_model(const TrainArgs& a);
   void load_data(const TrainArgs& a);
+  void pack_train_data(const TrainArgs& a, const DataArgs& da);
   void load_parameters(const TrainArgs& a);
   void describe(const TrainArgs& a);
   void resume(const TrainArgs& a);
@@ -170,7 +172,9 @@ class Trainer {
   std::unique_ptr<Checkpointer> ckpt_;
   std::unique_ptr<MetricsLogger> metrics_;
   // this rank's batch buffers, one per micro-batch
-  std::vector<std::vector<int32_t>> tokens_, targets_;
+  std::vector<std::vector<int32_t>> tokens_, targets_, doc_start_;  // per micro-batch (doc_start_: packing)
+  bool packing_ = false;
+  PackedRows packed_;  // --packing: the rows the sampler draws instead of examples
   // the whole run's throughput and what its first step sent
   double run_start_ = 0.0, comm_before_ = 0.0, comm_first_step_ = 0.0, planned_comm_bytes_ = 0.0;
   int64_t run_tokens_ = 0;
@@ -272,7 +276,10 @@ void Trainer::load_data(const TrainArgs& a) {
   if (!eval_.empty()) T_ = (int)std::min<int64_t>(std::max<int64_t>(T_, eval_.max_length()), cfg_.max_seq_len);
 
   const int accum = a.gradient_accumulation_steps;
-  sampler_ = std::make_unique<Sampler>(train_.size(), W_, world_.rank(), B_, accum, a.seed);
+  packing_ = a.packing;
+  if (packing_) pack_train_data(a, da);
+  sampler_ = std::make_unique<Sampler>(packing_ ? (int64_t)packed_.rows.size() : train_.size(), W_, world_.rank(), B_,
+                                       accum, a.seed);
   steps_per_epoch_ = sampler_->steps_per_epoch();
   global_batch_ = (int64_t)W_ * B_ * accum;
   total_steps_ = total_train_steps(a, steps_per_epoch_, global_batch_);
@@ -284,6 +291,36 @@ void Trainer::load_data(const TrainArgs& a) {
   adamw_.weight_decay = (float)a.weight_decay;
   tokens_.resize((size_t)accum);
   targets_.resize((size_t)accum);
+  doc_start_.resize((size_t)accum);
+}
+
+// --packing: the training examples packed into rows (data/packing.h) that the sampler draws in their
+// place, rows of --model_max_length tokens for Alpaca data, of the block size for text, at most the
+// model's context. A checkpoint records it with the data, so a resume cannot switch it silently.
+void Trainer::pack_train_data(const TrainArgs& a, const DataArgs& da) {
+  const int row_len = (int)std::min<int64_t>(da.data_path.empty() ? da.block_size : da.model_max_length, cfg_.max_seq_len);
+  packed_ = pack_examples(train_, row_len);
+  int64_t longest = 0;
+  for (const auto& row : packed_.rows) {
+    int64_t n = 0;
+    for (int64_t i : row) n += train_.length(i);
+    longest = std::max(longest, n);
+  }
+  T_ = std::max<int>(T_, (int)longest);
+  data_id_.key += " packed";
+  data_id_.source += " (--packing)";
+  const int64_t rows = (int64_t)packed_.rows.size();
+  LLMT_CHECK(rows >= (int64_t)W_ * B_ * a.gradient_accumulation_steps, "--packing: the %lld examples fill %lld rows of "
+             "%d tokens, fewer than one global batch of %lld rows (%d ranks x %d x %d accumulation); lower "
+             "--per_device_train_batch_size or --gradient_accumulation_steps", (long long)train_.size(),
+             (long long)rows, row_len, (long long)W_ * B_ * a.gradient_accumulation_steps, W_, B_,
+             a.gradient_accumulation_steps);
+  const double before = padding_fraction_unpacked(train_, epoch_permutation(train_.size(), a.seed, 0), B_);
+  const double after = padding_fraction_packed(train_, packed_, epoch_permutation(rows, a.seed, 0), B_);
+  log_info("data   --packing: %lld examples (%lld tokens) in %lld rows of up to %d tokens; padding is %.1f%% of the "
+           "tokens a batch of %d computes on, %.1f%% unpacked (each batch padded to its longest example)",
+           (long long)train_.size(), (long long)packed_.tokens, (long long)rows, row_len, 100.0 * after, B_,
+           100.0 * before);
 }
 
 // The run's session (backend, communicators, model, store; train/session.h), then every unit's
@@ -426,9 +463,17 @@ StepResult Trainer::step(int64_t s) {
   int64_t step_tokens = 0;
   double flops = 0.0;
   for (int m = 0; m < ls_.accum; m++) {
-    int len = collate(train_, sampler_->indices(s, m), pad_id_, tokens_[m], targets_[m]);
+    const std::vector<int64_t> idx = sampler_->indices(s, m);
+    const int len = packing_ ? collate_packed(train_, packed_, idx, pad_id_, tokens_[m], targets_[m], doc_start_[m])
+                             : collate(train_, idx, pad_id_, tokens_[m], targets_[m]);
     LLMT_CHECK(len <= T_, "internal: batch length %d over %d", len, T_);
-    micro.push_back({tokens_[m].data(), targets_[m].data(), len, ((int64_t)m * W_ + world_.rank()) * B_});
+    micro.push_back({tokens_[m].data(), targets_[m].data(), len, ((int64_t)m * W_ + world_.rank()) * B_,
+                     packing_ ? doc_start_[m].data() : nullptr});
+    int64_t real = 0;  // the examples' tokens, the rest is padding
+    for (int64_t i : idx)
+      if (packing_) for (int64_t e : packed_.rows[(size_t)i]) real += train_.length(e);
+      else real += train_.length(i);
+    metrics_->add_padding((int64_t)B_ * len, real);
     step_tokens += (int64_t)B_ * len;
     flops += (double)B_ * len * Transformer::flops_per_token(cfg_, session_.model->layout(), len);
   }
