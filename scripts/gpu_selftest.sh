@@ -132,7 +132,7 @@ step_layouts() {
   "$BIN/llmt_gpu_tests" --gtest_color=no --gtest_brief=1 --gtest_filter="$filter"
 }
 
-GPU_CASES='Backends/Ops.*/cuda_*:HfReferenceCuda.*:CudaOps.*:Fixtures/GenerateVsTransformers.*:Generate.*'
+GPU_CASES='Backends/Ops.*/cuda_*:HfReferenceCuda.*:CudaOps.*:Fixtures/GenerateVsTransformers.*:Generate.*:Packing.*'
 step_ops_cublaslt() { "$BIN/llmt_gpu_tests" --gtest_color=no --gtest_brief=1 --gtest_filter="$GPU_CASES"; }
 step_ops_native() {
   LLMT_MATMUL=native "$BIN/llmt_gpu_tests" --gtest_color=no --gtest_brief=1 --gtest_filter='Backends/Ops.*/cuda_*:CudaOps.*'

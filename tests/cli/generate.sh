@@ -44,6 +44,24 @@ ids = lambda p: [json.loads(l)['ids'] for l in open(p)]
 assert ids('$work/cuda.jsonl') == ids('$work/final.jsonl'), (ids('$work/cuda.jsonl'), ids('$work/final.jsonl'))
 print('--device cuda (emulated): the same ids as the CPU')" || exit 1
 
+# an instruct model's generation_config.json lists several EOS ids: any of them stops a prompt (kept last)
+first=$(python3 -c "import json; print(json.loads(open('$work/final.jsonl').readline())['ids'][2])")
+echo "{\"eos_token_id\": [5, $first]}" > "$work/out/generation_config.json"
+gen "$llmt" --model_name_or_path "$work/out" "${prompts[@]}" > "$work/eos.jsonl" 2> "$work/eos.err" || fail "with EOS ids"
+python3 - "$work/eos.jsonl" "$work/final.jsonl" "$first" <<'PY' || exit 1
+import json, sys
+got = [json.loads(l) for l in open(sys.argv[1])]
+full = [json.loads(l) for l in open(sys.argv[2])]
+stop = int(sys.argv[3])
+for g, f in zip(got, full):
+    want = f["ids"][:f["ids"].index(stop) + 1] if stop in f["ids"] else f["ids"]
+    assert g["ids"] == want, (g["ids"], want)
+    assert g["finish_reason"] == ("eos" if stop in f["ids"] else "length"), g
+print(f"generation_config.json eos_token_id [5, {stop}]: prompt 0 stops after 3 tokens, EOS kept")
+PY
+rm "$work/out/generation_config.json"
+grep -q "stopping at 5, $first" "$work/eos.err" || { cat "$work/eos.err"; fail "the EOS ids are not logged"; }
+
 # sampling with a seed repeats; one prompt per batch or all in one, the same draws
 s=(--model_name_or_path "$work/out" "${prompts[@]}" --do_sample True --temperature 0.8 --top_p 0.9 --seed 5)
 gen "$llmt" "${s[@]}" > "$work/s1.jsonl" 2>/dev/null && gen "$llmt" "${s[@]}" --batch_size 1 > "$work/s2.jsonl" 2>/dev/null \

@@ -54,9 +54,18 @@ else
   echo "tensorboard not installed: its per-rank scalars unchecked"
 fi
 
-"${mpi[@]}" "$llmt" train "${common[@]}" --output_dir "$work/even" > "$work/even.log" 2>&1 ||
-  { echo "FAIL: the run without a delay"; tail "$work/even.log"; exit 1; }
-! grep -q "slow rank" "$work/even.log" || { echo "FAIL: a rank named with no delay"; grep "slow rank\|step " "$work/even.log"; exit 1; }
+# Without a delay the ranks' compute differs only by the host's noise, which on a shared 2-vCPU VM
+# has put one rank 15-24% above the other for two short windows in a row (seen twice in a row just
+# after a full ctest run, then in none of the next runs). A second run that names a rank too is a
+# real failure.
+for attempt in 1 2; do
+  rm -rf "$work/even"
+  "${mpi[@]}" "$llmt" train "${common[@]}" --output_dir "$work/even" > "$work/even.log" 2>&1 ||
+    { echo "FAIL: the run without a delay"; tail "$work/even.log"; exit 1; }
+  grep -q "slow rank" "$work/even.log" || break
+  [ "$attempt" = 1 ] || { echo "FAIL: a rank named with no delay, twice"; grep "slow rank\|step " "$work/even.log"; exit 1; }
+  echo "no delay, first run: a rank named ($(grep -o 'slow rank [0-9]*.*median [0-9]* ms' "$work/even.log" | head -1)); running again"
+done
 python3 - "$work/even/metrics.jsonl" << 'PY' || exit 1
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
