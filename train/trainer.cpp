@@ -470,9 +470,13 @@ StepResult Trainer::step(int64_t s) {
     micro.push_back({tokens_[m].data(), targets_[m].data(), len, ((int64_t)m * W_ + world_.rank()) * B_,
                      packing_ ? doc_start_[m].data() : nullptr});
     int64_t real = 0;  // the examples' tokens, the rest is padding
-    for (int64_t i : idx)
-      if (packing_) for (int64_t e : packed_.rows[(size_t)i]) real += train_.length(e);
-      else real += train_.length(i);
+    for (int64_t i : idx) {
+      if (!packing_) {
+        real += train_.length(i);
+        continue;
+      }
+      for (int64_t e : packed_.rows[(size_t)i]) real += train_.length(e);
+    }
     metrics_->add_padding((int64_t)B_ * len, real);
     step_tokens += (int64_t)B_ * len;
     flops += (double)B_ * len * Transformer::flops_per_token(cfg_, session_.model->layout(), len);
