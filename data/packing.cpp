@@ -17,7 +17,7 @@ PackedRows pack_examples(const TokenDataset& ds, int row_len) {
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ds.length(a) > ds.length(b); });
   // rows by the room left in them: the fullest row that still fits is the first with room >= length
   std::multimap<int64_t, size_t> by_room;
-  std::vector<int64_t> used;
+  std::vector<int64_t>& used = p.row_tokens;
   for (int64_t i : order) {
     const int64_t len = ds.length(i);
     LLMT_CHECK(len <= row_len, "packing: example %lld has %lld tokens, more than a row's %d", (long long)i,
@@ -36,17 +36,13 @@ PackedRows pack_examples(const TokenDataset& ds, int row_len) {
     p.rows[r].push_back(i);
     used[r] += len;
     p.tokens += len;
+    p.longest = std::max(p.longest, used[r]);
     if (used[r] < row_len) by_room.emplace(row_len - used[r], r);
   }
   return p;
 }
 
 namespace {
-int64_t row_tokens(const TokenDataset& ds, const std::vector<int64_t>& row) {
-  int64_t n = 0;
-  for (int64_t i : row) n += ds.length(i);
-  return n;
-}
 // padding over batches of `batch` consecutive entries of order, each entry `len(entry)` tokens long
 template <class Len>
 double padding_of(const std::vector<int64_t>& order, int batch, Len len) {
@@ -64,9 +60,8 @@ double padding_fraction_unpacked(const TokenDataset& ds, const std::vector<int64
   return padding_of(order, batch, [&](int64_t i) { return ds.length(i); });
 }
 
-double padding_fraction_packed(const TokenDataset& ds, const PackedRows& p, const std::vector<int64_t>& order,
-                               int batch) {
-  return padding_of(order, batch, [&](int64_t r) { return row_tokens(ds, p.rows[(size_t)r]); });
+double padding_fraction_packed(const PackedRows& p, const std::vector<int64_t>& order, int batch) {
+  return padding_of(order, batch, [&](int64_t r) { return p.row_tokens[(size_t)r]; });
 }
 
 int collate_packed(const TokenDataset& ds, const PackedRows& p, const std::vector<int64_t>& idx, int pad_id,
@@ -75,7 +70,7 @@ int collate_packed(const TokenDataset& ds, const PackedRows& p, const std::vecto
   int64_t T = 0;
   for (int64_t r : idx) {
     LLMT_CHECK(r >= 0 && r < (int64_t)p.rows.size(), "collate_packed: row %lld of %zu", (long long)r, p.rows.size());
-    T = std::max(T, row_tokens(ds, p.rows[(size_t)r]));
+    T = std::max(T, p.row_tokens[(size_t)r]);
   }
   const int64_t B = (int64_t)idx.size();
   tokens.assign((size_t)(B * T), pad_id);

@@ -16,7 +16,9 @@ namespace llmt {
 struct PackedRows {
   int row_len = 0;                          // tokens a row holds at most
   std::vector<std::vector<int64_t>> rows;   // each row's examples, in the order they sit in it
+  std::vector<int64_t> row_tokens;          // each row's examples' tokens
   int64_t tokens = 0;                       // the examples' tokens over every row
+  int64_t longest = 0;                      // the fullest row's tokens
 };
 
 // Packs every example of ds (none longer than row_len) into rows; deterministic.
@@ -26,8 +28,7 @@ PackedRows pack_examples(const TokenDataset& ds, int row_len);
 // batch of `batch` examples (in `order`) padded to its longest; packed, each batch of `batch` rows
 // padded to its longest row.
 double padding_fraction_unpacked(const TokenDataset& ds, const std::vector<int64_t>& order, int batch);
-double padding_fraction_packed(const TokenDataset& ds, const PackedRows& p, const std::vector<int64_t>& order,
-                               int batch);
+double padding_fraction_packed(const PackedRows& p, const std::vector<int64_t>& order, int batch);
 
 // collate() for packed rows: rows `idx` of p, each padded (right) to the longest of them; returns
 // T. tokens and targets as collate fills them, each example's targets shifted inside it (its last

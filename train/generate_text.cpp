@@ -12,7 +12,6 @@
 #include <sstream>
 
 #include "data/alpaca.h"
-#include "data/byte_tokenizer.h"
 #include "data/tokenizer.h"
 #include "engine/ckpt/checkpoint.h"
 #include "engine/ckpt/train_state.h"
@@ -21,7 +20,6 @@
 #include "engine/core/log.h"
 #include "engine/formats/safetensors.h"
 #include "models/generate.h"
-#include "models/hf_checkpoint.h"
 #include "train/export.h"
 #include "train/session.h"
 
@@ -52,11 +50,8 @@ std::vector<int32_t> eos_ids(const std::string& dir, const ModelConfig& cfg, con
   };
   const std::string path = dir + "/generation_config.json";
   if (is_file(path)) {
-    std::ifstream f(path, std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    check_json_depth(text, path);
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-    LLMT_CHECK(!j.is_discarded() && j.is_object(), "%s: not a JSON object", path.c_str());
+    const nlohmann::json j = read_json(path, "generation config");
+    LLMT_CHECK(j.is_object(), "%s: not a JSON object", path.c_str());
     if (j.contains("eos_token_id")) {
       const nlohmann::json& e = j["eos_token_id"];
       if (e.is_number_integer()) add(e.get<long long>());
@@ -142,11 +137,8 @@ void run_generate(const GenerateArgs& a, ControlComm& world, const LaunchInfo& l
     verify_checkpoint(dir, required);
   }
   const ModelConfig cfg = config_from_json_file(dir + "/config.json");
-  const std::string tok_src = a.tokenizer_name_or_path.empty() ? dir : a.tokenizer_name_or_path;
-  std::unique_ptr<Tokenizer> tok =
-      tok_src == "bytes" ? make_byte_tokenizer() : load_tokenizer(tok_src, a.llama3_special_tokens);
-  LLMT_CHECK(tok->vocab_size() <= cfg.vocab_size, "the tokenizer (%s, %d ids) does not fit the model's vocabulary of %d",
-             tok_src.c_str(), tok->vocab_size(), cfg.vocab_size);
+  const std::unique_ptr<Tokenizer> tok =
+      model_tokenizer(a.tokenizer_name_or_path.empty() ? dir : a.tokenizer_name_or_path, a.llama3_special_tokens, cfg);
 
   SessionSettings ss;  // the store alone, unsharded; each batch sizes its own model
   ss.device = a.device;
@@ -154,19 +146,10 @@ void run_generate(const GenerateArgs& a, ControlComm& world, const LaunchInfo& l
   ss.bf16 = a.bf16;
   ss.strategy = Strategy::no_shard;
   Session session = make_session(world, launch, ss, cfg);
-  const ModelLayout& L = session.layout();
-  if (checkpoint) {
-    load_train_state(dir + "/state.h5", world, L, *session.store, config_to_hf_json(cfg).dump());
-  } else {
-    SafetensorsCheckpoint ckpt(dir);
-    check_hf_tensors(ckpt, cfg, L, dir);
-    std::vector<float> host;
-    for (size_t u = 0; u < L.units.size(); u++) {
-      host.assign((size_t)L.units[u].numel, 0.0f);
-      load_hf_unit(ckpt, cfg, L, (int)u, host.data());
-      session.store->set_unit((int)u, host.data());
-    }
-  }
+  if (checkpoint)
+    load_train_state(dir + "/state.h5", world, session.layout(), *session.store, config_to_hf_json(cfg).dump());
+  else
+    load_hf_parameters(session, cfg, SafetensorsCheckpoint(dir), dir);
 
   GenerateOptions o;
   o.max_new_tokens = a.max_new_tokens;

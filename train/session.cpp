@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "data/byte_tokenizer.h"
+#include "data/tokenizer.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/dist/mpi_communicator.h"
@@ -17,6 +19,7 @@
 #include "engine/fsdp/staged_comm.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "models/hf_checkpoint.h"
 #include "train/plan.h"
 
 namespace llmt {
@@ -165,6 +168,29 @@ void init_parameters(Session& session, const ModelConfig& cfg, uint64_t seed) {
     init_unit_params(cfg, L.units[u], (int)u, seed, host.data());
     session.store->set_unit((int)u, host.data());
   }
+}
+
+void load_hf_parameters(Session& session, const ModelConfig& cfg, const SafetensorsCheckpoint& ckpt,
+                        const std::string& dir) {
+  const ModelLayout& L = session.layout();
+  check_hf_tensors(ckpt, cfg, L, dir);
+  std::vector<float> host;
+  for (size_t u = 0; u < L.units.size(); u++) {
+    host.assign((size_t)L.units[u].numel, 0.0f);
+    load_hf_unit(ckpt, cfg, L, (int)u, host.data());
+    session.store->set_unit((int)u, host.data());
+  }
+}
+
+std::unique_ptr<Tokenizer> model_tokenizer(const std::string& source, const std::string& llama3_special_tokens,
+                                           const ModelConfig& cfg) {
+  LLMT_CHECK(!source.empty(), "no tokenizer: give --tokenizer_name_or_path (a tokenizer directory or file, or "
+                              "\"bytes\" for byte-level ids 0..255)");
+  std::unique_ptr<Tokenizer> tok =
+      source == "bytes" ? make_byte_tokenizer() : load_tokenizer(source, llama3_special_tokens);
+  LLMT_CHECK(tok->vocab_size() <= cfg.vocab_size, "the tokenizer (%s, %d ids) does not fit the model's vocabulary of %d",
+             source.c_str(), tok->vocab_size(), cfg.vocab_size);
+  return tok;
 }
 
 void report_nccl_transports(ControlComm& world, const std::string& nccl_log_dir) {

@@ -12,6 +12,7 @@
 #include "engine/backend/backend.h"
 #include "engine/dist/communicator.h"
 #include "engine/dist/launch.h"
+#include "engine/formats/safetensors.h"
 #include "engine/fsdp/fsdp.h"
 #include "models/config.h"
 #include "models/layout.h"
@@ -20,6 +21,8 @@
 #include "train/train_args.h"
 
 namespace llmt {
+
+class Tokenizer;
 
 struct SessionSettings {
   // the device and its communicators
@@ -73,6 +76,15 @@ Session make_session(ControlComm& world, const LaunchInfo& launch, const Session
 
 // Every unit's parameters initialised from `seed` (as the model's family does), one unit at a time.
 void init_parameters(Session& session, const ModelConfig& cfg, uint64_t seed);
+// Every unit's parameters from a Hugging Face checkpoint (read from `dir`, named in errors), one unit
+// at a time, after checking that its tensors are the model's.
+void load_hf_parameters(Session& session, const ModelConfig& cfg, const SafetensorsCheckpoint& ckpt,
+                        const std::string& dir);
+
+// The tokenizer a model runs with: "bytes", or a directory or file as load_tokenizer reads it; one
+// with more ids than the model's vocabulary is refused.
+std::unique_ptr<Tokenizer> model_tokenizer(const std::string& source, const std::string& llama3_special_tokens,
+                                           const ModelConfig& cfg);
 
 // One GPU per rank: the rank's index among its node's ranks, over the devices it can see
 // (CUDA_VISIBLE_DEVICES applies).

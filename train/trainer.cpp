@@ -17,7 +17,6 @@
 #include <thread>
 #include <vector>
 
-#include "data/byte_tokenizer.h"
 #include "data/packing.h"
 #include "data/sampler.h"
 #include "data/tokenizer.h"
@@ -35,7 +34,6 @@
 #include "engine/optim/adamw.h"
 #include "engine/optim/schedule.h"
 #include "kernels/cpu/bf16_matmul_choice.h"
-#include "models/hf_checkpoint.h"
 #include "models/transformer.h"
 #include "train/checkpointer.h"
 #include "train/export.h"
@@ -98,18 +96,6 @@ std::string saved_model_dtype(const TrainArgs& a, const SafetensorsCheckpoint* c
     if (t->dtype == "F32" || t->dtype == "BF16" || t->dtype == "F16") return t->dtype;
   }
   return "F32";
-}
-
-std::unique_ptr<Tokenizer> pick_tokenizer(const TrainArgs& a, const ModelConfig& cfg) {
-  std::string name = tokenizer_source(a);
-  LLMT_CHECK(!name.empty(), "no tokenizer: give --tokenizer_name_or_path (a tokenizer directory or file, or \"bytes\" "
-                            "for byte-level ids 0..255)");
-  std::unique_ptr<Tokenizer> tok =
-      name == "bytes" ? make_byte_tokenizer() : load_tokenizer(name, a.llama3_special_tokens);
-  LLMT_CHECK(tok->vocab_size() <= cfg.vocab_size,
-             "the tokenizer (%s, %d ids) does not fit the model's vocabulary of %d", name.c_str(), tok->vocab_size(),
-             cfg.vocab_size);
-  return tok;
 }
 
 // What the loop and its hooks read of the flags, taken once in the constructor.
@@ -241,7 +227,7 @@ void Trainer::build_model(const TrainArgs& a) {
     LLMT_CHECK(a.fsdp_transformer_layer_cls_to_wrap == want, "--fsdp_transformer_layer_cls_to_wrap %s: a %s model's "
                "layers are %s", a.fsdp_transformer_layer_cls_to_wrap.c_str(), cfg_.arch_name(), want);
   }
-  tok_ = pick_tokenizer(a, cfg_);
+  tok_ = model_tokenizer(tokenizer_source(a), a.llama3_special_tokens, cfg_);
   tokenizer_dir_ = tokenizer_dir(tokenizer_source(a));
 }
 
@@ -300,13 +286,7 @@ void Trainer::load_data(const TrainArgs& a) {
 void Trainer::pack_train_data(const TrainArgs& a, const DataArgs& da) {
   const int row_len = (int)std::min<int64_t>(da.data_path.empty() ? da.block_size : da.model_max_length, cfg_.max_seq_len);
   packed_ = pack_examples(train_, row_len);
-  int64_t longest = 0;
-  for (const auto& row : packed_.rows) {
-    int64_t n = 0;
-    for (int64_t i : row) n += train_.length(i);
-    longest = std::max(longest, n);
-  }
-  T_ = std::max<int>(T_, (int)longest);
+  T_ = std::max<int>(T_, (int)packed_.longest);
   data_id_.key += " packed";
   data_id_.source += " (--packing)";
   const int64_t rows = (int64_t)packed_.rows.size();
@@ -316,7 +296,7 @@ void Trainer::pack_train_data(const TrainArgs& a, const DataArgs& da) {
              (long long)rows, row_len, (long long)W_ * B_ * a.gradient_accumulation_steps, W_, B_,
              a.gradient_accumulation_steps);
   const double before = padding_fraction_unpacked(train_, epoch_permutation(train_.size(), a.seed, 0), B_);
-  const double after = padding_fraction_packed(train_, packed_, epoch_permutation(rows, a.seed, 0), B_);
+  const double after = padding_fraction_packed(packed_, epoch_permutation(rows, a.seed, 0), B_);
   log_info("data   --packing: %lld examples (%lld tokens) in %lld rows of up to %d tokens; padding is %.1f%% of the "
            "tokens a batch of %d computes on, %.1f%% unpacked (each batch padded to its longest example)",
            (long long)train_.size(), (long long)packed_.tokens, (long long)rows, row_len, 100.0 * after, B_,
@@ -335,20 +315,11 @@ void Trainer::load_parameters(const TrainArgs& a) {
   ss.accum = a.gradient_accumulation_steps;
   session_ = make_session(world_, launch_, ss, cfg_);
   scalars_ = std::make_unique<StepScalars>(*session_.backend);
-  const ModelLayout& L = session_.layout();
   std::unique_ptr<SafetensorsCheckpoint> ckpt;
-  if (!a.model_name_or_path.empty()) {
-    ckpt = std::make_unique<SafetensorsCheckpoint>(a.model_name_or_path);
-    check_hf_tensors(*ckpt, cfg_, L, a.model_name_or_path);
-  }
+  if (!a.model_name_or_path.empty()) ckpt = std::make_unique<SafetensorsCheckpoint>(a.model_name_or_path);
   save_dtype_ = saved_model_dtype(a, ckpt.get());
   if (!ckpt) return init_parameters(session_, cfg_, a.seed);
-  std::vector<float> host;
-  for (size_t u = 0; u < L.units.size(); u++) {
-    host.assign((size_t)L.units[u].numel, 0.0f);
-    load_hf_unit(*ckpt, cfg_, L, (int)u, host.data());
-    session_.store->set_unit((int)u, host.data());
-  }
+  load_hf_parameters(session_, cfg_, *ckpt, a.model_name_or_path);
 }
 
 // What this run holds and will send, as llmt plan predicts it (measured figures follow at the end).
@@ -470,13 +441,7 @@ StepResult Trainer::step(int64_t s) {
     micro.push_back({tokens_[m].data(), targets_[m].data(), len, ((int64_t)m * W_ + world_.rank()) * B_,
                      packing_ ? doc_start_[m].data() : nullptr});
     int64_t real = 0;  // the examples' tokens, the rest is padding
-    for (int64_t i : idx) {
-      if (!packing_) {
-        real += train_.length(i);
-        continue;
-      }
-      for (int64_t e : packed_.rows[(size_t)i]) real += train_.length(e);
-    }
+    for (int64_t i : idx) real += packing_ ? packed_.row_tokens[(size_t)i] : train_.length(i);
     metrics_->add_padding((int64_t)B_ * len, real);
     step_tokens += (int64_t)B_ * len;
     flops += (double)B_ * len * Transformer::flops_per_token(cfg_, session_.model->layout(), len);

@@ -57,6 +57,7 @@ TEST(PackingData, CollateShiftsInsideEachExampleAndMarksDocuments) {
   PackedRows p;
   p.row_len = 8;
   p.rows = {{0, 1, 2}, {3}};
+  p.row_tokens = {8, 5};
   std::vector<int32_t> tok, tgt, doc;
   const int T = collate_packed(ds, p, {0, 1}, 7, tok, tgt, doc);
   ASSERT_EQ(T, 8);  // the longer row: 4 + 1 + 3
@@ -87,7 +88,9 @@ TEST(PackingData, AnEpochOfRowsCoversEveryExampleOnce) {
     missing += c == 0;
   }
   EXPECT_LE(missing, dropped * 32) << "only the dropped partial batch's rows' examples are missing";
-  if (dropped == 0) EXPECT_EQ(missing, 0);
+  if (dropped == 0) {
+    EXPECT_EQ(missing, 0);
+  }
 }
 
 TEST(PackingData, PaddingFractions) {
@@ -96,8 +99,8 @@ TEST(PackingData, PaddingFractions) {
   EXPECT_DOUBLE_EQ(padding_fraction_unpacked(ds, {0, 1, 2, 3}, 2), 1.0 - 28.0 / 36.0);
   const PackedRows p = pack_examples(ds, 12);  // rows {10, 2} and {8}, {8}
   ASSERT_EQ(p.rows.size(), 3u);
-  EXPECT_DOUBLE_EQ(padding_fraction_packed(ds, p, {0, 1, 2}, 1), 0.0);
-  EXPECT_DOUBLE_EQ(padding_fraction_packed(ds, p, {0, 1}, 2), 1.0 - 20.0 / 24.0);
+  EXPECT_DOUBLE_EQ(padding_fraction_packed(p, {0, 1, 2}, 1), 0.0);
+  EXPECT_DOUBLE_EQ(padding_fraction_packed(p, {0, 1}, 2), 1.0 - 20.0 / 24.0);
 }
 
 }  // namespace
