@@ -56,7 +56,8 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
          lnf_rstd = t("final norm rstd", f32, {N}), logits = t("logits", dt, {N, V});
   Tensor dres = t("grad residual", dt, {N, C}), dnorm = t("grad norm", dt, {N, C}), dattn = t("grad attention out", dt, {N, Q}),
          dqkv = t("grad qkv", dt, {N, QKV}), dmlp_in = t("grad mlp in", dt, {N, FI}),
-         dmlp_act = t("grad mlp activation", dt, {N, FF});
+         // GPT-2's GELU gradient comes out of matmul_dgelu straight into dmlp_in
+         dmlp_act = cfg.arch == Arch::gpt2 ? Tensor() : t("grad mlp activation", dt, {N, FF});
   Tensor dropped = cfg.resid_pdrop > 0.0f ? t("dropout branch", dt, {N, C}) : Tensor();
   if (!m) return;
   m->tokens_ = tokens, m->targets_ = targets, m->resid_ = resid, m->acts_ = acts;
@@ -266,11 +267,12 @@ void Transformer::block_forward(int l, Tensor w) {
   // MLP sub-block: resid[l+1] = resid_mid + dropout(mlp(norm2(resid_mid)))
   Tensor out = rows(resid_[l + 1], C);
   norm_forward(ln2, a.ln2_mean, a.ln2_rstd, xm, w, o.ln2_w, o.ln2_b);
-  be_.matmul(mlp_in, ln2, P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C, false, true, false);
-  if (gpt2)
-    be_.gelu_forward(mlp_act, mlp_in, N * FF);
-  else
+  if (gpt2) {  // one op, so that a GPU runs it as one cuBLASLt call
+    be_.matmul_gelu(mlp_act, mlp_in, ln2, P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C);
+  } else {
+    be_.matmul(mlp_in, ln2, P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C, false, true, false);
     be_.swiglu_forward(mlp_act, mlp_in, N, (int)FF);
+  }
   if (out_drop_mlp.active()) {
     Tensor branch = rows(dropped_, C);
     be_.matmul(branch, mlp_act, P(w, o.mlp_out_w, {C, FF}), P(w, o.mlp_out_b, {C}), N, C, FF, false, true, false);
@@ -310,11 +312,12 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   Tensor dbranch = branch_grad(kMlpOut);
   be_.matmul(P(g, o.mlp_out_w, {C, FF}), dbranch, mlp_act, Tensor(), C, FF, N, true, false, true);
   if (o.mlp_out_b >= 0) be_.bias_backward(P(g, o.mlp_out_b, {C}), dbranch, N, C);
-  be_.matmul(dmlp_act, dbranch, P(w, o.mlp_out_w, {C, FF}), Tensor(), N, FF, C, false, false, false);
-  if (gpt2)
-    be_.gelu_backward(dmlp_in, mlp_in, dmlp_act, N * FF);
-  else
+  if (gpt2) {
+    be_.matmul_dgelu(dmlp_in, dbranch, P(w, o.mlp_out_w, {C, FF}), mlp_in, N, FF, C);
+  } else {
+    be_.matmul(dmlp_act, dbranch, P(w, o.mlp_out_w, {C, FF}), Tensor(), N, FF, C, false, false, false);
     be_.swiglu_backward(dmlp_in, dmlp_act, mlp_in, N, (int)FF);
+  }
   be_.matmul(P(g, o.mlp_in_w, {FI, C}), dmlp_in, ln2, Tensor(), FI, C, N, true, false, true);
   if (o.mlp_in_b >= 0) be_.bias_backward(P(g, o.mlp_in_b, {FI}), dmlp_in, N, FI);
   be_.matmul(dnorm, dmlp_in, P(w, o.mlp_in_w, {FI, C}), Tensor(), N, C, FI, false, false, false);

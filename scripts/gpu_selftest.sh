@@ -135,7 +135,9 @@ step_layouts() {
 GPU_CASES='Backends/Ops.*/cuda_*:HfReferenceCuda.*:CudaOps.*:Fixtures/GenerateVsTransformers.*:Generate.*:Packing.*'
 step_ops_cublaslt() { "$BIN/llmt_gpu_tests" --gtest_color=no --gtest_brief=1 --gtest_filter="$GPU_CASES"; }
 step_ops_native() {
-  LLMT_MATMUL=native "$BIN/llmt_gpu_tests" --gtest_color=no --gtest_brief=1 --gtest_filter='Backends/Ops.*/cuda_*:CudaOps.*'
+  # the cuda_lt_* cases pick cuBLASLt themselves: the plain kernel runs in cuda_f32 and cuda_bf16
+  LLMT_MATMUL=native "$BIN/llmt_gpu_tests" --gtest_color=no --gtest_brief=1 \
+    --gtest_filter='Backends/Ops.*/cuda_f32:Backends/Ops.*/cuda_bf16:CudaOps.*'
 }
 
 sanitizer() {  # sanitizer <tool> <gtest filter>

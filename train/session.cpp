@@ -38,6 +38,7 @@ void describe_gpus(ControlComm& world, int gpu, DType compute, int head_size) {
     log_info("gpu    rank %d: %s%s", r, all.data() + (size_t)r * sizeof(line),
              std::string(cuda_build_kind()) == "simt" ? " [the SIMT emulator: CUDA kernels on the CPU]" : "");
   log_info("gpu    attention: %s", cuda_attention_kernels(compute, head_size).c_str());
+  log_info("gpu    matmul: %s", cuda_matmul_kernels().c_str());
 }
 
 // --ddp_backend for --device cuda: NCCL unless the ranks of a node share a GPU (NCCL refuses two ranks

@@ -104,6 +104,33 @@ void Backend::bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N) {
   run("matmul", [&] { bias_backward_impl(dbias, dout, M, N); });
 }
 
+void Backend::matmul_gelu(Tensor out, Tensor pre, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K) {
+  const char* op = "matmul_gelu";
+  need_size(*this, op, "M", M, 0);
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "K", K, 1);
+  need_act(op, "out", out, M * N);
+  need_act(op, "pre", pre, M * N);
+  need_act(op, "a", a, M * K);
+  need_act(op, "b", b, N * K);
+  if (bias.data) need_act(op, "bias", bias, N);
+  if (M == 0 || N == 0) return;
+  run("matmul", [&] { matmul_gelu_impl(out, pre, a, b, bias, M, N, K); });
+}
+
+void Backend::matmul_dgelu(Tensor dpre, Tensor dout, Tensor b, Tensor pre, int64_t M, int64_t N, int64_t K) {
+  const char* op = "matmul_dgelu";
+  need_size(*this, op, "M", M, 0);
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "K", K, 1);
+  need_act(op, "dpre", dpre, M * N);
+  need_act(op, "dout", dout, M * K);
+  need_act(op, "b", b, K * N);
+  need_act(op, "pre", pre, M * N);
+  if (M == 0 || N == 0) return;
+  run("matmul", [&] { matmul_dgelu_impl(dpre, dout, b, pre, M, N, K); });
+}
+
 // ---- embeddings ----
 
 void Backend::embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C, int V) {

@@ -149,6 +149,13 @@ class Backend {
               bool trans_b, bool accumulate);
   // dbias[N] (f32) += sum over rows of dout[M,N] (act)
   void bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N);
+  // A linear layer into GELU (tanh form), as one op so that a GPU runs it as one cuBLASLt call
+  // (epilogue GELU_AUX_BIAS): pre[M,N] (=) a[M,K] @ b[N,K]^T + bias[N], out[M,N] (=) gelu(pre).
+  // a, b, pre, out: act; bias: b's dtype, or data == nullptr. pre is kept for matmul_dgelu.
+  void matmul_gelu(Tensor out, Tensor pre, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K);
+  // The gradient back through that GELU from the next linear layer (cuBLASLt's DGELU epilogue):
+  // dpre[M,N] (=) (dout[M,K] @ b[K,N]) * gelu'(pre[M,N]). All act.
+  void matmul_dgelu(Tensor dpre, Tensor dout, Tensor b, Tensor pre, int64_t M, int64_t N, int64_t K);
 
   // ---- embeddings ----
   // out[B*T,C] (act) = wte[token] (+ wpe[t] when wpe.data != nullptr). Token ids must lie in [0, V).
@@ -248,6 +255,9 @@ class Backend {
   virtual void matmul_impl(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K,
                            bool trans_a, bool trans_b, bool accumulate) = 0;
   virtual void bias_backward_impl(Tensor dbias, Tensor dout, int64_t M, int64_t N) = 0;
+  virtual void matmul_gelu_impl(Tensor out, Tensor pre, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,
+                                int64_t K) = 0;
+  virtual void matmul_dgelu_impl(Tensor dpre, Tensor dout, Tensor b, Tensor pre, int64_t M, int64_t N, int64_t K) = 0;
   virtual void embedding_forward_impl(Tensor out, Tensor tokens, Tensor wte, Tensor wpe, int B, int T, int C,
                                       int V) = 0;
   virtual void embedding_backward_impl(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens, int B, int T, int C) = 0;

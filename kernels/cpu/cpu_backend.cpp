@@ -239,6 +239,16 @@ class CpuBackend : public Backend {
     });
   }
 
+  // The matmul and GELU one after the other: the same arithmetic as the two ops called apart.
+  void matmul_gelu_impl(Tensor out, Tensor pre, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,
+                        int64_t K) override {
+    matmul_impl(pre, a, b, bias, M, N, K, false, true, false);
+    gelu_forward_impl(out, pre, M * N);
+  }
+  void matmul_dgelu_impl(Tensor dpre, Tensor dout, Tensor b, Tensor pre, int64_t M, int64_t N, int64_t K) override {
+    matmul_impl(dpre, dout, b, Tensor(), M, N, K, false, false, false);
+    gelu_backward_impl(dpre, pre, dpre, M * N);
+  }
   void bias_backward_impl(Tensor dbias, Tensor dout, int64_t M, int64_t N) override {
     float* db = dbias.f32();
     by_dtype(dout.dtype, "bias_backward", [&](auto tag) {

@@ -4,11 +4,17 @@
 // [C, R] one with the same memory, so out = op(a) op(b) (row-major [M, N]) is computed as the
 // column-major product out^T [N, M] = op(b)^T [N, K] x op(a)^T [K, M], whose operands are b and a as
 // stored, transposed or not as trans_b and trans_a say. The bias runs along out^T's rows (N), which
-// is what CUBLASLT_EPILOGUE_BIAS adds; accumulate is beta = 1 on C = D = out.
-#ifndef LLMT_SIMT
+// is what CUBLASLT_EPILOGUE_BIAS adds; accumulate is beta = 1 on C = D = out. A GELU epilogue's aux
+// matrix has out's shape, so its leading dimension is N too.
+//
+// In the emulated build the same code calls the cuBLASLt stand-in (simt/cublaslt_simt.h).
 #include "kernels/cuda/cublaslt_matmul.h"
 
+#ifdef LLMT_SIMT
+#include "kernels/cuda/simt/cublaslt_simt.h"
+#else
 #include <cublasLt.h>
+#endif
 
 #include <algorithm>
 #include <memory>
@@ -62,10 +68,10 @@ LtMatmul::~LtMatmul() {
   cublasLtDestroy(handle_);
 }
 
-LtMatmul::Plan& LtMatmul::plan_for(const Key& key) {
+LtMatmul::Plan* LtMatmul::plan_for(const Key& key) {
   auto it = plans_.find(key);
-  if (it != plans_.end()) return *it->second;
-  const auto [M, N, K, trans_a, trans_b, accumulate, has_bias, ab, out, align] = key;
+  if (it != plans_.end()) return it->second;
+  const auto [M, N, K, trans_a, trans_b, accumulate, has_bias, ab, out, align, epilogue] = key;
   (void)accumulate;
   const cudaDataType_t ab_t = cuda_type((DType)ab), out_t = cuda_type((DType)out);
   auto plan = std::make_unique<Plan>();
@@ -75,11 +81,17 @@ LtMatmul::Plan& LtMatmul::plan_for(const Key& key) {
   const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-  if (has_bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  cublasLtEpilogue_t epi = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if ((LtEpilogue)epilogue == LtEpilogue::gelu_aux) epi = has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if ((LtEpilogue)epilogue == LtEpilogue::dgelu) epi = CUBLASLT_EPILOGUE_DGELU;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  if (has_bias)
     CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ab_t, sizeof(ab_t)));
+  if ((LtEpilogue)epilogue != LtEpilogue::none) {  // aux: out's shape and type, row-major [M, N]
+    const int64_t aux_ld = N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                                sizeof(aux_ld)));
   }
   // stored shapes, column-major: b is [N, K] (or [K, N] transposed), a is [K, M] (or [M, K])
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab_t, trans_b ? K : N, trans_b ? N : K, trans_b ? K : N));
@@ -99,6 +111,10 @@ LtMatmul::Plan& LtMatmul::plan_for(const Key& key) {
   cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1,
                                                      &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  if ((LtEpilogue)epilogue != LtEpilogue::none && (st != CUBLAS_STATUS_SUCCESS || found == 0)) {
+    plans_.emplace(key, nullptr);  // the caller runs the product and the activation apart
+    return nullptr;
+  }
   LLMT_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
              "cublasLt matmul: no algorithm for %lld x %lld x %lld (%s x %s -> %s, trans %d %d, alignment %d): %s",
              (long long)M, (long long)N, (long long)K, dtype_name((DType)ab), dtype_name((DType)ab),
@@ -106,16 +122,34 @@ LtMatmul::Plan& LtMatmul::plan_for(const Key& key) {
   plan->algo = result.algo;
   Plan* p = plan.release();
   plans_.emplace(key, p);
-  return *p;
+  return p;
 }
 
 void LtMatmul::run(void* out, const void* a, const void* b, const void* bias, int64_t M, int64_t N, int64_t K,
                    bool trans_a, bool trans_b, bool accumulate, DType ab_type, DType out_type, Stream stream) {
   const int align = std::min({alignment(a), alignment(b), alignment(out), alignment(bias)});
-  Key key{M, N, K, trans_a, trans_b, accumulate, bias != nullptr, (int)ab_type, (int)out_type, align};
-  Plan& p = plan_for(key);
-  if (bias)  // the pointer is per call
+  Key key{M, N, K, trans_a, trans_b, accumulate, bias != nullptr, (int)ab_type, (int)out_type, align,
+          (int)LtEpilogue::none};
+  launch(*plan_for(key), out, nullptr, a, b, bias, accumulate, stream);
+}
+
+bool LtMatmul::run_epilogue(LtEpilogue epilogue, void* out, void* aux, const void* a, const void* b, const void* bias,
+                            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType ab_type,
+                            DType out_type, Stream stream) {
+  const int align = std::min({alignment(a), alignment(b), alignment(out), alignment(bias), alignment(aux)});
+  Key key{M, N, K, trans_a, trans_b, false, bias != nullptr, (int)ab_type, (int)out_type, align, (int)epilogue};
+  Plan* p = plan_for(key);
+  if (!p) return false;
+  launch(*p, out, aux, a, b, bias, false, stream);
+  return true;
+}
+
+void LtMatmul::launch(Plan& p, void* out, void* aux, const void* a, const void* b, const void* bias, bool accumulate,
+                      Stream stream) {
+  if (bias)  // the pointers are per call
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (aux)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   launch_count().fetch_add(1, std::memory_order_relaxed);  // one launch, whatever cuBLASLt runs inside
   CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, out, p.c, out, p.c, &p.algo, workspace_,
@@ -124,4 +158,3 @@ void LtMatmul::run(void* out, const void* a, const void* b, const void* bias, in
 
 }  // namespace cuda
 }  // namespace llmt
-#endif  // LLMT_SIMT

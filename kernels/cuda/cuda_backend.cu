@@ -1,6 +1,7 @@
 // The CUDA backend (cuda_backend.h): every Backend op on the device, in order on one compute stream.
 // The ops are the plain kernels of cuda_kernels.cu and cuda_ops.cu; on a GPU, matmuls go through
-// cuBLASLt (LLMT_MATMUL=native keeps the plain kernel, which the emulator always runs).
+// cuBLASLt (LLMT_MATMUL=native keeps the plain kernel). The emulator runs the plain kernel unless
+// LLMT_MATMUL=cublaslt selects cuBLASLt's CPU stand-in.
 //
 // Bad input that only a kernel sees (a token id or target outside the vocabulary) is written to an
 // error word on the device; the backend reads it whenever it waits for the stream (synchronize,
@@ -11,6 +12,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <set>
+#include <tuple>
 #include <type_traits>
 
 #include "engine/core/error.h"
@@ -19,14 +22,25 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/flash_attention.h"
-#ifndef LLMT_SIMT
 #include "kernels/cuda/cublaslt_matmul.h"
-#endif
 
 namespace llmt {
 namespace {
 
 using cuda::Stream;
+
+// LLMT_MATMUL: cublaslt (the default on a GPU; the CPU stand-in under the emulator) or native (the
+// plain kernel, the emulator's default).
+bool uses_cublaslt() {
+  const std::string mm = std::getenv("LLMT_MATMUL") ? std::getenv("LLMT_MATMUL") : "";
+  LLMT_CHECK(mm.empty() || mm == "cublaslt" || mm == "native", "LLMT_MATMUL=%s: expected cublaslt or native",
+             mm.c_str());
+#ifdef LLMT_SIMT
+  return mm == "cublaslt";
+#else
+  return mm != "native";
+#endif
+}
 
 // Calls f with a value of the element type that stores `t` (float for f32, uint16_t for bf16).
 template <class F>
@@ -69,22 +83,12 @@ class CudaBackend : public Backend {
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaStreamCreate(&stream_));
     err_ = (int*)cuda::device_alloc(cuda::kErrWords * sizeof(int));
-    // LLMT_MATMUL: cublaslt (the default on a GPU) or native (the plain kernel, the emulator's only one)
-    const std::string mm = std::getenv("LLMT_MATMUL") ? std::getenv("LLMT_MATMUL") : "";
-    LLMT_CHECK(mm.empty() || mm == "cublaslt" || mm == "native", "LLMT_MATMUL=%s: expected cublaslt or native",
-               mm.c_str());
-#ifndef LLMT_SIMT
-    if (mm != "native") lt_ = std::make_unique<cuda::LtMatmul>(tf32);
-#else
-    (void)tf32;  // the native kernel accumulates in fp32 either way
-    LLMT_CHECK(mm != "cublaslt", "LLMT_MATMUL=cublaslt: the SIMT emulator has no cuBLASLt; it runs the native kernel");
-#endif
+    // The native kernel accumulates in fp32 whatever tf32 says.
+    if (uses_cublaslt()) lt_ = std::make_unique<cuda::LtMatmul>(tf32);
   }
   ~CudaBackend() override {
     (void)cudaStreamSynchronize(stream_);
-#ifndef LLMT_SIMT
     lt_.reset();
-#endif
     for (Scratch* s : {&row_losses_, &attn_d_, &partials_, &columns_}) (void)cudaFree(s->p);
     (void)cudaFree(err_);
     (void)cudaStreamDestroy(stream_);
@@ -142,12 +146,10 @@ class CudaBackend : public Backend {
   // ---- dense ----
   void matmul_impl(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
                    bool trans_b, bool accumulate) override {
-#ifndef LLMT_SIMT
     if (lt_) {
       lt_->run(out.data, a.data, b.data, bias.data, M, N, K, trans_a, trans_b, accumulate, a.dtype, out.dtype, stream_);
       return;
     }
-#endif
     if (compute_ == DType::f32) {
       cuda::matmul<float, float>(out.f32(), a.f32(), b.f32(), bias.data ? bias.f32() : nullptr, M, N, K, trans_a,
                                  trans_b, accumulate, stream_);
@@ -159,6 +161,33 @@ class CudaBackend : public Backend {
                                        trans_a, trans_b, accumulate, stream_);
     }
   }
+  // With cuBLASLt, one call with the GELU in its epilogue; else (the plain kernels, or a shape
+  // cuBLASLt has no epilogue algorithm for) the matmul and the GELU kernel.
+  void matmul_gelu_impl(Tensor out, Tensor pre, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,
+                        int64_t K) override {
+    if (lt_ && lt_->run_epilogue(cuda::LtEpilogue::gelu_aux, out.data, pre.data, a.data, b.data, bias.data, M, N, K,
+                                 false, true, a.dtype, out.dtype, stream_))
+      return;
+    if (lt_) no_gelu_epilogue("forward", M, N, K);
+    matmul_impl(pre, a, b, bias, M, N, K, false, true, false);
+    gelu_forward_impl(out, pre, M * N);
+  }
+  void matmul_dgelu_impl(Tensor dpre, Tensor dout, Tensor b, Tensor pre, int64_t M, int64_t N, int64_t K) override {
+    if (lt_ && lt_->run_epilogue(cuda::LtEpilogue::dgelu, dpre.data, pre.data, dout.data, b.data, nullptr, M, N, K,
+                                 false, false, dout.dtype, dpre.dtype, stream_))
+      return;
+    if (lt_) no_gelu_epilogue("backward", M, N, K);
+    matmul_impl(dpre, dout, b, Tensor(), M, N, K, false, false, false);
+    gelu_backward_impl(dpre, pre, dpre, M * N);
+  }
+  // Once per direction and shape: cuBLASLt had no algorithm with the GELU epilogue.
+  void no_gelu_epilogue(const char* direction, int64_t M, int64_t N, int64_t K) {
+    if (!gelu_unfused_.insert({direction[0] == 'f', M, N, K}).second) return;
+    log_warn("cuBLASLt has no GELU %s epilogue for %lld x %lld x %lld (%s): the matmul and GELU run as two kernels",
+             direction, (long long)M, (long long)N, (long long)K,
+             N % 8 ? "its aux leading dimension must be a multiple of 8" : "no algorithm found");
+  }
+
   void bias_backward_impl(Tensor dbias, Tensor dout, int64_t M, int64_t N) override {
     by_dtype(dout.dtype, "bias_backward", [&](auto tag) {
       cuda::bias_backward(dbias.f32(), (const decltype(tag)*)dout.data, M, N, columns(M, N), stream_);
@@ -396,9 +425,8 @@ class CudaBackend : public Backend {
   Scratch row_losses_, attn_d_, partials_, columns_;
   // the column sums' partials for N rows of C columns (bias and norm-weight gradients)
   float* columns(int64_t N, int64_t C) { return (float*)scratch(columns_, cuda::column_partials_bytes(N, C)); }
-#ifndef LLMT_SIMT
   std::unique_ptr<cuda::LtMatmul> lt_;  // nullptr: the plain kernel
-#endif
+  std::set<std::tuple<bool, int64_t, int64_t, int64_t>> gelu_unfused_;  // shapes warned about
 };
 
 }  // namespace
@@ -451,6 +479,13 @@ std::string cuda_attention_kernels(DType compute, int head_size) {
       cuda::flash_attention_fits(head_size))
     return "flash (tensor cores, forward and backward)";
   return "plain";
+}
+
+std::string cuda_matmul_kernels() {
+  if (!uses_cublaslt()) return "plain (LLMT_MATMUL=native)";
+  return std::string(cuda_build_kind()) == "simt"
+             ? "cuBLASLt's CPU stand-in (LLMT_MATMUL=cublaslt), bias and GELU in its epilogues"
+             : "cuBLASLt, bias and GELU in its epilogues";
 }
 
 double cuda_peak_tflops(int device, DType compute, bool tf32) {

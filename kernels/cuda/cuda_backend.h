@@ -48,5 +48,9 @@ double cuda_peak_tflops(int device, DType compute, bool tf32);
 // layout line and llmt bench: "flash (tensor cores, forward and backward)" or "plain"
 // (LLMT_ATTENTION, kernels/cuda/flash_attention.h). Throws for a bad LLMT_ATTENTION.
 std::string cuda_attention_kernels(DType compute, int head_size);
+// Which matmul the CUDA backend runs (LLMT_MATMUL), for the layout line: cuBLASLt with the bias and
+// GPT-2's GELU in its epilogues, its CPU stand-in under the emulator, or the plain kernel. Throws for
+// a bad LLMT_MATMUL.
+std::string cuda_matmul_kernels();
 
 }  // namespace llmt

@@ -11,7 +11,9 @@
 
 #include "engine/core/error.h"
 #include "kernels/cuda/cuda_platform.h"
-#ifndef LLMT_SIMT
+#ifdef LLMT_SIMT
+#include "kernels/cuda/simt/cublaslt_simt.h"
+#else
 #include <cublasLt.h>
 #endif
 
@@ -23,12 +25,10 @@ namespace cuda {
                         cudaGetErrorString(err)));
 }
 
-#ifndef LLMT_SIMT
 [[noreturn]] inline void throw_cublas_error(cublasStatus_t st, const char* call, const char* file, int line) {
   throw Error(strformat("cuBLAS error %s (%d) at %s:%d in %s: %s", cublasLtGetStatusName(st), (int)st, file, line,
                         call, cublasLtGetStatusString(st)));
 }
-#endif
 
 // Kernel launches in this process so far: CUDA_CHECK_LAUNCH counts one after every launch, a
 // cuBLASLt matmul counts one (the CUDA backend's launches counter, llmt bench).
@@ -49,14 +49,12 @@ inline std::atomic<int64_t>& launch_count() {
     }                                                                                     \
   } while (0)
 
-#ifndef LLMT_SIMT
 #define CUBLAS_CHECK(call)                                                        \
   do {                                                                            \
     cublasStatus_t llmt_cublas_st_ = (call);                                      \
     if (llmt_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                 \
       ::llmt::cuda::throw_cublas_error(llmt_cublas_st_, #call, __FILE__, __LINE__); \
   } while (0)
-#endif
 
 // After a kernel launch: counts it, and catches bad launch configurations (not asynchronous faults
 // inside the kernel).

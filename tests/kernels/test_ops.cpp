@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -45,6 +46,17 @@ namespace tol = llmt_test::tol;
 
 constexpr double kFdEps = 1e-6;
 
+// A CUDA backend made under LLMT_MATMUL=cublaslt (read when the backend is made).
+std::unique_ptr<Backend> with_cublaslt(DType compute) {
+  const char* was = std::getenv("LLMT_MATMUL");
+  const std::string saved = was ? was : "";
+  setenv("LLMT_MATMUL", "cublaslt", 1);
+  auto be = llmt::make_cuda_backend(0, compute, false);
+  if (was) setenv("LLMT_MATMUL", saved.c_str(), 1);
+  else unsetenv("LLMT_MATMUL");
+  return be;
+}
+
 // The backend configurations the suite runs against.
 struct BackendCase {
   const char* name;
@@ -57,6 +69,9 @@ const std::vector<BackendCase>& backend_cases() {
       // the CUDA backend: on the SIMT emulator in ctest, on the GPU in scripts/gpu_selftest.sh
       {"cuda_f32", [] { return llmt::make_cuda_backend(0, DType::f32, false); }},
       {"cuda_bf16", [] { return llmt::make_cuda_backend(0, DType::bf16, false); }},
+      // the same with every matmul through cuBLASLt: its CPU stand-in on the emulator, the library on a GPU
+      {"cuda_lt_f32", [] { return with_cublaslt(DType::f32); }},
+      {"cuda_lt_bf16", [] { return with_cublaslt(DType::bf16); }},
   };
   return cases;
 }
@@ -312,6 +327,62 @@ TEST_P(Ops, MatmulGradientsAllTransposesVsFiniteDifferences) {
       EXPECT_TRUE(Close(dB.rf(), gb, grad_tol())) << "db (overwrite)";
       EXPECT_TRUE(Close(dBias.rf(), add_d(pre_dbias, gbias), grad_tol())) << "dbias (+=)";
     }
+}
+
+// Whether the case runs cuBLASLt's emulated stand-in, whose choice of epilogue shapes is known: on a
+// GPU the library's heuristic decides (and the backend warns when it declines one).
+bool stand_in_cublaslt(int param) {
+  return std::string(backend_cases()[param].name).find("_lt_") != std::string::npos &&
+         std::string(llmt::cuda_build_kind()) == "simt";
+}
+
+// A linear layer into GELU as one op: pre = a b^T + bias and out = gelu(pre), against the double
+// reference. N = 24 takes cuBLASLt's GELU_AUX_BIAS epilogue (one launch); N = 13 cannot (the aux
+// leading dimension must be a multiple of 8) and runs the matmul and GELU apart.
+TEST_P(Ops, MatmulGeluEqualsMatmulThenGelu) {
+  std::mt19937 rng(14);
+  const bool lt = stand_in_cublaslt(GetParam());
+  for (MM s : {MM{19, 24, 33}, MM{7, 13, 9}})
+    for (int hb = 0; hb < 2; hb++) {
+      SCOPED_TRACE(::testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K << " bias=" << hb);
+      FV a = rand_act(rng, s.M * s.K, -2.f, 2.f), b = rand_act(rng, s.N * s.K), bias = rand_act(rng, s.N);
+      FV g1 = rand_act(rng, s.M * s.N, 5.f, 6.f), g2 = rand_act(rng, s.M * s.N, 5.f, 6.f);
+      BufP A = Buf::act(a), Bm = Buf::act(b), Bias = Buf::act(bias), Out = Buf::act(g1), Pre = Buf::act(g2);
+      const int64_t launches = be().counters().launches;
+      be().matmul_gelu(Out->a({s.M, s.N}), Pre->a({s.M, s.N}), A->a({s.M, s.K}), Bm->a({s.N, s.K}),
+                       hb ? Bias->a({s.N}) : null_act({s.N}), s.M, s.N, s.K);
+      if (lt) {
+        EXPECT_EQ(be().counters().launches - launches, s.N % 8 ? 2 : 1) << "fused: one cuBLASLt call";
+      }
+      DV pre, bd = to_d(bias);
+      llmt_ref::matmul(pre, to_d(a), to_d(b), hb ? &bd : nullptr, s.M, s.N, s.K, false, true, false);
+      EXPECT_TRUE(Close(Pre->rf(), pre, fwd_tol())) << "pre";
+      EXPECT_TRUE(Close(Out->rf(), llmt_ref::gelu(pre), fwd_tol())) << "out";
+    }
+}
+
+// dpre = (dout b) * gelu'(pre), with gelu' by central differences of the double GELU.
+TEST_P(Ops, MatmulDgeluEqualsMatmulThenGeluBackward) {
+  std::mt19937 rng(15);
+  const bool lt = stand_in_cublaslt(GetParam());
+  for (MM s : {MM{19, 24, 33}, MM{7, 13, 9}}) {
+    SCOPED_TRACE(::testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K);
+    FV dout = rand_act(rng, s.M * s.K), b = rand_act(rng, s.K * s.N), pre = rand_act(rng, s.M * s.N, -4.f, 4.f);
+    FV g = rand_act(rng, s.M * s.N, 5.f, 6.f);
+    BufP D = Buf::act(dout), Bm = Buf::act(b), P = Buf::act(pre), dP = Buf::act(g);
+    const int64_t launches = be().counters().launches;
+    be().matmul_dgelu(dP->a({s.M, s.N}), D->a({s.M, s.K}), Bm->a({s.K, s.N}), P->a({s.M, s.N}), s.M, s.N, s.K);
+    if (lt) {
+      EXPECT_EQ(be().counters().launches - launches, s.N % 8 ? 2 : 1) << "fused: one cuBLASLt call";
+    }
+    DV want;
+    llmt_ref::matmul(want, to_d(dout), to_d(b), nullptr, s.M, s.N, s.K, false, false, false);
+    for (size_t i = 0; i < want.size(); i++) {
+      const double x = pre[i];
+      want[i] *= (llmt_ref::gelu(x + kFdEps) - llmt_ref::gelu(x - kFdEps)) / (2 * kFdEps);
+    }
+    EXPECT_TRUE(Close(dP->rf(), want, grad_tol()));
+  }
 }
 
 TEST_P(Ops, MatmulRejectsMixedInputDtypes) {
@@ -1335,6 +1406,12 @@ TEST_P(Ops, BadArgumentsAreRefusedByTheEntry) {
   expect_error([&] { be().matmul(Z->a({8, 8}), null_act({8, 8}), Y->a({8, 8}), null_act({8}), 8, 8, 8, false, false,
                                  false); },
                {name + " matmul: a has no data"});
+  expect_error([&] { be().matmul_gelu(X->a({8, 8}), Y->a({8, 8}), Z->a({8, 8}), Big->a({8, 9}), null_act({8}), 8, 8,
+                                      9); },
+               {name + " matmul_gelu: a holds 64 elements", "needs 72"});
+  expect_error([&] { be().matmul_dgelu(X->a({8, 8}), Y->a({8, 8}), Z->a({8, 8}), Tensor(Big->p(), other, {8, 8}), 8,
+                                       8, 8); },
+               {name + " matmul_dgelu: pre is " + llmt::dtype_name(other)});
   // sizes out of range: heads that do not group, an odd head size, a step t of 0
   const int B = 1, T = 2, hs = 2;
   expect_error([&] { be().attention_forward(Big->a({B * T, 3 * hs}), X->f32({B * 3 * T}), Big->a({B * T, 7 * hs}), B, T,

@@ -6,3 +6,4 @@
 #include "kernels/cuda/nccl_comm.cu"
 #include "kernels/cuda/mma_probe.cu"
 #include "kernels/cuda/flash_attention.cu"
+#include "kernels/cuda/cublaslt_matmul.cu"
