@@ -260,8 +260,7 @@ void Transformer::block_forward(int l, Tensor w) {
     be_.dropout(branch, B_, T, (int)C, out_drop_attn);
     be_.add(xm, x, branch, N * C);
   } else {
-    be_.copy(xm.data, x.data, xm.nbytes());
-    be_.matmul(xm, attn_out, P(w, o.attn_proj_w, {C, Q}), P(w, o.attn_proj_b, {C}), N, C, Q, false, true, true);
+    be_.matmul_residual(xm, x, attn_out, P(w, o.attn_proj_w, {C, Q}), P(w, o.attn_proj_b, {C}), N, C, Q);
   }
 
   // MLP sub-block: resid[l+1] = resid_mid + dropout(mlp(norm2(resid_mid)))
@@ -279,8 +278,7 @@ void Transformer::block_forward(int l, Tensor w) {
     be_.dropout(branch, B_, T, (int)C, out_drop_mlp);
     be_.add(out, xm, branch, N * C);
   } else {
-    be_.copy(out.data, xm.data, out.nbytes());
-    be_.matmul(out, mlp_act, P(w, o.mlp_out_w, {C, FF}), P(w, o.mlp_out_b, {C}), N, C, FF, false, true, true);
+    be_.matmul_residual(out, xm, mlp_act, P(w, o.mlp_out_w, {C, FF}), P(w, o.mlp_out_b, {C}), N, C, FF);
   }
 }
 

@@ -104,6 +104,24 @@ void Backend::bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N) {
   run("matmul", [&] { bias_backward_impl(dbias, dout, M, N); });
 }
 
+void Backend::matmul_residual(Tensor out, Tensor residual, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,
+                              int64_t K) {
+  const char* op = "matmul_residual";
+  need_size(*this, op, "M", M, 0);
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "K", K, 1);
+  need_act(op, "out", out, M * N);
+  need_act(op, "residual", residual, M * N);
+  need_act(op, "a", a, M * K);
+  need_act(op, "b", b, N * K);
+  if (bias.data) need_act(op, "bias", bias, N);
+  const size_t bytes = (size_t)(M * N) * dtype_size(out.dtype);
+  const char *o = (const char*)out.data, *r = (const char*)residual.data;
+  LLMT_CHECK(M * N == 0 || o + bytes <= r || r + bytes <= o, "%s %s: out and residual overlap", name().c_str(), op);
+  if (M == 0 || N == 0) return;
+  run("matmul", [&] { matmul_residual_impl(out, residual, a, b, bias, M, N, K); });
+}
+
 void Backend::matmul_gelu(Tensor out, Tensor pre, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K) {
   const char* op = "matmul_gelu";
   need_size(*this, op, "M", M, 0);

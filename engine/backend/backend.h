@@ -149,6 +149,10 @@ class Backend {
               bool trans_b, bool accumulate);
   // dbias[N] (f32) += sum over rows of dout[M,N] (act)
   void bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N);
+  // A residual connection's linear layer: out[M,N] (=) residual[M,N] + a[M,K] @ b[N,K]^T + bias[N],
+  // the sum rounded once (as matmul with accumulate onto a copy of residual). All act; bias b's
+  // dtype or data == nullptr; out must not overlap residual. On a GPU one cuBLASLt call (C != D).
+  void matmul_residual(Tensor out, Tensor residual, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K);
   // A linear layer into GELU (tanh form), as one op so that a GPU runs it as one cuBLASLt call
   // (epilogue GELU_AUX_BIAS): pre[M,N] (=) a[M,K] @ b[N,K]^T + bias[N], out[M,N] (=) gelu(pre).
   // a, b, pre, out: act; bias: b's dtype, or data == nullptr. pre is kept for matmul_dgelu.
@@ -255,6 +259,8 @@ class Backend {
   virtual void matmul_impl(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K,
                            bool trans_a, bool trans_b, bool accumulate) = 0;
   virtual void bias_backward_impl(Tensor dbias, Tensor dout, int64_t M, int64_t N) = 0;
+  virtual void matmul_residual_impl(Tensor out, Tensor residual, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,
+                                    int64_t K) = 0;
   virtual void matmul_gelu_impl(Tensor out, Tensor pre, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,
                                 int64_t K) = 0;
   virtual void matmul_dgelu_impl(Tensor dpre, Tensor dout, Tensor b, Tensor pre, int64_t M, int64_t N, int64_t K) = 0;

@@ -239,6 +239,12 @@ class CpuBackend : public Backend {
     });
   }
 
+  // residual copied into out, then the matmul accumulated onto it: one rounding of the sum
+  void matmul_residual_impl(Tensor out, Tensor residual, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,
+                            int64_t K) override {
+    copy_impl(out.data, residual.data, (size_t)(M * N) * dtype_size(out.dtype));
+    matmul_impl(out, a, b, bias, M, N, K, false, true, true);
+  }
   // The matmul and GELU one after the other: the same arithmetic as the two ops called apart.
   void matmul_gelu_impl(Tensor out, Tensor pre, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,
                         int64_t K) override {

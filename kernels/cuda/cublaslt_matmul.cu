@@ -4,7 +4,8 @@
 // [C, R] one with the same memory, so out = op(a) op(b) (row-major [M, N]) is computed as the
 // column-major product out^T [N, M] = op(b)^T [N, K] x op(a)^T [K, M], whose operands are b and a as
 // stored, transposed or not as trans_b and trans_a say. The bias runs along out^T's rows (N), which
-// is what CUBLASLT_EPILOGUE_BIAS adds; accumulate is beta = 1 on C = D = out. A GELU epilogue's aux
+// is what CUBLASLT_EPILOGUE_BIAS adds; accumulate is beta = 1 on C = D = out, or on C = a residual
+// and D = out (matmul_residual: one pass instead of a copy and an accumulation). A GELU epilogue's aux
 // matrix has out's shape, so its leading dimension is N too.
 //
 // In the emulated build the same code calls the cuBLASLt stand-in (simt/cublaslt_simt.h).
@@ -126,11 +127,12 @@ LtMatmul::Plan* LtMatmul::plan_for(const Key& key) {
 }
 
 void LtMatmul::run(void* out, const void* a, const void* b, const void* bias, int64_t M, int64_t N, int64_t K,
-                   bool trans_a, bool trans_b, bool accumulate, DType ab_type, DType out_type, Stream stream) {
-  const int align = std::min({alignment(a), alignment(b), alignment(out), alignment(bias)});
+                   bool trans_a, bool trans_b, bool accumulate, DType ab_type, DType out_type, Stream stream,
+                   const void* c) {
+  const int align = std::min({alignment(a), alignment(b), alignment(out), alignment(bias), alignment(c)});
   Key key{M, N, K, trans_a, trans_b, accumulate, bias != nullptr, (int)ab_type, (int)out_type, align,
           (int)LtEpilogue::none};
-  launch(*plan_for(key), out, nullptr, a, b, bias, accumulate, stream);
+  launch(*plan_for(key), out, nullptr, a, b, bias, accumulate, stream, c);
 }
 
 bool LtMatmul::run_epilogue(LtEpilogue epilogue, void* out, void* aux, const void* a, const void* b, const void* bias,
@@ -145,15 +147,15 @@ bool LtMatmul::run_epilogue(LtEpilogue epilogue, void* out, void* aux, const voi
 }
 
 void LtMatmul::launch(Plan& p, void* out, void* aux, const void* a, const void* b, const void* bias, bool accumulate,
-                      Stream stream) {
+                      Stream stream, const void* c) {
   if (bias)  // the pointers are per call
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   if (aux)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   launch_count().fetch_add(1, std::memory_order_relaxed);  // one launch, whatever cuBLASLt runs inside
-  CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, out, p.c, out, p.c, &p.algo, workspace_,
-                              workspace_bytes_, stream));
+  CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, b, p.a, a, p.b, &beta, c ? c : out, p.c, out, p.c, &p.algo,
+                              workspace_, workspace_bytes_, stream));
 }
 
 }  // namespace cuda

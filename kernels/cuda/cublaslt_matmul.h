@@ -33,9 +33,10 @@ class LtMatmul {
   LtMatmul& operator=(const LtMatmul&) = delete;
 
   // out[M,N] (= or +=) op(a) op(b) + bias[N]; ab_type is a's and b's (and bias's) dtype, out_type
-  // out's (f32 or bf16), both as in Backend::matmul.
+  // out's (f32 or bf16), both as in Backend::matmul. With accumulate and c != nullptr, what is added
+  // is c [M, N] (out_type, not overlapping out) instead of out's own values: out = c + op(a) op(b) + bias.
   void run(void* out, const void* a, const void* b, const void* bias, int64_t M, int64_t N, int64_t K, bool trans_a,
-           bool trans_b, bool accumulate, DType ab_type, DType out_type, Stream stream);
+           bool trans_b, bool accumulate, DType ab_type, DType out_type, Stream stream, const void* c = nullptr);
 
   // The same with a GELU epilogue; aux is [M, N] row-major in out_type. Returns false, having done
   // nothing, when cuBLASLt has no algorithm for the epilogue at this shape (the answer is cached):
@@ -50,7 +51,7 @@ class LtMatmul {
   using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool, int, int, int, int>;
   Plan* plan_for(const Key& key);  // nullptr: no algorithm for an epilogue (none: an error)
   void launch(Plan& p, void* out, void* aux, const void* a, const void* b, const void* bias, bool accumulate,
-              Stream stream);
+              Stream stream, const void* c = nullptr);
 
   cublasLtContext* handle_ = nullptr;
   bool tf32_;

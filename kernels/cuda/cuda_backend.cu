@@ -161,6 +161,18 @@ class CudaBackend : public Backend {
                                        trans_a, trans_b, accumulate, stream_);
     }
   }
+  // With cuBLASLt, one call that reads the residual as C and writes out as D; else a copy and the
+  // matmul accumulating onto it.
+  void matmul_residual_impl(Tensor out, Tensor residual, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,
+                            int64_t K) override {
+    if (lt_) {
+      lt_->run(out.data, a.data, b.data, bias.data, M, N, K, false, true, true, a.dtype, out.dtype, stream_,
+               residual.data);
+      return;
+    }
+    copy_impl(out.data, residual.data, (size_t)(M * N) * dtype_size(out.dtype));
+    matmul_impl(out, a, b, bias, M, N, K, false, true, true);
+  }
   // With cuBLASLt, one call with the GELU in its epilogue; else (the plain kernels, or a shape
   // cuBLASLt has no epilogue algorithm for) the matmul and the GELU kernel.
   void matmul_gelu_impl(Tensor out, Tensor pre, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,

@@ -385,6 +385,29 @@ TEST_P(Ops, MatmulDgeluEqualsMatmulThenGeluBackward) {
   }
 }
 
+// out = residual + a b^T + bias as one op (cuBLASLt: C = residual, D = out), the residual untouched.
+TEST_P(Ops, MatmulResidualAddsTheResidualOnce) {
+  std::mt19937 rng(16);
+  const bool lt = stand_in_cublaslt(GetParam());
+  for (MM s : {MM{19, 24, 33}, MM{7, 13, 9}})
+    for (int hb = 0; hb < 2; hb++) {
+      SCOPED_TRACE(::testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K << " bias=" << hb);
+      FV a = rand_act(rng, s.M * s.K), b = rand_act(rng, s.N * s.K), bias = rand_act(rng, s.N);
+      FV res = rand_act(rng, s.M * s.N, -3.f, 3.f), g = rand_act(rng, s.M * s.N, 5.f, 6.f);
+      BufP A = Buf::act(a), Bm = Buf::act(b), Bias = Buf::act(bias), R = Buf::act(res), Out = Buf::act(g);
+      const int64_t launches = be().counters().launches;
+      be().matmul_residual(Out->a({s.M, s.N}), R->a({s.M, s.N}), A->a({s.M, s.K}), Bm->a({s.N, s.K}),
+                           hb ? Bias->a({s.N}) : null_act({s.N}), s.M, s.N, s.K);
+      if (lt) {
+        EXPECT_EQ(be().counters().launches - launches, 1) << "one cuBLASLt call, no copy";
+      }
+      DV want = to_d(res), bd = to_d(bias);
+      llmt_ref::matmul(want, to_d(a), to_d(b), hb ? &bd : nullptr, s.M, s.N, s.K, false, true, true);
+      EXPECT_TRUE(Close(Out->rf(), want, fwd_tol())) << "out";
+      EXPECT_EQ(R->rf(), res) << "the residual is read, not written";
+    }
+}
+
 TEST_P(Ops, MatmulRejectsMixedInputDtypes) {
   Buf a(64 * 4), b(64 * 4), out(64 * 4);
   Tensor wrong = is_bf16() ? a.f32({8, 8}) : a.bf16({8, 8});
@@ -1406,6 +1429,10 @@ TEST_P(Ops, BadArgumentsAreRefusedByTheEntry) {
   expect_error([&] { be().matmul(Z->a({8, 8}), null_act({8, 8}), Y->a({8, 8}), null_act({8}), 8, 8, 8, false, false,
                                  false); },
                {name + " matmul: a has no data"});
+  expect_error([&] { be().matmul_residual(X->a({8, 8}), Tensor((char*)X->p() + 8 * llmt::dtype_size(act_dtype()),
+                                                                act_dtype(), {8, 8}), Y->a({8, 8}), Z->a({8, 8}),
+                                          null_act({8}), 8, 8, 8); },
+               {name + " matmul_residual: out and residual overlap"});
   expect_error([&] { be().matmul_gelu(X->a({8, 8}), Y->a({8, 8}), Z->a({8, 8}), Big->a({8, 9}), null_act({8}), 8, 8,
                                       9); },
                {name + " matmul_gelu: a holds 64 elements", "needs 72"});
