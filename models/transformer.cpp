@@ -442,20 +442,32 @@ void Transformer::backward(UnitStore& store) {
 }
 
 void init_unit_params(const ModelConfig& cfg, const UnitLayout& unit, int unit_index, uint64_t seed, float* host) {
-  SplitMix64 rng{stream_state(seed, (uint64_t)unit_index)};
+  init_unit_range(cfg, unit, unit_index, seed, 0, unit.numel, host);
+}
+
+void init_unit_range(const ModelConfig& cfg, const UnitLayout& unit, int unit_index, uint64_t seed, int64_t lo,
+                     int64_t hi, float* out) {
+  LLMT_CHECK(0 <= lo && lo <= hi && hi <= unit.numel, "init_unit_range: [%lld, %lld) outside the unit's %lld elements",
+             (long long)lo, (long long)hi, (long long)unit.numel);
+  const uint64_t s0 = stream_state(seed, (uint64_t)unit_index);
   const float std_dev = cfg.init_std;  // initializer_range
   const float proj_std = std_dev / std::sqrt(2.0f * cfg.n_layer);
+  std::fill(out, out + (hi - lo), 0.0f);  // gaps between parameters, if any
+  uint64_t draws = 0;  // normals drawn by the unit's earlier weights (in params order)
   for (const ParamSpec& p : unit.params) {
-    float* dst = host + p.offset;
-    const int64_t n = p.numel();
-    bool is_norm = p.shape.size() == 1 && p.hf_name.find("bias") == std::string::npos;
-    if (p.shape.size() == 1) {  // biases zero, norm weights one
-      for (int64_t i = 0; i < n; i++) dst[i] = is_norm ? 1.0f : 0.0f;
+    const int64_t n = p.numel(), a = std::max(lo, p.offset), b = std::min(hi, p.offset + n);
+    float* dst = out - lo;  // indexed by the unit's element
+    if (p.shape.size() == 1) {  // biases zero, norm weights one; no draws
+      const bool is_norm = p.hf_name.find("bias") == std::string::npos;
+      for (int64_t e = a; e < b; e++) dst[e] = is_norm ? 1.0f : 0.0f;
       continue;
     }
-    bool scaled = cfg.arch == Arch::gpt2 && p.hf_name.find("c_proj.weight") != std::string::npos;
-    float s = scaled ? proj_std : std_dev;
-    for (int64_t i = 0; i < n; i++) dst[i] = (float)(rng.normal() * s);
+    const bool scaled = cfg.arch == Arch::gpt2 && p.hf_name.find("c_proj.weight") != std::string::npos;
+    const double s = scaled ? proj_std : std_dev;
+    const uint64_t k0 = draws - (uint64_t)p.offset;  // element e draws normal k0 + e
+#pragma omp parallel for schedule(static)
+    for (int64_t e = a; e < b; e++) dst[e] = (float)(normal_at(s0, k0 + (uint64_t)e) * s);
+    draws += (uint64_t)n;
   }
 }
 

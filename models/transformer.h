@@ -149,5 +149,9 @@ class Transformer {
 // output projections scaled by 1/sqrt(2 * n_layer), zero biases, unit norm weights.
 // Deterministic in (seed, unit): independent of how units are later sharded. Host memory, f32.
 void init_unit_params(const ModelConfig& cfg, const UnitLayout& unit, int unit_index, uint64_t seed, float* host);
+// Elements [lo, hi) of the same unit into out[0, hi - lo): a rank makes only its shard. Each weight
+// element is the normal of its own draw index (normal_at), so the range is filled in parallel.
+void init_unit_range(const ModelConfig& cfg, const UnitLayout& unit, int unit_index, uint64_t seed, int64_t lo,
+                     int64_t hi, float* out);
 
 }  // namespace llmt

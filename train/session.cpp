@@ -161,14 +161,19 @@ Session make_session(ControlComm& world, const LaunchInfo& launch, const Session
   return out;
 }
 
-void init_parameters(Session& session, const ModelConfig& cfg, uint64_t seed) {
+int64_t init_parameters(Session& session, const ModelConfig& cfg, uint64_t seed) {
   const ModelLayout& L = session.layout();
   std::vector<float> host;
+  int64_t made = 0;
   for (size_t u = 0; u < L.units.size(); u++) {
-    host.assign((size_t)L.units[u].numel, 0.0f);
-    init_unit_params(cfg, L.units[u], (int)u, seed, host.data());
+    // only this rank's shard is made: set_unit reads no other element
+    const FsdpStore::ShardState sh = session.store->shard_state((int)u);
+    host.resize((size_t)L.units[u].numel);
+    if (sh.hi > sh.lo) init_unit_range(cfg, L.units[u], (int)u, seed, sh.lo, sh.hi, host.data() + sh.lo);
     session.store->set_unit((int)u, host.data());
+    made += std::max<int64_t>(0, sh.hi - sh.lo);
   }
+  return made;
 }
 
 void load_hf_parameters(Session& session, const ModelConfig& cfg, const SafetensorsCheckpoint& ckpt,

@@ -74,8 +74,10 @@ PlanArgs plan_args(const SessionSettings& s, int world, int node_ranks);
 // Collective over `world` (the store's groups; NCCL's set-up). `cfg` is the model every rank agreed on.
 Session make_session(ControlComm& world, const LaunchInfo& launch, const SessionSettings& s, const ModelConfig& cfg);
 
-// Every unit's parameters initialised from `seed` (as the model's family does), one unit at a time.
-void init_parameters(Session& session, const ModelConfig& cfg, uint64_t seed);
+// Every unit's parameters initialised from `seed` (as the model's family does), one unit at a time;
+// each rank makes only its own shard (init_unit_range, in parallel over the OpenMP threads). Returns
+// the number of values this rank made.
+int64_t init_parameters(Session& session, const ModelConfig& cfg, uint64_t seed);
 // Every unit's parameters from a Hugging Face checkpoint (read from `dir`, named in errors), one unit
 // at a time, after checking that its tensors are the model's.
 void load_hf_parameters(Session& session, const ModelConfig& cfg, const SafetensorsCheckpoint& ckpt,

@@ -318,8 +318,11 @@ void Trainer::load_parameters(const TrainArgs& a) {
   std::unique_ptr<SafetensorsCheckpoint> ckpt;
   if (!a.model_name_or_path.empty()) ckpt = std::make_unique<SafetensorsCheckpoint>(a.model_name_or_path);
   save_dtype_ = saved_model_dtype(a, ckpt.get());
-  if (!ckpt) return init_parameters(session_, cfg_, a.seed);
-  load_hf_parameters(session_, cfg_, *ckpt, a.model_name_or_path);
+  if (ckpt) return load_hf_parameters(session_, cfg_, *ckpt, a.model_name_or_path);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t made = init_parameters(session_, cfg_, a.seed);
+  log_info("init   this rank's shard of the random init (%.2fM values, seed %llu) in %.2f s", made / 1e6,
+           (unsigned long long)a.seed, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 // What this run holds and will send, as llmt plan predicts it (measured figures follow at the end).

@@ -2,12 +2,16 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "engine/core/error.h"
+#include "engine/core/rng.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
@@ -384,6 +388,51 @@ TEST(ModelInit, UnitsAndBlocksAreIndependentDraws) {
   std::vector<float> again((size_t)L.units[1].numel);
   init_unit_params(cfg, L.units[1], 1, 42, again.data());
   EXPECT_EQ(b0, again);  // deterministic
+}
+
+// The sequential definition of the init (one SplitMix64 stream per unit, weights in params order,
+// two draws per normal): init_unit_params and any range of init_unit_range give exactly its values,
+// so a rank can make only its shard, in parallel, and get what the whole unit would have held.
+static std::vector<float> sequential_init(const ModelConfig& cfg, const UnitLayout& unit, int index, uint64_t seed) {
+  std::vector<float> out((size_t)unit.numel, 0.0f);
+  SplitMix64 rng{stream_state(seed, (uint64_t)index)};
+  for (const ParamSpec& p : unit.params) {
+    const bool bias = p.hf_name.find("bias") != std::string::npos;
+    for (int64_t i = 0; i < p.numel(); i++) {
+      float& v = out[(size_t)(p.offset + i)];
+      if (p.shape.size() == 1) {
+        v = bias ? 0.0f : 1.0f;
+      } else {
+        const bool proj = cfg.arch == Arch::gpt2 && p.hf_name.find("c_proj.weight") != std::string::npos;
+        v = (float)(rng.normal() * (proj ? cfg.init_std / std::sqrt(2.0f * cfg.n_layer) : cfg.init_std));
+      }
+    }
+  }
+  return out;
+}
+
+TEST(ModelInit, AnyRangeEqualsTheSequentialStream) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    ModelConfig cfg = config_from_preset(preset);
+    ModelLayout L = make_layout(cfg);
+    std::mt19937 rng(5);
+    for (int u : {0, 1}) {
+      SCOPED_TRACE(std::string(preset) + " unit " + std::to_string(u));
+      const UnitLayout& unit = L.units[(size_t)u];
+      const std::vector<float> want = sequential_init(cfg, unit, u, 42);
+      std::vector<float> whole((size_t)unit.numel);
+      init_unit_params(cfg, unit, u, 42, whole.data());
+      EXPECT_EQ(whole, want);
+      for (int trial = 0; trial < 20; trial++) {  // shards: random ranges, edges inside and between weights
+        int64_t lo = std::uniform_int_distribution<int64_t>(0, unit.numel)(rng);
+        int64_t hi = std::uniform_int_distribution<int64_t>(lo, unit.numel)(rng);
+        std::vector<float> part((size_t)(hi - lo), -7.0f);
+        init_unit_range(cfg, unit, u, 42, lo, hi, part.data());
+        ASSERT_TRUE(std::equal(part.begin(), part.end(), want.begin() + lo)) << "[" << lo << ", " << hi << ")";
+      }
+      EXPECT_THROW(init_unit_range(cfg, unit, u, 42, 0, unit.numel + 1, whole.data()), Error);
+    }
+  }
 }
 
 // What llmt cannot compute exactly at a training length is refused when the model is built for it:
