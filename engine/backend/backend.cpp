@@ -73,7 +73,7 @@ void Backend::copy(void* dst, const void* src, size_t bytes) {
 // ---- dense ----
 
 void Backend::matmul(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
-                     bool trans_b, bool accumulate) {
+                     bool trans_b, bool accumulate, int64_t ld_a, int64_t ld_out) {
   const char* op = "matmul";
   LLMT_CHECK(a.dtype == compute_dtype(), "%s matmul: a is %s, the backend computes in %s", name().c_str(),
              dtype_name(a.dtype), dtype_name(compute_dtype()));
@@ -88,11 +88,16 @@ void Backend::matmul(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int
   if (M == 0 || N == 0) return;
   LLMT_CHECK(K > 0, "%s matmul: bad shape %lld x %lld x %lld", name().c_str(), (long long)M, (long long)N,
              (long long)K);
-  need_elems(op, "a", a, M * K);
+  const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  if (ld_a == 0) ld_a = a_cols;
+  if (ld_out == 0) ld_out = N;
+  LLMT_CHECK(ld_a >= a_cols && ld_out >= N, "%s matmul: row strides ld_a = %lld and ld_out = %lld, expected at least "
+             "%lld and %lld", name().c_str(), (long long)ld_a, (long long)ld_out, (long long)a_cols, (long long)N);
+  need_elems(op, "a", a, (a_rows - 1) * ld_a + a_cols);
   need_elems(op, "b", b, K * N);
-  need_elems(op, "out", out, M * N);
+  need_elems(op, "out", out, (M - 1) * ld_out + N);
   if (bias.data) need_elems(op, "bias", bias, N);
-  run("matmul", [&] { matmul_impl(out, a, b, bias, M, N, K, trans_a, trans_b, accumulate); });
+  run("matmul", [&] { matmul_impl(out, a, b, bias, M, N, K, trans_a, trans_b, accumulate, ld_a, ld_out); });
 }
 
 void Backend::bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N) {
@@ -395,15 +400,18 @@ void Backend::scale(Tensor x, float s, int64_t n) {
 // ---- loss ----
 
 void Backend::cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                            float grad_scale) {
+                            float grad_scale, int64_t ld) {
   const char* op = "cross_entropy";
   need_size(*this, op, "N", N, 0);
   need_size(*this, op, "V", V, 1);
+  if (ld == 0) ld = V;
+  need_size(*this, op, "ld", ld, V);
+  const int64_t span = N > 0 ? (N - 1) * ld + V : 0;
   need(op, "loss_sum", loss_sum, DType::f64, 1);
-  need_act(op, "logits", logits, N * V);
-  if (dlogits.data) need_act(op, "dlogits", dlogits, N * V);
+  need_act(op, "logits", logits, span);
+  if (dlogits.data) need_act(op, "dlogits", dlogits, span);
   need(op, "targets", targets, DType::i32, N);
-  run("loss", [&] { cross_entropy_impl(loss_sum, dlogits, logits, targets, N, V, grad_scale); });
+  run("loss", [&] { cross_entropy_impl(loss_sum, dlogits, logits, targets, N, V, grad_scale, ld); });
 }
 
 // ---- optimizer and reductions ----

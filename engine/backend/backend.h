@@ -104,6 +104,10 @@ struct BackendCounters {
 // take its arguments as checked and only checks what only it can see (token ids on a device).
 // An impl never calls a public op of its backend (that would count and time it twice); it calls
 // another impl.
+// The vocabulary padding of a GPU backend's logits rows (Backend::vocab_pad; llmt plan for --device
+// cuda): 128 elements, as llm.c pads GPT-2's 50257 to 50304.
+constexpr int kDeviceVocabPad = 128;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -111,6 +115,10 @@ class Backend {
   virtual int threads() const = 0;       // CPU threads the backend's ops use
   virtual DType compute_dtype() const = 0;
   virtual bool is_host_memory() const = 0;  // alloc() memory is addressable by the host
+  // The logits' row stride is the vocabulary rounded up to a multiple of this (1: no padding), so
+  // that a device's LM-head matmuls and loss see 16-byte aligned rows (50257 -> 50304 for GPT-2).
+  // The padding columns are never written or read: no parameter, checkpoint or export changes.
+  virtual int vocab_pad() const { return 1; }  // kDeviceVocabPad on a GPU
   virtual void* native_stream() = 0;        // the compute stream (cudaStream_t), nullptr on the CPU
   virtual std::unique_ptr<Event> make_event() = 0;
   virtual void record(Event& e) = 0;  // e marks the compute stream's work issued so far
@@ -145,8 +153,10 @@ class Backend {
   //   op(a): a stored [M,K], or [K,M] with trans_a;  op(b): b stored [K,N], or [N,K] with trans_b.
   //   a, b: act; bias: b's dtype, or data == nullptr; out: act, or f32 (parameter gradients).
   //   accumulate adds to out instead of overwriting it (one rounding of out). M or N = 0: nothing.
+  //   ld_a, ld_out: the row strides of a and out as stored (0: dense, a's stored columns and N), for
+  //   the padded logits (vocab_pad); elements between a row's end and the next row are not touched.
   void matmul(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
-              bool trans_b, bool accumulate);
+              bool trans_b, bool accumulate, int64_t ld_a = 0, int64_t ld_out = 0);
   // dbias[N] (f32) += sum over rows of dout[M,N] (act)
   void bias_backward(Tensor dbias, Tensor dout, int64_t M, int64_t N);
   // A residual connection's linear layer: out[M,N] (=) residual[M,N] + a[M,K] @ b[N,K]^T + bias[N],
@@ -236,8 +246,9 @@ class Backend {
   // in fp32. loss_sum[1] (f64, on the backend) += the sum of the per-row losses over rows not ignored.
   // When dlogits.data != nullptr: dlogits (act, =) grad_scale * (softmax - onehot), zero on ignored
   // rows; dlogits may alias logits. A target outside [0, V) other than kIgnoreIndex is an error.
+  // ld: the row stride of logits and dlogits (0: V); the columns past V are not touched.
   void cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                     float grad_scale);
+                     float grad_scale, int64_t ld = 0);
 
   // ---- optimizer and reductions ----
   // AdamW as torch.optim.AdamW on f32 p, g, m, v: p *= 1 - lr*wd for the elements inside `decay`'s
@@ -256,8 +267,9 @@ class Backend {
   // What each backend implements: the ops above, arguments already checked.
   virtual void zero_impl(void* p, size_t bytes) = 0;
   virtual void copy_impl(void* dst, const void* src, size_t bytes) = 0;
+  // ld_a and ld_out are given (never 0)
   virtual void matmul_impl(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K,
-                           bool trans_a, bool trans_b, bool accumulate) = 0;
+                           bool trans_a, bool trans_b, bool accumulate, int64_t ld_a, int64_t ld_out) = 0;
   virtual void bias_backward_impl(Tensor dbias, Tensor dout, int64_t M, int64_t N) = 0;
   virtual void matmul_residual_impl(Tensor out, Tensor residual, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,
                                     int64_t K) = 0;
@@ -293,7 +305,7 @@ class Backend {
   virtual void accumulate_impl(Tensor dst, Tensor src, int64_t n) = 0;
   virtual void scale_impl(Tensor x, float s, int64_t n) = 0;
   virtual void cross_entropy_impl(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                                  float grad_scale) = 0;
+                                  float grad_scale, int64_t ld) = 0;
   virtual void adamw_impl(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1,
                           float beta2, float eps, float weight_decay, const DecaySpans& decay, int t,
                           float grad_scale) = 0;

@@ -137,10 +137,27 @@ class CpuBackend : public Backend {
 
   // ---- dense ----
   void matmul_impl(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
-                   bool trans_b, bool accumulate) override {
+                   bool trans_b, bool accumulate, int64_t ld_a, int64_t ld_out) override {
+    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    if (ld_a != a_cols || ld_out != N) {  // strided (the CPU pads no logits: tests only): dense copies around it
+      std::vector<char> da((size_t)(a_rows * a_cols) * dtype_size(a.dtype)), dout((size_t)(M * N) * dtype_size(out.dtype));
+      copy_rows(da.data(), a_cols, a.data, ld_a, a_rows, a_cols, dtype_size(a.dtype));
+      if (accumulate) copy_rows(dout.data(), N, out.data, ld_out, M, N, dtype_size(out.dtype));
+      matmul_impl(Tensor(dout.data(), out.dtype, {M, N}), Tensor(da.data(), a.dtype, {a_rows, a_cols}), b, bias, M, N,
+                  K, trans_a, trans_b, accumulate, a_cols, N);
+      copy_rows(out.data, ld_out, dout.data(), N, M, N, dtype_size(out.dtype));
+      return;
+    }
     if (a.dtype == DType::bf16 && bf16_kernel({M, N, K, trans_a, trans_b, accumulate, out.dtype}) == Bf16Kernel::fp32)
       return matmul_widened(out, a, b, bias, M, N, K, trans_a, trans_b, accumulate);
     matmul_native(out, a, b, bias, M, N, K, trans_a, trans_b, accumulate);
+  }
+  // rows x cols elements of `size` bytes from src (row stride src_ld) to dst (row stride dst_ld)
+  static void copy_rows(void* dst, int64_t dst_ld, const void* src, int64_t src_ld, int64_t rows, int64_t cols,
+                        size_t size) {
+    for (int64_t r = 0; r < rows; r++)
+      std::memcpy((char*)dst + (size_t)(r * dst_ld) * size, (const char*)src + (size_t)(r * src_ld) * size,
+                  (size_t)cols * size);
   }
   // a and b of one dtype (bf16 with the bf16 primitive), out of theirs or f32
   void matmul_native(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
@@ -243,16 +260,16 @@ class CpuBackend : public Backend {
   void matmul_residual_impl(Tensor out, Tensor residual, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,
                             int64_t K) override {
     copy_impl(out.data, residual.data, (size_t)(M * N) * dtype_size(out.dtype));
-    matmul_impl(out, a, b, bias, M, N, K, false, true, true);
+    matmul_impl(out, a, b, bias, M, N, K, false, true, true, K, N);
   }
   // The matmul and GELU one after the other: the same arithmetic as the two ops called apart.
   void matmul_gelu_impl(Tensor out, Tensor pre, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N,
                         int64_t K) override {
-    matmul_impl(pre, a, b, bias, M, N, K, false, true, false);
+    matmul_impl(pre, a, b, bias, M, N, K, false, true, false, K, N);
     gelu_forward_impl(out, pre, M * N);
   }
   void matmul_dgelu_impl(Tensor dpre, Tensor dout, Tensor b, Tensor pre, int64_t M, int64_t N, int64_t K) override {
-    matmul_impl(dpre, dout, b, Tensor(), M, N, K, false, false, false);
+    matmul_impl(dpre, dout, b, Tensor(), M, N, K, false, false, false, K, N);
     gelu_backward_impl(dpre, pre, dpre, M * N);
   }
   void bias_backward_impl(Tensor dbias, Tensor dout, int64_t M, int64_t N) override {
@@ -839,7 +856,7 @@ class CpuBackend : public Backend {
 
   // ---- loss ----
   void cross_entropy_impl(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                          float grad_scale) override {
+                          float grad_scale, int64_t row_stride) override {
     double* out = loss_sum.f64();
     const int32_t* tg = targets.i32();
     for (int64_t i = 0; i < N; i++)
@@ -856,7 +873,7 @@ class CpuBackend : public Backend {
         std::vector<float> e((size_t)V);
 #pragma omp for
         for (int64_t i = 0; i < N; i++) {
-          const int64_t r = i * V;
+          const int64_t r = i * row_stride;
           const int target = tg[i];
           if (target == kIgnoreIndex) {
             if (DL)

@@ -72,7 +72,7 @@ LtMatmul::~LtMatmul() {
 LtMatmul::Plan* LtMatmul::plan_for(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  const auto [M, N, K, trans_a, trans_b, accumulate, has_bias, ab, out, align, epilogue] = key;
+  const auto [M, N, K, trans_a, trans_b, accumulate, has_bias, ab, out, align, epilogue, ld_a, ld_out] = key;
   (void)accumulate;
   const cudaDataType_t ab_t = cuda_type((DType)ab), out_t = cuda_type((DType)out);
   auto plan = std::make_unique<Plan>();
@@ -96,8 +96,8 @@ LtMatmul::Plan* LtMatmul::plan_for(const Key& key) {
   }
   // stored shapes, column-major: b is [N, K] (or [K, N] transposed), a is [K, M] (or [M, K])
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab_t, trans_b ? K : N, trans_b ? N : K, trans_b ? K : N));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab_t, trans_a ? M : K, trans_a ? K : M, trans_a ? M : K));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, out_t, N, M, N));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab_t, trans_a ? M : K, trans_a ? K : M, ld_a));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, out_t, N, M, ld_out));
 
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -128,10 +128,10 @@ LtMatmul::Plan* LtMatmul::plan_for(const Key& key) {
 
 void LtMatmul::run(void* out, const void* a, const void* b, const void* bias, int64_t M, int64_t N, int64_t K,
                    bool trans_a, bool trans_b, bool accumulate, DType ab_type, DType out_type, Stream stream,
-                   const void* c) {
+                   const void* c, int64_t ld_a, int64_t ld_out) {
   const int align = std::min({alignment(a), alignment(b), alignment(out), alignment(bias), alignment(c)});
   Key key{M, N, K, trans_a, trans_b, accumulate, bias != nullptr, (int)ab_type, (int)out_type, align,
-          (int)LtEpilogue::none};
+          (int)LtEpilogue::none, ld_a ? ld_a : (trans_a ? M : K), ld_out ? ld_out : N};
   launch(*plan_for(key), out, nullptr, a, b, bias, accumulate, stream, c);
 }
 
@@ -139,7 +139,8 @@ bool LtMatmul::run_epilogue(LtEpilogue epilogue, void* out, void* aux, const voi
                             int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, DType ab_type,
                             DType out_type, Stream stream) {
   const int align = std::min({alignment(a), alignment(b), alignment(out), alignment(bias), alignment(aux)});
-  Key key{M, N, K, trans_a, trans_b, false, bias != nullptr, (int)ab_type, (int)out_type, align, (int)epilogue};
+  Key key{M, N, K, trans_a, trans_b, false, bias != nullptr, (int)ab_type, (int)out_type, align, (int)epilogue,
+          trans_a ? M : K, N};
   Plan* p = plan_for(key);
   if (!p) return false;
   launch(*p, out, aux, a, b, bias, false, stream);

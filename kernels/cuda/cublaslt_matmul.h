@@ -35,8 +35,10 @@ class LtMatmul {
   // out[M,N] (= or +=) op(a) op(b) + bias[N]; ab_type is a's and b's (and bias's) dtype, out_type
   // out's (f32 or bf16), both as in Backend::matmul. With accumulate and c != nullptr, what is added
   // is c [M, N] (out_type, not overlapping out) instead of out's own values: out = c + op(a) op(b) + bias.
+  // ld_a, ld_out: a's and out's row strides (0: dense), as in Backend::matmul.
   void run(void* out, const void* a, const void* b, const void* bias, int64_t M, int64_t N, int64_t K, bool trans_a,
-           bool trans_b, bool accumulate, DType ab_type, DType out_type, Stream stream, const void* c = nullptr);
+           bool trans_b, bool accumulate, DType ab_type, DType out_type, Stream stream, const void* c = nullptr,
+           int64_t ld_a = 0, int64_t ld_out = 0);
 
   // The same with a GELU epilogue; aux is [M, N] row-major in out_type. Returns false, having done
   // nothing, when cuBLASLt has no algorithm for the epilogue at this shape (the answer is cached):
@@ -47,8 +49,8 @@ class LtMatmul {
 
  private:
   struct Plan;  // the descriptors and chosen algorithm of one shape
-  // M, N, K, trans_a, trans_b, accumulate, has bias, ab dtype, out dtype, alignment, epilogue
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool, int, int, int, int>;
+  // M, N, K, trans_a, trans_b, accumulate, has bias, ab dtype, out dtype, alignment, epilogue, ld_a, ld_out
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool, int, int, int, int, int64_t, int64_t>;
   Plan* plan_for(const Key& key);  // nullptr: no algorithm for an epilogue (none: an error)
   void launch(Plan& p, void* out, void* aux, const void* a, const void* b, const void* bias, bool accumulate,
               Stream stream, const void* c = nullptr);

@@ -104,6 +104,7 @@ class CudaBackend : public Backend {
   int threads() const override { return 1; }
   DType compute_dtype() const override { return compute_; }
   bool is_host_memory() const override { return false; }
+  int vocab_pad() const override { return kDeviceVocabPad; }
   bool device_memory(size_t* free_bytes, size_t* total_bytes) override {
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
@@ -145,20 +146,21 @@ class CudaBackend : public Backend {
 
   // ---- dense ----
   void matmul_impl(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
-                   bool trans_b, bool accumulate) override {
+                   bool trans_b, bool accumulate, int64_t ld_a, int64_t ld_out) override {
     if (lt_) {
-      lt_->run(out.data, a.data, b.data, bias.data, M, N, K, trans_a, trans_b, accumulate, a.dtype, out.dtype, stream_);
+      lt_->run(out.data, a.data, b.data, bias.data, M, N, K, trans_a, trans_b, accumulate, a.dtype, out.dtype, stream_,
+               nullptr, ld_a, ld_out);
       return;
     }
     if (compute_ == DType::f32) {
       cuda::matmul<float, float>(out.f32(), a.f32(), b.f32(), bias.data ? bias.f32() : nullptr, M, N, K, trans_a,
-                                 trans_b, accumulate, stream_);
+                                 trans_b, accumulate, ld_a, ld_out, stream_);
     } else if (out.dtype == DType::f32) {
       cuda::matmul<uint16_t, float>(out.f32(), a.bf16(), b.bf16(), bias.data ? bias.bf16() : nullptr, M, N, K,
-                                    trans_a, trans_b, accumulate, stream_);
+                                    trans_a, trans_b, accumulate, ld_a, ld_out, stream_);
     } else {
       cuda::matmul<uint16_t, uint16_t>(out.bf16(), a.bf16(), b.bf16(), bias.data ? bias.bf16() : nullptr, M, N, K,
-                                       trans_a, trans_b, accumulate, stream_);
+                                       trans_a, trans_b, accumulate, ld_a, ld_out, stream_);
     }
   }
   // With cuBLASLt, one call that reads the residual as C and writes out as D; else a copy and the
@@ -171,7 +173,7 @@ class CudaBackend : public Backend {
       return;
     }
     copy_impl(out.data, residual.data, (size_t)(M * N) * dtype_size(out.dtype));
-    matmul_impl(out, a, b, bias, M, N, K, false, true, true);
+    matmul_impl(out, a, b, bias, M, N, K, false, true, true, K, N);
   }
   // With cuBLASLt, one call with the GELU in its epilogue; else (the plain kernels, or a shape
   // cuBLASLt has no epilogue algorithm for) the matmul and the GELU kernel.
@@ -181,7 +183,7 @@ class CudaBackend : public Backend {
                                  false, true, a.dtype, out.dtype, stream_))
       return;
     if (lt_) no_gelu_epilogue("forward", M, N, K);
-    matmul_impl(pre, a, b, bias, M, N, K, false, true, false);
+    matmul_impl(pre, a, b, bias, M, N, K, false, true, false, K, N);
     gelu_forward_impl(out, pre, M * N);
   }
   void matmul_dgelu_impl(Tensor dpre, Tensor dout, Tensor b, Tensor pre, int64_t M, int64_t N, int64_t K) override {
@@ -189,7 +191,7 @@ class CudaBackend : public Backend {
                                  false, false, dout.dtype, dpre.dtype, stream_))
       return;
     if (lt_) no_gelu_epilogue("backward", M, N, K);
-    matmul_impl(dpre, dout, b, Tensor(), M, N, K, false, false, false);
+    matmul_impl(dpre, dout, b, Tensor(), M, N, K, false, false, false, K, N);
     gelu_backward_impl(dpre, pre, dpre, M * N);
   }
   // Once per direction and shape: cuBLASLt had no algorithm with the GELU epilogue.
@@ -361,11 +363,11 @@ class CudaBackend : public Backend {
 
   // ---- loss ----
   void cross_entropy_impl(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                          float grad_scale) override {
+                          float grad_scale, int64_t ld) override {
     double* rows = (double*)scratch(row_losses_, (size_t)std::max<int64_t>(N, 1) * sizeof(double));
     by_dtype(logits.dtype, "cross_entropy", [&](auto tag) {
       using A = decltype(tag);
-      cuda::cross_entropy(loss_sum.f64(), rows, (A*)dlogits.data, (const A*)logits.data, targets.i32(), N, V,
+      cuda::cross_entropy(loss_sum.f64(), rows, (A*)dlogits.data, (const A*)logits.data, targets.i32(), N, V, ld,
                           grad_scale, err_, stream_);
     });
   }

@@ -65,7 +65,7 @@ constexpr int kMmTile = 64, kMmK = 16, kMmThreads = 256;
 template <typename Ta, typename Tout>
 __global__ void __launch_bounds__(kMmThreads) matmul_kernel(Tout* out, const Ta* a, const Ta* b, const Ta* bias,
                                                             int64_t M, int64_t N, int64_t K, bool ta, bool tb,
-                                                            bool acc) {
+                                                            bool acc, int64_t lda, int64_t ldo) {
   __shared__ float as[kMmK][kMmTile + 4], bs[kMmK][kMmTile + 4];
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t row0 = (int64_t)blockIdx.y * kMmTile, col0 = (int64_t)blockIdx.x * kMmTile;
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kMmThreads) matmul_kernel(Tout* out, const Ta*
     for (int e = tid; e < kMmK * kMmTile; e += kMmThreads) {
       const int kk = ta ? e / kMmTile : e % kMmK, r = ta ? e % kMmTile : e / kMmK;
       const int64_t row = row0 + r, k = k0 + kk;
-      as[kk][r] = row < M && k < K ? to_f32(ta ? a[k * M + row] : a[row * K + k]) : 0.0f;
+      as[kk][r] = row < M && k < K ? to_f32(ta ? a[k * lda + row] : a[row * lda + k]) : 0.0f;
     }
     for (int e = tid; e < kMmK * kMmTile; e += kMmThreads) {
       const int kk = tb ? e % kMmK : e / kMmTile, c = tb ? e / kMmK : e % kMmTile;
@@ -100,8 +100,8 @@ __global__ void __launch_bounds__(kMmThreads) matmul_kernel(Tout* out, const Ta*
       if (col >= N) break;
       float v = sum[i][j];
       if (bias) v += to_f32(bias[col]);
-      if (acc) v += to_f32(out[row * N + col]);
-      out[row * N + col] = from_f32<Tout>(v);
+      if (acc) v += to_f32(out[row * ldo + col]);
+      out[row * ldo + col] = from_f32<Tout>(v);
     }
   }
 }
@@ -477,33 +477,60 @@ __global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const
 }
 
 // ---- loss: a block per row, then one block sums the rows in order ----
-template <typename T>
+// One block per row of the logits, two passes over it: an online softmax (each thread a running max
+// and its sum of exponentials, rescaled when the max grows; the threads combined in order), then
+// dlogits in place. VEC logits at a time (16 bytes) when the row is 16-byte aligned, as the padded
+// rows (Backend::vocab_pad) are; scalar otherwise.
+__device__ __forceinline__ void softmax_step(float x, float& m, float& s) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.0f;  // m = -inf at first: 0 * 0 + 1
+    m = x;
+  } else if (x > -INFINITY) {  // a -inf logit adds nothing (and -inf - -inf would be NaN)
+    s += expf(x - m);
+  }
+}
+
+template <typename T, int VEC>
 __global__ void cross_entropy_kernel(double* row_losses, T* dlogits, const T* logits, const int32_t* targets, int V,
-                                     float grad_scale, int* err) {
+                                     int64_t ld, float grad_scale, int* err) {
   const int64_t row = blockIdx.x;
-  const T* x = logits + row * V;
+  const T* x = logits + row * ld;
+  T* dx = dlogits ? dlogits + row * ld : nullptr;
   const int tg = targets[row];
   const bool bad = tg != kIgnoreIndex && (tg < 0 || tg >= V);
   if (bad && threadIdx.x == 0) report(err, kErrTarget, tg, row, V);
+  const int nvec = VEC > 1 ? V / VEC : 0;  // whole vectors; the tail is scalar
   if (tg == kIgnoreIndex || bad) {
-    if (dlogits)
-      for (int j = (int)threadIdx.x; j < V; j += (int)blockDim.x) dlogits[row * V + j] = from_f32<T>(0.0f);
+    if (dx)
+      for (int j = (int)threadIdx.x; j < V; j += (int)blockDim.x) dx[j] = from_f32<T>(0.0f);
     if (threadIdx.x == 0) row_losses[row] = 0.0;
     return;
   }
   const float target_logit = to_f32(x[tg]);
-  float m = -INFINITY;
-  for (int j = (int)threadIdx.x; j < V; j += (int)blockDim.x) m = fmaxf(m, to_f32(x[j]));
-  m = block_max_all(m);
-  float s = 0.0f;
-  for (int j = (int)threadIdx.x; j < V; j += (int)blockDim.x) s += expf(to_f32(x[j]) - m);
-  const double sum = block_sum_all((double)s);  // every logit has been read: dlogits may now overwrite them
-  if (dlogits) {
-    const float f = (float)(grad_scale / sum);
-    for (int j = (int)threadIdx.x; j < V; j += (int)blockDim.x)
-      dlogits[row * V + j] = from_f32<T>(expf(to_f32(x[j]) - m) * f - (j == tg ? grad_scale : 0.0f));
+  float m = -INFINITY, s = 0.0f;
+  for (int i = (int)threadIdx.x; i < nvec; i += (int)blockDim.x) {
+    const Vec<T, VEC> v = load_vec<T, VEC>(x + (int64_t)i * VEC);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) softmax_step(to_f32(v.v[k]), m, s);
   }
-  if (threadIdx.x == 0) row_losses[row] = log(sum) + m - target_logit;
+  for (int j = nvec * VEC + (int)threadIdx.x; j < V; j += (int)blockDim.x) softmax_step(to_f32(x[j]), m, s);
+  const float row_max = block_max_all(m);
+  const double sum = block_sum_all(m == -INFINITY ? 0.0 : (double)s * exp((double)(m - row_max)));
+  // every logit has been read: dlogits may now overwrite them
+  if (dx) {
+    const float f = (float)(grad_scale / sum);
+    for (int i = (int)threadIdx.x; i < nvec; i += (int)blockDim.x) {
+      const int64_t j0 = (int64_t)i * VEC;
+      Vec<T, VEC> v = load_vec<T, VEC>(x + j0);
+#pragma unroll
+      for (int k = 0; k < VEC; k++)
+        v.v[k] = from_f32<T>(expf(to_f32(v.v[k]) - row_max) * f - (j0 + k == tg ? grad_scale : 0.0f));
+      store_vec<T, VEC>(dx + j0, v);
+    }
+    for (int j = nvec * VEC + (int)threadIdx.x; j < V; j += (int)blockDim.x)
+      dx[j] = from_f32<T>(expf(to_f32(x[j]) - row_max) * f - (j == tg ? grad_scale : 0.0f));
+  }
+  if (threadIdx.x == 0) row_losses[row] = log(sum) + row_max - target_logit;
 }
 
 __global__ void sum_rows_kernel(double* out, const double* rows, int64_t n) {
@@ -527,13 +554,13 @@ __global__ void accumulate_mixed_kernel(Td* dst, const Ts* src, int64_t n) {
 
 template <typename Ta, typename Tout>
 void matmul(Tout* out, const Ta* a, const Ta* b, const Ta* bias, int64_t M, int64_t N, int64_t K, bool trans_a,
-            bool trans_b, bool accumulate, Stream stream) {
+            bool trans_b, bool accumulate, int64_t ld_a, int64_t ld_out, Stream stream) {
   LLMT_CHECK(M >= 0 && N >= 0 && K >= 0, "cuda matmul: bad shape %lld x %lld x %lld", (long long)M, (long long)N,
              (long long)K);
   if (M == 0 || N == 0) return;
   LLMT_CHECK((M + kMmTile - 1) / kMmTile <= 65535, "cuda matmul: %lld rows exceed the grid", (long long)M);
   LLMT_LAUNCH(matmul_kernel, dim3(blocks_for(N, kMmTile), blocks_for(M, kMmTile)), kMmThreads, 0, stream, out, a, b,
-              bias, M, N, K, trans_a, trans_b, accumulate);
+              bias, M, N, K, trans_a, trans_b, accumulate, ld_a, ld_out);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -675,10 +702,15 @@ void attention_kv(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* k
 
 template <typename T>
 void cross_entropy(double* loss_sum, double* row_losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
-                   int V, float grad_scale, int* err, Stream stream) {
+                   int V, int64_t ld, float grad_scale, int* err, Stream stream) {
   if (N == 0) return;
-  LLMT_LAUNCH(cross_entropy_kernel, (unsigned)N, row_threads(V), 0, stream, row_losses, dlogits, logits, targets, V, grad_scale,
-              err);
+  // 16-byte loads when every row starts 16-byte aligned
+  if (aligned(logits, 16) && aligned(dlogits, 16) && (ld * (int64_t)sizeof(T)) % 16 == 0)
+    LLMT_LAUNCH((cross_entropy_kernel<T, (int)(16 / sizeof(T))>), (unsigned)N, row_threads(V), 0, stream, row_losses, dlogits, logits,
+                targets, V, ld, grad_scale, err);
+  else
+    LLMT_LAUNCH((cross_entropy_kernel<T, 1>), (unsigned)N, row_threads(V), 0, stream, row_losses, dlogits, logits,
+                targets, V, ld, grad_scale, err);
   CUDA_CHECK_LAUNCH();
   LLMT_LAUNCH(sum_rows_kernel, 1, 1024, 0, stream, loss_sum, row_losses, N);
   CUDA_CHECK_LAUNCH();
@@ -694,7 +726,8 @@ void accumulate_mixed(Td* dst, const Ts* src, int64_t n, Stream stream) {
 // the instantiations the backend uses
 #define LLMT_ACT_TYPES(X) X(float) X(uint16_t)
 #define LLMT_INSTANTIATE(T)                                                                                          \
-  template void matmul<T, T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool, bool, bool, Stream); \
+  template void matmul<T, T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool, bool, bool, int64_t, \
+                             int64_t, Stream);                                                                       \
   template void bias_backward<T>(float*, const T*, int64_t, int64_t, float*, Stream);                                        \
   template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int, int, int*, Stream);      \
   template void embedding_backward<T>(float*, float*, const T*, const int32_t*, int, int, int, int, int*, Stream);  \
@@ -713,12 +746,13 @@ void accumulate_mixed(Td* dst, const Ts* src, int64_t n, Stream stream) {
   template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, float*, const int32_t*, int, int, \
                                       int, int, int,                                                                 \
                                       const Dropout&, Stream);                                                       \
-  template void cross_entropy<T>(double*, double*, T*, const T*, const int32_t*, int64_t, int, float, int*, Stream);
+  template void cross_entropy<T>(double*, double*, T*, const T*, const int32_t*, int64_t, int, int64_t, float, int*, \
+                                 Stream);
 LLMT_ACT_TYPES(LLMT_INSTANTIATE)
 #undef LLMT_INSTANTIATE
 #undef LLMT_ACT_TYPES
 template void matmul<uint16_t, float>(float*, const uint16_t*, const uint16_t*, const uint16_t*, int64_t, int64_t,
-                                      int64_t, bool, bool, bool, Stream);
+                                      int64_t, bool, bool, bool, int64_t, int64_t, Stream);
 template void accumulate_mixed<float, uint16_t>(float*, const uint16_t*, int64_t, Stream);
 template void accumulate_mixed<uint16_t, float>(uint16_t*, const float*, int64_t, Stream);
 

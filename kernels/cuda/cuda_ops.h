@@ -23,7 +23,7 @@ constexpr int kErrNone = 0, kErrToken = 1, kErrTarget = 2;
 // out[M,N] (= or +=) op(a) op(b) + bias, fp32 accumulation. Ta: float or uint16_t; Tout: float or Ta.
 template <typename Ta, typename Tout>
 void matmul(Tout* out, const Ta* a, const Ta* b, const Ta* bias, int64_t M, int64_t N, int64_t K, bool trans_a,
-            bool trans_b, bool accumulate, Stream stream);
+            bool trans_b, bool accumulate, int64_t ld_a, int64_t ld_out, Stream stream);
 // Bias and norm-weight gradients are column sums in two stages (a chunk of rows per block, then the
 // chunks in order: deterministic) through `partials`, a device scratch of column_partials_bytes(N, C)
 // for N rows of C columns.
@@ -82,9 +82,10 @@ void attention_kv(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* k
                   int NH, int NKV, int hs, Stream stream);
 
 // loss_sum[0] += the rows' losses (row_losses: N doubles of scratch); dlogits may be nullptr or alias logits.
+// Rows are ld elements apart.
 template <typename T>
 void cross_entropy(double* loss_sum, double* row_losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
-                   int V, float grad_scale, int* err, Stream stream);
+                   int V, int64_t ld, float grad_scale, int* err, Stream stream);
 
 // dst[i] += src[i] across dtypes (f32 += bf16 and the like).
 template <typename Td, typename Ts>

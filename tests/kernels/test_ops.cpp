@@ -1191,6 +1191,74 @@ TEST_P(Ops, CrossEntropyLossAndGradientVsFiniteDifferencesWithIgnored) {
   }
 }
 
+// Rows of V logits ld elements apart (the padded logits, Backend::vocab_pad): the loss and dlogits
+// (in place) as the dense rows give, the padding never written. ld = 64 and 56 are 16-byte rows in
+// both dtypes (the CUDA kernel's vector loads, with a scalar tail at V = 37 and 50).
+TEST_P(Ops, CrossEntropyOverPaddedRows) {
+  std::mt19937 rng(63);
+  const int64_t N = 6;
+  const float grad_scale = 0.5f, pad = 7.0f;
+  for (auto [V, ld] : {std::pair<int, int64_t>{19, 32}, {37, 64}, {50, 56}}) {
+    SCOPED_TRACE(::testing::Message() << "V=" << V << " ld=" << ld);
+    FV dense = rand_act(rng, N * V, -3.f, 3.f), padded((size_t)(N * ld), pad);
+    for (int64_t i = 0; i < N; i++)
+      for (int j = 0; j < V; j++) padded[(size_t)(i * ld + j)] = dense[(size_t)(i * V + j)];
+    IV tg(N);
+    for (int64_t i = 0; i < N; i++) tg[(size_t)i] = (int)((i * 7 + 3) % V);
+    tg[2] = llmt::kIgnoreIndex;
+    const DV dd = to_d(dense);
+    const double want_loss = llmt_ref::cross_entropy(dd, tg, N, V);
+    const DV want_grad = fd_grad([&](const DV& v) { return grad_scale * llmt_ref::cross_entropy(v, tg, N, V); }, dd);
+    BufP L = Buf::act(padded);
+    Buf Tg(tg), S(std::vector<double>{0.0});
+    be().cross_entropy(S.f64({1}), L->a({N, ld}), L->a({N, ld}), Tg.i32({N}), N, V, grad_scale, ld);
+    EXPECT_NEAR(S.read<double>()[0], want_loss, tol::kF32OpForward * std::fabs(want_loss));
+    const FV got = L->rf();
+    FV got_dense((size_t)(N * V));
+    for (int64_t i = 0; i < N; i++)
+      for (int64_t j = 0; j < ld; j++) {
+        if (j < V) got_dense[(size_t)(i * V + j)] = got[(size_t)(i * ld + j)];
+        else ASSERT_EQ(got[(size_t)(i * ld + j)], pad) << "padding written at row " << i << " column " << j;
+      }
+    EXPECT_TRUE(Close(got_dense, want_grad, grad_tol()));
+  }
+}
+
+// The LM head's three matmuls over padded logits rows: logits = x W^T written with ld_out, and
+// dW += dlogits^T x and dx = dlogits W reading dlogits with ld_a. Padding is neither read nor written.
+TEST_P(Ops, MatmulOverPaddedRows) {
+  std::mt19937 rng(17);
+  const int64_t R = 9, V = 19, C = 8, ld = 32;
+  const float pad = 7.0f;
+  FV x = rand_act(rng, R * C), w = rand_act(rng, V * C), dl = rand_act(rng, R * V), pre = rand_f(rng, V * C);
+  FV dl_padded((size_t)(R * ld), pad), out_padded((size_t)(R * ld), pad);
+  for (int64_t i = 0; i < R; i++)
+    for (int64_t j = 0; j < V; j++) dl_padded[(size_t)(i * ld + j)] = dl[(size_t)(i * V + j)];
+  BufP X = Buf::act(x), W = Buf::act(w), DLp = Buf::act(dl_padded), Out = Buf::act(out_padded), dX = Buf::act(x);
+  Buf dW(pre);
+  be().matmul(Out->a({R, ld}), X->a({R, C}), W->a({V, C}), null_act({V}), R, V, C, false, true, false, 0, ld);
+  be().matmul(dW.f32({V, C}), DLp->a({R, ld}), X->a({R, C}), null_act({C}), V, C, R, true, false, true, ld, 0);
+  be().matmul(dX->a({R, C}), DLp->a({R, ld}), W->a({V, C}), null_act({C}), R, C, V, false, false, false, ld, 0);
+  DV logits, dw = to_d(pre), dx;
+  llmt_ref::matmul(logits, to_d(x), to_d(w), nullptr, R, V, C, false, true, false);
+  llmt_ref::matmul(dw, to_d(dl), to_d(x), nullptr, V, C, R, true, false, true);
+  llmt_ref::matmul(dx, to_d(dl), to_d(w), nullptr, R, C, V, false, false, false);
+  const FV got = Out->rf();
+  FV got_dense((size_t)(R * V));
+  for (int64_t i = 0; i < R; i++)
+    for (int64_t j = 0; j < ld; j++) {
+      if (j < V) got_dense[(size_t)(i * V + j)] = got[(size_t)(i * ld + j)];
+      else ASSERT_EQ(got[(size_t)(i * ld + j)], pad) << "padding written at row " << i << " column " << j;
+    }
+  EXPECT_TRUE(Close(got_dense, logits, fwd_tol())) << "logits";
+  EXPECT_TRUE(Close(dW.rf(), dw, tol::kF32OpForward + (is_bf16() ? tol::kBf16OpForward / 4 : 0))) << "dW (+=)";
+  EXPECT_TRUE(Close(dX->rf(), dx, fwd_tol())) << "dx";
+  EXPECT_THROW(be().matmul(Out->a({R, ld}), X->a({R, C}), W->a({V, C}), null_act({V}), R, V, C, false, true, false, 0,
+                           V - 1),
+               llmt::Error)
+      << "a row stride below the row";
+}
+
 TEST_P(Ops, CrossEntropyTargetOutOfRangeThrows) {
   std::mt19937 rng(62);
   const int64_t N = 5;
