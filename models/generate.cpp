@@ -17,10 +17,11 @@ double now_s() {
 }
 
 // Row `row` of the model's logits, as floats on the host.
-void read_logits_row(Backend& be, const Tensor& logits, int64_t row, int V, std::vector<float>& out) {
+// The V logits of one row; rows are `stride` apart (Transformer::logits_stride).
+void read_logits_row(Backend& be, const Tensor& logits, int64_t stride, int64_t row, int V, std::vector<float>& out) {
   out.resize((size_t)V);
   const size_t width = dtype_size(logits.dtype);
-  const char* src = (const char*)logits.data + (size_t)row * V * width;
+  const char* src = (const char*)logits.data + (size_t)(row * stride) * width;
   if (logits.dtype == DType::f32) return be.copy_to_host(out.data(), src, sizeof(float) * V);
   std::vector<uint16_t> bits((size_t)V);
   be.copy_to_host(bits.data(), src, sizeof(uint16_t) * V);
@@ -112,7 +113,7 @@ std::vector<Generated> generate(Transformer& model, UnitStore& store, const std:
         next[(size_t)b] = o.pad_id;
         continue;
       }
-      read_logits_row(be, model.logits(), (int64_t)b * rows_per_seq + rows_per_seq - 1, V, row);
+      read_logits_row(be, model.logits(), model.logits_stride(), (int64_t)b * rows_per_seq + rows_per_seq - 1, V, row);
       double u = 0.5;
       if (o.do_sample) {
         SplitMix64 rng{stream_state(stream_state(o.seed, (uint64_t)(first_index + b)), (uint64_t)step)};

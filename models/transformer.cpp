@@ -24,10 +24,10 @@ int64_t ActivationBuffer::bytes() const {
   return n;
 }
 
-void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing, DType dt,
+void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing, DType dt, int vocab_pad,
                                const std::function<Tensor(const ActivationBuffer&)>& take, Transformer* m) {
   const int64_t N = (int64_t)B * T, C = cfg.d_model, QKV = cfg.qkv_dim(), FI = cfg.mlp_in_dim(), FF = cfg.d_ff,
-                Q = (int64_t)cfg.n_head * cfg.head_size(), V = cfg.vocab_size;
+                Q = (int64_t)cfg.n_head * cfg.head_size();
   const DType f32 = DType::f32;
   auto t = [&](const char* name, DType d, std::vector<int64_t> shape) { return take({name, d, std::move(shape)}); };
   Tensor tokens = t("tokens", DType::i32, {N}), targets = t("targets", DType::i32, {N});
@@ -53,7 +53,7 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
     acts.push_back(a);
   }
   Tensor lnf = t("final norm", dt, {N, C}), lnf_mean = t("final norm mean", f32, {N}),
-         lnf_rstd = t("final norm rstd", f32, {N}), logits = t("logits", dt, {N, V});
+         lnf_rstd = t("final norm rstd", f32, {N}), logits = t("logits", dt, {N, padded_vocab(cfg, vocab_pad)});
   Tensor dres = t("grad residual", dt, {N, C}), dnorm = t("grad norm", dt, {N, C}), dattn = t("grad attention out", dt, {N, Q}),
          dqkv = t("grad qkv", dt, {N, QKV}), dmlp_in = t("grad mlp in", dt, {N, FI}),
          // GPT-2's GELU gradient comes out of matmul_dgelu straight into dmlp_in
@@ -68,17 +68,23 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
 }
 
 std::vector<ActivationBuffer> Transformer::activation_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing,
-                                                              DType compute) {
+                                                              DType compute, int vocab_pad) {
   std::vector<ActivationBuffer> out;
-  walk_buffers(cfg, B, T, checkpointing, compute, [&](const ActivationBuffer& b) { out.push_back(b); return Tensor(); },
-               nullptr);
+  walk_buffers(cfg, B, T, checkpointing, compute, vocab_pad,
+               [&](const ActivationBuffer& b) { out.push_back(b); return Tensor(); }, nullptr);
   return out;
 }
 
-int64_t Transformer::activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute) {
+int64_t Transformer::activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute,
+                                      int vocab_pad) {
   int64_t n = 0;
-  for (const ActivationBuffer& b : activation_buffers(cfg, B, T, checkpointing, compute)) n += b.bytes();
+  for (const ActivationBuffer& b : activation_buffers(cfg, B, T, checkpointing, compute, vocab_pad)) n += b.bytes();
   return n;
+}
+
+int64_t Transformer::padded_vocab(const ModelConfig& cfg, int vocab_pad) {
+  LLMT_CHECK(vocab_pad >= 1, "padded_vocab: vocab_pad %d", vocab_pad);
+  return ((int64_t)cfg.vocab_size + vocab_pad - 1) / vocab_pad * vocab_pad;
 }
 
 double Transformer::flops_per_token(const ModelConfig& cfg, const ModelLayout& layout, int T) {
@@ -92,6 +98,7 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T,
       dt_(backend.compute_dtype()),
       B_(B),
       T_max_(T),
+      V_pad_(padded_vocab(cfg, backend.vocab_pad())),
       cur_T_(T),
       checkpointing_(checkpointing) {
   LLMT_CHECK(B > 0 && T > 0, "batch size %d and sequence length %d must be positive", B, T);
@@ -115,7 +122,7 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T,
     LLMT_CHECK(T <= original, "sequence length %d exceeds the %d tokens within which dynamic rope scaling changes "
                "nothing; llmt does not implement it beyond", T, original);
   }
-  walk_buffers(cfg, B, T, checkpointing, dt_,
+  walk_buffers(cfg, B, T, checkpointing, dt_, be_.vocab_pad(),
                [&](const ActivationBuffer& b) {
                  void* p = be_.alloc((size_t)b.bytes());
                  allocations_.push_back(p);
@@ -194,7 +201,7 @@ Tensor Transformer::rows(const Tensor& t, int64_t cols) const {
   return Tensor(t.data, t.dtype, {(int64_t)B_ * cur_T_, cols});
 }
 
-Tensor Transformer::logits() const { return rows(logits_, cfg_.vocab_size); }
+Tensor Transformer::logits() const { return rows(logits_, V_pad_); }
 
 Tensor Transformer::packed_tensor(const Tensor& t) const {
   return packed_ ? Tensor(t.data, DType::i32, {(int64_t)B_ * cur_T_}) : Tensor();
@@ -364,9 +371,9 @@ void Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t
   forward_units(store);
   have_grad_ = train != nullptr;
   if (!targets) return;
-  Tensor lg = rows(logits_, V);
+  Tensor lg = rows(logits_, V_pad_);
   be_.cross_entropy(loss_sum, train ? lg : Tensor(), lg, Tensor(targets_.data, DType::i32, {N}), N, (int)V,
-                    train ? train->grad_scale : 0.0f);
+                    train ? train->grad_scale : 0.0f, V_pad_);
 }
 
 void Transformer::forward_units(UnitStore& store) {
@@ -394,9 +401,9 @@ void Transformer::forward_units(UnitStore& store) {
     store.release(1 + l);
   }
   root = store.acquire(0);
-  Tensor lnf = rows(lnf_, C), lg = rows(logits_, V);
+  Tensor lnf = rows(lnf_, C), lg = rows(logits_, V_pad_);
   norm_forward(lnf, lnf_mean_, lnf_rstd_, rows(resid_[cfg_.n_layer], C), root, r.lnf_w, r.lnf_b);
-  be_.matmul(lg, lnf, P(root, r.lm_head, {V, C}), Tensor(), N, V, C, false, true, false);
+  be_.matmul(lg, lnf, P(root, r.lm_head, {V, C}), Tensor(), N, V, C, false, true, false, 0, V_pad_);
   store.release(0);
 }
 
@@ -411,9 +418,9 @@ void Transformer::backward(UnitStore& store) {
   Tensor root = store.acquire(0);
   store.prefetch(cfg_.n_layer);
   Tensor groot = store.grads(0);
-  Tensor dlogits = rows(logits_, V), dres = rows(dres_, C);
-  be_.matmul(P(groot, r.lm_head, {V, C}), dlogits, rows(lnf_, C), Tensor(), V, C, N, true, false, true);
-  be_.matmul(rows(dnorm_, C), dlogits, P(root, r.lm_head, {V, C}), Tensor(), N, C, V, false, false, false);
+  Tensor dlogits = rows(logits_, V_pad_), dres = rows(dres_, C);  // rows V_pad_ apart
+  be_.matmul(P(groot, r.lm_head, {V, C}), dlogits, rows(lnf_, C), Tensor(), V, C, N, true, false, true, V_pad_);
+  be_.matmul(rows(dnorm_, C), dlogits, P(root, r.lm_head, {V, C}), Tensor(), N, C, V, false, false, false, V_pad_);
   be_.zero(dres.data, dres.nbytes());
   norm_backward(rows(resid_[cfg_.n_layer], C), lnf_mean_, lnf_rstd_, root, groot, r.lnf_w, r.lnf_b);
   store.release(0);

@@ -52,11 +52,13 @@ class Transformer {
   int batch() const { return B_; }
   int seq_len() const { return T_max_; }  // the most tokens per sequence
 
-  // Every buffer the model allocates for (B, T) in the given compute dtype: the one table the
-  // constructor allocates from, activation_bytes sums, and llmt plan prints.
+  // Every buffer the model allocates for (B, T) in the given compute dtype on a backend whose
+  // vocab_pad() is `vocab_pad`: the one table the constructor allocates from, activation_bytes sums,
+  // and llmt plan prints.
   static std::vector<ActivationBuffer> activation_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing,
-                                                          DType compute);
-  static int64_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute);
+                                                          DType compute, int vocab_pad);
+  static int64_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute,
+                                  int vocab_pad);
   // FLOPs of one token's training step (forward and backward) at sequence length T, by the PaLM
   // convention (appendix B): 6 * N_matmul + 12 * n_layer * d_model * T, N_matmul counting every
   // weight of a matrix product and the LM head once.
@@ -75,9 +77,13 @@ class Transformer {
                const TrainPass* train = nullptr, const int32_t* doc_start = nullptr);
   // Adds this batch's gradients into store.grads(u); call after a training forward.
   void backward(UnitStore& store);
-  // Logits [B*T, V] on the backend in the compute dtype (T of the last forward), valid after an
-  // evaluation forward or a decode.
+  // Logits [B*T, logits_stride()] on the backend in the compute dtype (T of the last forward), valid
+  // after an evaluation forward or a decode: each row's first V entries are the logits, the rest
+  // padding that is never written (Backend::vocab_pad).
   Tensor logits() const;
+  int64_t logits_stride() const { return V_pad_; }
+  // The vocabulary rounded up to a multiple of vocab_pad: the logits' row stride.
+  static int64_t padded_vocab(const ModelConfig& cfg, int vocab_pad);
 
   // Generation (llmt generate) with a KV cache. start_generation sizes the cache for the model's B
   // sequences of up to `cap` positions (prompt and new tokens) and empties it; sequence b's real
@@ -97,7 +103,7 @@ class Transformer {
   };
   // Walks the activation table, handing each buffer to `take`: the constructor allocates, the
   // static functions only record. The one place the model's memory is described.
-  static void walk_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute,
+  static void walk_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute, int vocab_pad,
                            const std::function<Tensor(const ActivationBuffer&)>& take, Transformer* model);
   Dropout dropout_for(int layer, int site, float p) const;
   void norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, int64_t w_off, int64_t b_off);
@@ -118,6 +124,7 @@ class Transformer {
   Backend& be_;
   DType dt_;        // the compute dtype
   int B_, T_max_;   // capacity
+  int64_t V_pad_;   // the logits' row stride
   int cur_T_ = 0;   // the current batch's sequence length
   bool checkpointing_;
   RopeSpec rope_;  // the model's RoPE frequencies (theta and rope_scaling)

@@ -24,6 +24,7 @@ struct PlanArgs {
   bool gradient_checkpointing = false;
   bool bf16 = false;              // bf16 compute copy, gathers and activations
   DType reduce_dtype = DType::f32;  // what gradients travel in
+  int vocab_pad = 1;                // the logits' row padding: 1 on the CPU, kDeviceVocabPad on a GPU
 };
 
 // What a run holds and sends per rank. Per rank: persistent state, peak gathered buffers,

@@ -123,6 +123,7 @@ PlanArgs plan_args(const SessionSettings& s, int world, int node_ranks) {
   a.gradient_checkpointing = s.gradient_checkpointing;
   a.bf16 = s.bf16;
   a.reduce_dtype = s.reduce_dtype;
+  a.vocab_pad = s.device == "cuda" ? kDeviceVocabPad : 1;
   return a;
 }
 

@@ -56,13 +56,21 @@ std::unique_ptr<Loaded> load(const std::string& name, const std::string& device,
   return m;
 }
 
+// The model's logits, [rows, V] on the host (each row's padding, logits_stride, dropped).
 std::vector<float> logits_host(const Transformer& model) {
   const Tensor t = model.logits();
-  std::vector<float> out((size_t)t.numel());
-  if (t.dtype == DType::f32) return model.backend().copy_to_host(out.data(), t.data, t.nbytes()), out;
-  std::vector<uint16_t> h(out.size());
-  model.backend().copy_to_host(h.data(), t.data, t.nbytes());
-  for (size_t i = 0; i < h.size(); i++) out[i] = bf16_to_f32(h[i]);
+  std::vector<float> padded((size_t)t.numel());
+  if (t.dtype == DType::f32) {
+    model.backend().copy_to_host(padded.data(), t.data, t.nbytes());
+  } else {
+    std::vector<uint16_t> h(padded.size());
+    model.backend().copy_to_host(h.data(), t.data, t.nbytes());
+    for (size_t i = 0; i < h.size(); i++) padded[i] = bf16_to_f32(h[i]);
+  }
+  const int64_t V = model.config().vocab_size, stride = model.logits_stride(), rows = t.numel() / stride;
+  std::vector<float> out((size_t)(rows * V));
+  for (int64_t r = 0; r < rows; r++)
+    std::copy(padded.begin() + r * stride, padded.begin() + r * stride + V, out.begin() + r * V);
   return out;
 }
 
@@ -197,6 +205,25 @@ TEST(Generate, PlanSizesTheKvCache) {
   EXPECT_EQ(Transformer::kv_cache_bytes(cfg, 1, 1, DType::bf16), 128 * 1024);
   a.bf16 = false;
   EXPECT_DOUBLE_EQ(plan_run(cfg, a).kv_cache_gib, 4.0);
+}
+
+// A GPU pads the logits' rows to a multiple of 128 (GPT-2: 50257 -> 50304, 16-byte rows); the CPU
+// does not; llmt plan counts what each allocates. Llama 3's 128256 is already a multiple.
+TEST(Plan, LogitsRowsArePaddedOnAGpu) {
+  EXPECT_EQ(Transformer::padded_vocab(config_from_preset("gpt2"), kDeviceVocabPad), 50304);
+  EXPECT_EQ(Transformer::padded_vocab(config_from_preset("gpt2"), 1), 50257);
+  EXPECT_EQ(Transformer::padded_vocab(config_from_preset("llama3-8b"), kDeviceVocabPad), 128256);
+  PlanArgs a;
+  a.model = "gpt2", a.batch = 2, a.seq_len = 64;
+  const ModelConfig cfg = config_from_preset(a.model);
+  const double cpu = plan_run(cfg, a).activations_by_buffer_gib.at("logits");
+  a.vocab_pad = kDeviceVocabPad;
+  const double gpu = plan_run(cfg, a).activations_by_buffer_gib.at("logits");
+  EXPECT_DOUBLE_EQ(cpu * (1u << 30), 2.0 * 64 * 50257 * 4);
+  EXPECT_DOUBLE_EQ(gpu * (1u << 30), 2.0 * 64 * 50304 * 4);
+  auto m = load("gpt2_tiny", "cuda", DType::bf16, 1, 4);  // vocabulary 259: rows of 384 on the device
+  EXPECT_EQ(m->model->logits_stride(), 384);
+  EXPECT_EQ(load("gpt2_tiny", "cpu", DType::f32, 1, 4)->model->logits_stride(), 259);
 }
 
 TEST(Generate, RefusesWhatItCannotDo) {
