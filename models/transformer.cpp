@@ -25,7 +25,8 @@ int64_t ActivationBuffer::bytes() const {
 }
 
 void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing, DType dt, int vocab_pad,
-                               const std::function<Tensor(const ActivationBuffer&)>& take, Transformer* m) {
+                               int64_t head_chunk, const std::function<Tensor(const ActivationBuffer&)>& take,
+                               Transformer* m) {
   const int64_t N = (int64_t)B * T, C = cfg.d_model, QKV = cfg.qkv_dim(), FI = cfg.mlp_in_dim(), FF = cfg.d_ff,
                 Q = (int64_t)cfg.n_head * cfg.head_size();
   const DType f32 = DType::f32;
@@ -53,7 +54,9 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
     acts.push_back(a);
   }
   Tensor lnf = t("final norm", dt, {N, C}), lnf_mean = t("final norm mean", f32, {N}),
-         lnf_rstd = t("final norm rstd", f32, {N}), logits = t("logits", dt, {N, padded_vocab(cfg, vocab_pad)});
+         lnf_rstd = t("final norm rstd", f32, {N}),
+         logits = t("logits", dt, {head_chunk > 0 ? std::min(head_chunk, N) : N, padded_vocab(cfg, vocab_pad)});
+  Tensor discarded = head_chunk > 0 && head_chunk < N ? t("chunked head's recomputed loss", DType::f64, {1}) : Tensor();
   Tensor dres = t("grad residual", dt, {N, C}), dnorm = t("grad norm", dt, {N, C}), dattn = t("grad attention out", dt, {N, Q}),
          dqkv = t("grad qkv", dt, {N, QKV}), dmlp_in = t("grad mlp in", dt, {N, FI}),
          // GPT-2's GELU gradient comes out of matmul_dgelu straight into dmlp_in
@@ -65,20 +68,22 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
   m->lnf_ = lnf, m->lnf_mean_ = lnf_mean, m->lnf_rstd_ = lnf_rstd, m->logits_ = logits;
   m->dres_ = dres, m->dnorm_ = dnorm, m->dattn_ = dattn, m->dqkv_ = dqkv, m->dmlp_in_ = dmlp_in, m->dmlp_act_ = dmlp_act;
   m->dropped_ = dropped;
+  m->discarded_loss_ = discarded;
 }
 
 std::vector<ActivationBuffer> Transformer::activation_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing,
-                                                              DType compute, int vocab_pad) {
+                                                              DType compute, int vocab_pad, int64_t head_chunk) {
   std::vector<ActivationBuffer> out;
-  walk_buffers(cfg, B, T, checkpointing, compute, vocab_pad,
+  walk_buffers(cfg, B, T, checkpointing, compute, vocab_pad, head_chunk,
                [&](const ActivationBuffer& b) { out.push_back(b); return Tensor(); }, nullptr);
   return out;
 }
 
 int64_t Transformer::activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute,
-                                      int vocab_pad) {
+                                      int vocab_pad, int64_t head_chunk) {
   int64_t n = 0;
-  for (const ActivationBuffer& b : activation_buffers(cfg, B, T, checkpointing, compute, vocab_pad)) n += b.bytes();
+  for (const ActivationBuffer& b : activation_buffers(cfg, B, T, checkpointing, compute, vocab_pad, head_chunk))
+    n += b.bytes();
   return n;
 }
 
@@ -91,7 +96,8 @@ double Transformer::flops_per_token(const ModelConfig& cfg, const ModelLayout& l
   return 6.0 * (double)layout.matmul_numel + 12.0 * cfg.n_layer * cfg.d_model * T;
 }
 
-Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T, bool checkpointing)
+Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T, bool checkpointing,
+                         int64_t head_chunk)
     : cfg_(cfg),
       layout_(make_layout(cfg)),
       be_(backend),
@@ -122,7 +128,10 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T,
     LLMT_CHECK(T <= original, "sequence length %d exceeds the %d tokens within which dynamic rope scaling changes "
                "nothing; llmt does not implement it beyond", T, original);
   }
-  walk_buffers(cfg, B, T, checkpointing, dt_, be_.vocab_pad(),
+  LLMT_CHECK(head_chunk >= 0, "head chunk of %lld tokens: expected 0 (the whole batch) or more",
+             (long long)head_chunk);
+  head_rows_ = head_chunk > 0 ? std::min<int64_t>(head_chunk, (int64_t)B * T) : (int64_t)B * T;
+  walk_buffers(cfg, B, T, checkpointing, dt_, be_.vocab_pad(), head_chunk,
                [&](const ActivationBuffer& b) {
                  void* p = be_.alloc((size_t)b.bytes());
                  allocations_.push_back(p);
@@ -201,7 +210,11 @@ Tensor Transformer::rows(const Tensor& t, int64_t cols) const {
   return Tensor(t.data, t.dtype, {(int64_t)B_ * cur_T_, cols});
 }
 
-Tensor Transformer::logits() const { return rows(logits_, V_pad_); }
+Tensor Transformer::logits() const {
+  LLMT_CHECK(head_rows_ >= (int64_t)B_ * cur_T_, "logits: the LM head ran in chunks of %lld tokens; no pass keeps "
+             "every row's logits", (long long)head_rows_);
+  return rows(logits_, V_pad_);
+}
 
 Tensor Transformer::packed_tensor(const Tensor& t) const {
   return packed_ ? Tensor(t.data, DType::i32, {(int64_t)B_ * cur_T_}) : Tensor();
@@ -368,9 +381,15 @@ void Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t
     be_.copy_from_host(doc_start_.data, doc_start, sizeof(int32_t) * N);
     be_.copy_from_host(positions_.data, pos.data(), sizeof(int32_t) * N);
   }
+  const bool chunked = head_rows_ < N;
+  LLMT_CHECK(!chunked || targets, "forward: the LM head runs %lld of the %lld tokens at a time (--logits_chunk_tokens), "
+             "so a pass without targets, whose logits would be read, cannot keep them", (long long)head_rows_,
+             (long long)N);
+  head_loss_ = targets ? loss_sum : Tensor();
   forward_units(store);
+  head_loss_ = Tensor();
   have_grad_ = train != nullptr;
-  if (!targets) return;
+  if (!targets || chunked) return;  // the chunked head has added its losses
   Tensor lg = rows(logits_, V_pad_);
   be_.cross_entropy(loss_sum, train ? lg : Tensor(), lg, Tensor(targets_.data, DType::i32, {N}), N, (int)V,
                     train ? train->grad_scale : 0.0f, V_pad_);
@@ -403,8 +422,40 @@ void Transformer::forward_units(UnitStore& store) {
   root = store.acquire(0);
   Tensor lnf = rows(lnf_, C), lg = rows(logits_, V_pad_);
   norm_forward(lnf, lnf_mean_, lnf_rstd_, rows(resid_[cfg_.n_layer], C), root, r.lnf_w, r.lnf_b);
-  be_.matmul(lg, lnf, P(root, r.lm_head, {V, C}), Tensor(), N, V, C, false, true, false, 0, V_pad_);
+  if (head_rows_ >= N) be_.matmul(lg, lnf, P(root, r.lm_head, {V, C}), Tensor(), N, V, C, false, true, false, 0, V_pad_);
+  else head_chunks_forward(root);
   store.release(0);
+}
+
+// The chunk at rows [c0, c0 + n) of a [N, cols] buffer.
+static Tensor chunk_rows(const Tensor& t, int64_t c0, int64_t n, int64_t cols) {
+  return Tensor((char*)t.data + (size_t)(c0 * cols) * dtype_size(t.dtype), t.dtype, {n, cols});
+}
+
+void Transformer::head_chunks_forward(Tensor root) {
+  const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model, V = cfg_.vocab_size;
+  Tensor w = P(root, layout_.root.lm_head, {V, C}), lg(logits_.data, dt_, {head_rows_, V_pad_});
+  for (int64_t c0 = 0; c0 < N; c0 += head_rows_) {
+    const int64_t n = std::min(head_rows_, N - c0);
+    be_.matmul(lg, chunk_rows(lnf_, c0, n, C), w, Tensor(), n, V, C, false, true, false, 0, V_pad_);
+    be_.cross_entropy(head_loss_, Tensor(), lg, chunk_rows(targets_, c0, n, 1), n, (int)V, 0.0f, V_pad_);
+  }
+}
+
+// Each chunk's logits again, its dlogits in place (its loss discarded: forward counted it), then
+// the head's weight gradient and the final norm's input gradient for its rows.
+void Transformer::head_chunks_backward(Tensor root, Tensor groot) {
+  const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model, V = cfg_.vocab_size;
+  Tensor w = P(root, layout_.root.lm_head, {V, C}), dw = P(groot, layout_.root.lm_head, {V, C});
+  Tensor lg(logits_.data, dt_, {head_rows_, V_pad_});
+  for (int64_t c0 = 0; c0 < N; c0 += head_rows_) {
+    const int64_t n = std::min(head_rows_, N - c0);
+    Tensor lnf = chunk_rows(lnf_, c0, n, C);
+    be_.matmul(lg, lnf, w, Tensor(), n, V, C, false, true, false, 0, V_pad_);
+    be_.cross_entropy(discarded_loss_, lg, lg, chunk_rows(targets_, c0, n, 1), n, (int)V, train_->grad_scale, V_pad_);
+    be_.matmul(dw, lg, lnf, Tensor(), V, C, n, true, false, true, V_pad_);
+    be_.matmul(chunk_rows(dnorm_, c0, n, C), lg, w, Tensor(), n, C, V, false, false, false, V_pad_);
+  }
 }
 
 void Transformer::backward(UnitStore& store) {
@@ -419,8 +470,12 @@ void Transformer::backward(UnitStore& store) {
   store.prefetch(cfg_.n_layer);
   Tensor groot = store.grads(0);
   Tensor dlogits = rows(logits_, V_pad_), dres = rows(dres_, C);  // rows V_pad_ apart
-  be_.matmul(P(groot, r.lm_head, {V, C}), dlogits, rows(lnf_, C), Tensor(), V, C, N, true, false, true, V_pad_);
-  be_.matmul(rows(dnorm_, C), dlogits, P(root, r.lm_head, {V, C}), Tensor(), N, C, V, false, false, false, V_pad_);
+  if (head_rows_ >= N) {
+    be_.matmul(P(groot, r.lm_head, {V, C}), dlogits, rows(lnf_, C), Tensor(), V, C, N, true, false, true, V_pad_);
+    be_.matmul(rows(dnorm_, C), dlogits, P(root, r.lm_head, {V, C}), Tensor(), N, C, V, false, false, false, V_pad_);
+  } else {
+    head_chunks_backward(root, groot);
+  }
   be_.zero(dres.data, dres.nbytes());
   norm_backward(rows(resid_[cfg_.n_layer], C), lnf_mean_, lnf_rstd_, root, groot, r.lnf_w, r.lnf_b);
   store.release(0);

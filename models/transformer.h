@@ -41,7 +41,12 @@ class Transformer {
  public:
   // Allocates activations for batches of B sequences of up to T tokens on the backend. With
   // checkpointing only each block's input is kept; backward recomputes the block's forward.
-  Transformer(const ModelConfig& cfg, Backend& backend, int B, int T, bool checkpointing = false);
+  // head_chunk > 0: the LM head and loss run over at most that many tokens at a time, so the logits
+  // buffer holds head_chunk rows, not B*T (LLaMA 3's 128256 x 8192 tokens would be 2 GiB in bf16);
+  // training then recomputes each chunk's logits in backward (one more head matmul), and a pass
+  // without targets (whose logits would be read) is refused. 0: the whole batch at once.
+  Transformer(const ModelConfig& cfg, Backend& backend, int B, int T, bool checkpointing = false,
+              int64_t head_chunk = 0);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -56,9 +61,9 @@ class Transformer {
   // vocab_pad() is `vocab_pad`: the one table the constructor allocates from, activation_bytes sums,
   // and llmt plan prints.
   static std::vector<ActivationBuffer> activation_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing,
-                                                          DType compute, int vocab_pad);
+                                                          DType compute, int vocab_pad, int64_t head_chunk = 0);
   static int64_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute,
-                                  int vocab_pad);
+                                  int vocab_pad, int64_t head_chunk = 0);
   // FLOPs of one token's training step (forward and backward) at sequence length T, by the PaLM
   // convention (appendix B): 6 * N_matmul + 12 * n_layer * d_model * T, N_matmul counting every
   // weight of a matrix product and the LM head once.
@@ -104,7 +109,12 @@ class Transformer {
   // Walks the activation table, handing each buffer to `take`: the constructor allocates, the
   // static functions only record. The one place the model's memory is described.
   static void walk_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute, int vocab_pad,
-                           const std::function<Tensor(const ActivationBuffer&)>& take, Transformer* model);
+                           int64_t head_chunk, const std::function<Tensor(const ActivationBuffer&)>& take,
+                           Transformer* model);
+  // The LM head and loss chunk by chunk (head_chunk): forward's losses, or backward's recomputed
+  // logits, dlogits and the head's two gradient products.
+  void head_chunks_forward(Tensor root);
+  void head_chunks_backward(Tensor root, Tensor groot);
   Dropout dropout_for(int layer, int site, float p) const;
   void norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, int64_t w_off, int64_t b_off);
   void norm_backward(Tensor x, Tensor mean, Tensor rstd, Tensor w, Tensor g, int64_t w_off, int64_t b_off);
@@ -137,6 +147,9 @@ class Transformer {
   std::vector<Tensor> resid_;               // [L+1] residual stream entering block l (resid_[L] leaves the last)
   std::vector<BlockActs> acts_;             // per layer, or one set reused when checkpointing
   Tensor lnf_, lnf_mean_, lnf_rstd_, logits_;
+  int64_t head_rows_ = 0;  // rows the logits buffer holds (B*T unless chunked)
+  Tensor head_loss_;       // forward's loss_sum while it runs (the chunked head adds into it)
+  Tensor discarded_loss_;  // f64: backward's recomputed chunks add their losses here, never read
   // backward scratch; dropped_ holds a residual branch's output (forward) or gradient (backward) under dropout
   Tensor dres_, dnorm_, dattn_, dqkv_, dmlp_in_, dmlp_act_, dropped_;
 

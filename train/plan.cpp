@@ -66,7 +66,8 @@ Plan plan_run(const ModelConfig& cfg, const PlanArgs& a) {
   ar += 2.0 * (a.world - 1) / a.world * 8.0 + 2.0 * (Ws - 1) / Ws * 8.0;
 
   std::vector<ActivationBuffer> bufs =
-      Transformer::activation_buffers(cfg, a.batch, a.seq_len, a.gradient_checkpointing, compute, a.vocab_pad);
+      Transformer::activation_buffers(cfg, a.batch, a.seq_len, a.gradient_checkpointing, compute, a.vocab_pad,
+                                      a.logits_chunk_tokens);
   double activations = 0.0;
   std::map<std::string, double> by_buffer;
   for (const ActivationBuffer& b : bufs) {

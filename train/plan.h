@@ -25,6 +25,7 @@ struct PlanArgs {
   bool bf16 = false;              // bf16 compute copy, gathers and activations
   DType reduce_dtype = DType::f32;  // what gradients travel in
   int vocab_pad = 1;                // the logits' row padding: 1 on the CPU, kDeviceVocabPad on a GPU
+  int logits_chunk_tokens = 0;      // the LM head's rows at a time (0: the micro-batch)
 };
 
 // What a run holds and sends per rank. Per rank: persistent state, peak gathered buffers,

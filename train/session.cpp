@@ -105,6 +105,7 @@ SessionSettings session_settings(const ParallelismConfig& p, const PrecisionConf
   s.ddp_timeout = p.ddp_timeout;
   s.shard_group_size = p.hybrid_shard_group_size;
   s.gradient_checkpointing = p.gradient_checkpointing;
+  s.logits_chunk_tokens = p.logits_chunk_tokens;
   s.strategy = parse_fsdp(p.fsdp);
   s.bf16 = q.bf16;
   s.tf32 = q.tf32;
@@ -124,6 +125,7 @@ PlanArgs plan_args(const SessionSettings& s, int world, int node_ranks) {
   a.bf16 = s.bf16;
   a.reduce_dtype = s.reduce_dtype;
   a.vocab_pad = s.device == "cuda" ? kDeviceVocabPad : 1;
+  a.logits_chunk_tokens = s.logits_chunk_tokens;
   return a;
 }
 
@@ -149,7 +151,7 @@ Session make_session(ControlComm& world, const LaunchInfo& launch, const Session
   out.plan = plan_args(s, world.size(), launch.local_size);
   if (s.check_memory) check_memory_fits(launch, out.plan, cfg, *out.backend);
   if (s.batch > 0) out.model = std::make_unique<Transformer>(cfg, *out.backend, s.batch, s.seq_len,
-                                                             s.gradient_checkpointing);
+                                                             s.gradient_checkpointing, s.logits_chunk_tokens);
   else out.own_layout = std::make_unique<ModelLayout>(make_layout(cfg));
   // hybrid_shard's groups are runs of consecutive ranks: with a node's ranks they must be that node's
   if (s.strategy == Strategy::hybrid_shard && s.shard_group_size <= 0)

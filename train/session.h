@@ -38,6 +38,7 @@ struct SessionSettings {
   int batch = 0;               // per rank; 0: no Transformer (its activations), the store alone (export)
   int seq_len = 0;
   bool gradient_checkpointing = false;
+  int logits_chunk_tokens = 0;  // the model's head chunk (Transformer's head_chunk)
   Strategy strategy = Strategy::full_shard;
   DType reduce_dtype = DType::f32;
   int shard_group_size = 0;    // hybrid_shard's shard group; 0 = the ranks of a node

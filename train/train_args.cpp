@@ -159,6 +159,9 @@ const std::vector<TrainFlag>& train_flags() {
        "ranks a hybrid_shard shard spans (0: the ranks of a node)", ARG_UNSET(hybrid_shard_group_size)},
       {"gradient_checkpointing", "parallelism and precision", "True|False",
        "keep only each block's input; recompute the block in backward", ARG(gradient_checkpointing)},
+      {"logits_chunk_tokens", "parallelism and precision", "N",
+       "the LM head and loss over N tokens at a time: a logits buffer of N rows instead of the micro-batch's, "
+       "each chunk's logits recomputed in backward (0: the whole micro-batch)", ARG(logits_chunk_tokens)},
       {"fp16", "parallelism and precision", "False",
        "not implemented (fp16 needs loss scaling): use --bf16 True",
        [](Flags& f, const char* n, TrainArgs&) {
@@ -312,7 +315,8 @@ ConfigFields train_config_fields(const TrainArgs& a) {
       {"--report_to tensorboard", b(a.report_tensorboard)}, {"--logging_dir", a.logging_dir}, {"--fsdp", a.fsdp},
       {"--fsdp_transformer_layer_cls_to_wrap", a.fsdp_transformer_layer_cls_to_wrap},
       {"--hybrid_shard_group_size", i(a.hybrid_shard_group_size)},
-      {"--gradient_checkpointing", b(a.gradient_checkpointing)}, {"--do_eval", b(a.do_eval)},
+      {"--gradient_checkpointing", b(a.gradient_checkpointing)},
+      {"--logits_chunk_tokens", i(a.logits_chunk_tokens)}, {"--do_eval", b(a.do_eval)},
       {"--evaluation_strategy", a.evaluation_strategy}, {"--eval_steps", i(a.eval_steps)},
       {"--save_strategy", a.save_strategy}, {"--save_steps", i(a.save_steps)},
       {"--save_total_limit", i(a.save_total_limit)}, {"--resume_from_checkpoint", a.resume_from_checkpoint},
@@ -326,7 +330,8 @@ namespace {
 
 // The flags of train's table that set a part's members.
 const std::vector<const char*> kParallelismFlags = {"device", "threads", "ddp_backend", "ddp_timeout", "fsdp",
-                                                    "hybrid_shard_group_size", "gradient_checkpointing"};
+                                                    "hybrid_shard_group_size", "gradient_checkpointing",
+                                                    "logits_chunk_tokens"};
 const std::vector<const char*> kPrecisionFlags = {"bf16", "tf32", "mixed_precision_reduce"};
 
 // Reads the named flags of train's table into `a` (each as llmt train reads it).
@@ -355,6 +360,8 @@ void check_parallelism(const ParallelismConfig& a) {
              "to %d (this node's CPUs)", a.threads, cpus);
   LLMT_CHECK(a.hybrid_shard_group_size >= 0, "--hybrid_shard_group_size %d: expected 0 (the ranks of a node) or a "
              "positive number of ranks", a.hybrid_shard_group_size);
+  LLMT_CHECK(a.logits_chunk_tokens >= 0, "--logits_chunk_tokens %d: expected 0 (the whole micro-batch) or a positive "
+             "number of tokens", a.logits_chunk_tokens);
   parse_fsdp(a.fsdp);  // its spelling, before any rank starts work
 }
 

@@ -25,6 +25,7 @@ struct ParallelismConfig {
   std::string fsdp;                  // "full_shard auto_wrap", "shard_grad_op", "hybrid_shard", "no_shard" ("" = no_shard)
   int hybrid_shard_group_size = 0;   // ranks a hybrid_shard shard spans; 0 = the ranks of a node
   bool gradient_checkpointing = false;
+  int logits_chunk_tokens = 0;       // LM head and loss over this many tokens at a time; 0 = the whole micro-batch
 };
 
 struct PrecisionConfig {

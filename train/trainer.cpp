@@ -337,7 +337,7 @@ void Trainer::describe(const TrainArgs& a) {
            strategy_name(session_.store->strategy()), g.shard_size, g.shard_size == 1 ? "" : "s", g.replica_size,
            g.replica_size == 1 ? "" : "s", session_.store->persistent_bytes() / kMiB, a.bf16 ? ", bf16 copy" : "",
            Transformer::activation_bytes(cfg_, B_, T_, a.gradient_checkpointing, session_.backend->compute_dtype(),
-                                         session_.backend->vocab_pad()) / kMiB,
+                                         session_.backend->vocab_pad(), a.logits_chunk_tokens) / kMiB,
            a.gradient_checkpointing ? " (gradient checkpointing)" : "", dtype_name(session_.backend->compute_dtype()),
            dtype_name(session_.store->reduce_dtype()), save_dtype_.c_str());
   log_info("plan   per rank: gathered buffers at most %.1f MiB; %.1f MiB sent per step at the longest batches "

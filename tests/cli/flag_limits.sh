@@ -28,6 +28,7 @@ refused epochs "--num_train_epochs 1e+17 x" --num_train_epochs 1e17
 refused workers "--preprocessing_num_workers 100000: expected 0" --preprocessing_num_workers 100000
 refused threads "--threads -1: expected 0" --threads -1
 refused block "--block_size -1: expected a positive number of tokens" --block_size -1
+refused logits_chunk "--logits_chunk_tokens -3: expected 0" --logits_chunk_tokens -3
 
 # --output_dir a/b/c: the parents are made
 "$llmt" train "${common[@]}" --output_dir "$work/new/parents/out" --max_steps 1 > "$work/parents.log" 2>&1 \

@@ -208,7 +208,8 @@ TEST(Generate, PlanSizesTheKvCache) {
 }
 
 // A GPU pads the logits' rows to a multiple of 128 (GPT-2: 50257 -> 50304, 16-byte rows); the CPU
-// does not; llmt plan counts what each allocates. Llama 3's 128256 is already a multiple.
+// does not; llmt plan counts what each allocates, and the smaller buffer of a chunked head. Llama 3's
+// 128256 is already a multiple.
 TEST(Plan, LogitsRowsArePaddedOnAGpu) {
   EXPECT_EQ(Transformer::padded_vocab(config_from_preset("gpt2"), kDeviceVocabPad), 50304);
   EXPECT_EQ(Transformer::padded_vocab(config_from_preset("gpt2"), 1), 50257);
@@ -221,6 +222,10 @@ TEST(Plan, LogitsRowsArePaddedOnAGpu) {
   const double gpu = plan_run(cfg, a).activations_by_buffer_gib.at("logits");
   EXPECT_DOUBLE_EQ(cpu * (1u << 30), 2.0 * 64 * 50257 * 4);
   EXPECT_DOUBLE_EQ(gpu * (1u << 30), 2.0 * 64 * 50304 * 4);
+  a.logits_chunk_tokens = 16;  // --logits_chunk_tokens: a buffer of 16 rows, and the recomputed loss's scalar
+  const Plan chunked = plan_run(cfg, a);
+  EXPECT_DOUBLE_EQ(chunked.activations_by_buffer_gib.at("logits") * (1u << 30), 16.0 * 50304 * 4);
+  EXPECT_DOUBLE_EQ(chunked.activations_by_buffer_gib.at("chunked head's recomputed loss") * (1u << 30), 8.0);
   auto m = load("gpt2_tiny", "cuda", DType::bf16, 1, 4);  // vocabulary 259: rows of 384 on the device
   EXPECT_EQ(m->model->logits_stride(), 384);
   EXPECT_EQ(load("gpt2_tiny", "cpu", DType::f32, 1, 4)->model->logits_stride(), 259);

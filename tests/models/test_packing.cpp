@@ -34,12 +34,12 @@ struct Result {
   std::vector<std::vector<float>> grads;
 };
 Result run(const std::string& fixture, const std::string& device, DType dt, const std::vector<std::vector<int32_t>>& docs,
-           const std::vector<std::vector<int>>& rows, int T) {
+           const std::vector<std::vector<int>>& rows, int T, int64_t head_chunk = 0) {
   const std::string dir = llmt_test::reference_dir() + "/" + fixture;
   const ModelConfig cfg = config_from_json_file(dir + "/config.json");
   std::unique_ptr<Backend> be = device == "cpu" ? make_cpu_backend(2, dt) : make_cuda_backend(0, dt, false);
   const int B = rows.empty() ? 1 : (int)rows.size();
-  Transformer model(cfg, *be, B, T);
+  Transformer model(cfg, *be, B, T, false, head_chunk);
   const ModelLayout& L = model.layout();
   std::unique_ptr<DataComm> solo = make_solo_data_comm();
   FsdpStore store(*be, L, Strategy::no_shard, *solo, 1);
@@ -107,6 +107,46 @@ TEST(Packing, PackedRowsGiveEachDocumentsLossAndGradients) {
                     dt == DType::f32 ? 1e-5 : 6e-2)
               << "unit " << u << "'s gradient";
       }
+}
+
+// The LM head and loss in chunks of tokens (--logits_chunk_tokens: a logits buffer of that many
+// rows, each chunk's logits recomputed in backward) give the whole batch's loss and gradients: only
+// the order in which the head's weight gradient adds the rows differs. 39 tokens in chunks of 5
+// (the last of 4) and 16.
+TEST(HeadChunks, ChunkedHeadGivesTheWholeBatchsLossAndGradients) {
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<int> id(3, 250);
+  std::vector<std::vector<int32_t>> docs;
+  for (int n : {13, 13, 13}) {
+    docs.emplace_back();
+    for (int i = 0; i < n; i++) docs.back().push_back(id(rng));
+  }
+  const std::vector<std::vector<int>> rows = {{0}, {1}, {2}};
+  for (const char* fixture : {"gpt2_tiny", "llama_tiny"})
+    for (const char* device : {"cpu", "cuda"})
+      for (DType dt : {DType::f32, DType::bf16}) {
+        const Result whole = run(fixture, device, dt, docs, rows, 13);
+        for (int64_t chunk : {5, 16}) {
+          SCOPED_TRACE(::testing::Message() << fixture << " " << device << " " << dtype_name(dt) << " chunk " << chunk);
+          const Result part = run(fixture, device, dt, docs, rows, 13, chunk);
+          EXPECT_NEAR(part.loss, whole.loss, 1e-6 * std::fabs(whole.loss)) << "the loss sum";
+          for (size_t u = 0; u < whole.grads.size(); u++)
+            EXPECT_LT(llmt_test::rel_error(part.grads[u].data(), whole.grads[u].data(), (int64_t)whole.grads[u].size()),
+                      dt == DType::f32 ? 1e-5 : 1e-2)
+                << "unit " << u << "'s gradient";
+        }
+      }
+  // no pass keeps every row's logits
+  const std::string dir = llmt_test::reference_dir() + "/llama_tiny";
+  const ModelConfig cfg = config_from_json_file(dir + "/config.json");
+  std::unique_ptr<Backend> be = make_cpu_backend(1, DType::f32);
+  Transformer model(cfg, *be, 1, 8, false, 3);
+  std::unique_ptr<DataComm> solo = make_solo_data_comm();
+  FsdpStore store(*be, model.layout(), Strategy::no_shard, *solo, 1);
+  const std::vector<int32_t> tok = {5, 6, 7, 8, 9, 10, 11, 12};
+  llmt_test::expect_error([&] { model.forward(store, tok.data(), nullptr, 8, Tensor()); },
+                          {"3 of the 8 tokens at a time", "--logits_chunk_tokens"});
+  llmt_test::expect_error([&] { model.logits(); }, {"chunks of 3 tokens"});
 }
 
 TEST(Packing, DocumentsMustBeContiguous) {
