@@ -517,18 +517,18 @@ void init_unit_range(const ModelConfig& cfg, const UnitLayout& unit, int unit_in
   std::fill(out, out + (hi - lo), 0.0f);  // gaps between parameters, if any
   uint64_t draws = 0;  // normals drawn by the unit's earlier weights (in params order)
   for (const ParamSpec& p : unit.params) {
+    // the unit's elements [a, b) of this parameter fall in the range: out[e - lo]
     const int64_t n = p.numel(), a = std::max(lo, p.offset), b = std::min(hi, p.offset + n);
-    float* dst = out - lo;  // indexed by the unit's element
     if (p.shape.size() == 1) {  // biases zero, norm weights one; no draws
       const bool is_norm = p.hf_name.find("bias") == std::string::npos;
-      for (int64_t e = a; e < b; e++) dst[e] = is_norm ? 1.0f : 0.0f;
+      for (int64_t e = a; e < b; e++) out[e - lo] = is_norm ? 1.0f : 0.0f;
       continue;
     }
     const bool scaled = cfg.arch == Arch::gpt2 && p.hf_name.find("c_proj.weight") != std::string::npos;
     const double s = scaled ? proj_std : std_dev;
     const uint64_t k0 = draws - (uint64_t)p.offset;  // element e draws normal k0 + e
 #pragma omp parallel for schedule(static)
-    for (int64_t e = a; e < b; e++) dst[e] = (float)(normal_at(s0, k0 + (uint64_t)e) * s);
+    for (int64_t e = a; e < b; e++) out[e - lo] = (float)(normal_at(s0, k0 + (uint64_t)e) * s);
     draws += (uint64_t)n;
   }
 }
