@@ -144,11 +144,18 @@ if kill -0 $job 2> /dev/null; then echo "FAIL: mpirun still runs 60 s after $n2 
 wait $job
 rc=$?
 took=$(secs "$t_kill")
+# mpirun can exit while its daemon on node1 is still ending the local ranks (seen once in a loaded
+# ctest run): they must be gone within 10 s, not at the instant mpirun returns
 left=""
-for p in $(ip netns pids "$ns1"); do
-  [ "$(cat /proc/$p/comm 2> /dev/null)" != llmt ] || left="$left $p"
+for _ in $(seq 100); do
+  left=""
+  for p in $(ip netns pids "$ns1"); do
+    [ "$(cat /proc/$p/comm 2> /dev/null)" != llmt ] || left="$left $p"
+  done
+  [ -n "$left" ] || break
+  sleep 0.1
 done
-[ -z "$left" ] || { echo "FAIL: llmt ranks left on $n1:$left"; exit 1; }
+[ -z "$left" ] || { echo "FAIL: llmt ranks left on $n1 10 s after mpirun exited:$left"; ps -o pid,stat,etime,args -p "${left# }" || true; exit 1; }
 [ $rc -ne 0 ] || { echo "FAIL: the job exited 0 after losing a host"; exit 1; }
 # the host comes back (its sshd only), and the last checkpoint resumes on node1
 ip netns exec "$ns2" unshare --uts sh -c "hostname $n2 && exec /usr/sbin/sshd -f '$dir/$n2/sshd_config'"
