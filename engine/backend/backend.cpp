@@ -120,8 +120,8 @@ void Backend::matmul_residual(Tensor out, Tensor residual, Tensor a, Tensor b, T
   need_act(op, "a", a, M * K);
   need_act(op, "b", b, N * K);
   if (bias.data) need_act(op, "bias", bias, N);
-  const size_t bytes = (size_t)(M * N) * dtype_size(out.dtype);
-  const char *o = (const char*)out.data, *r = (const char*)residual.data;
+  const uintptr_t bytes = (uintptr_t)(M * N) * dtype_size(out.dtype), o = (uintptr_t)out.data,
+                  r = (uintptr_t)residual.data;
   LLMT_CHECK(M * N == 0 || o + bytes <= r || r + bytes <= o, "%s %s: out and residual overlap", name().c_str(), op);
   if (M == 0 || N == 0) return;
   run("matmul", [&] { matmul_residual_impl(out, residual, a, b, bias, M, N, K); });
