@@ -365,7 +365,7 @@ void Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t
   train_ = nullptr;
   if (train) train_copy_ = *train, train_ = &train_copy_;
   const int T = cur_T_;
-  const int64_t N = (int64_t)B_ * T, V = cfg_.vocab_size;
+  const int64_t N = (int64_t)B_ * T;
   be_.copy_from_host(tokens_.data, tokens, sizeof(int32_t) * N);
   if (targets) be_.copy_from_host(targets_.data, targets, sizeof(int32_t) * N);
   packed_ = doc_start != nullptr;
@@ -385,14 +385,10 @@ void Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t
   LLMT_CHECK(!chunked || targets, "forward: the LM head runs %lld of the %lld tokens at a time (--logits_chunk_tokens), "
              "so a pass without targets, whose logits would be read, cannot keep them", (long long)head_rows_,
              (long long)N);
-  head_loss_ = targets ? loss_sum : Tensor();
+  head_loss_ = targets ? loss_sum : Tensor();  // the head adds the losses
   forward_units(store);
   head_loss_ = Tensor();
   have_grad_ = train != nullptr;
-  if (!targets || chunked) return;  // the chunked head has added its losses
-  Tensor lg = rows(logits_, V_pad_);
-  be_.cross_entropy(loss_sum, train ? lg : Tensor(), lg, Tensor(targets_.data, DType::i32, {N}), N, (int)V,
-                    train ? train->grad_scale : 0.0f, V_pad_);
 }
 
 void Transformer::forward_units(UnitStore& store) {
@@ -420,10 +416,8 @@ void Transformer::forward_units(UnitStore& store) {
     store.release(1 + l);
   }
   root = store.acquire(0);
-  Tensor lnf = rows(lnf_, C), lg = rows(logits_, V_pad_);
-  norm_forward(lnf, lnf_mean_, lnf_rstd_, rows(resid_[cfg_.n_layer], C), root, r.lnf_w, r.lnf_b);
-  if (head_rows_ >= N) be_.matmul(lg, lnf, P(root, r.lm_head, {V, C}), Tensor(), N, V, C, false, true, false, 0, V_pad_);
-  else head_chunks_forward(root);
+  norm_forward(rows(lnf_, C), lnf_mean_, lnf_rstd_, rows(resid_[cfg_.n_layer], C), root, r.lnf_w, r.lnf_b);
+  head_forward(root);
   store.release(0);
 }
 
@@ -432,27 +426,38 @@ static Tensor chunk_rows(const Tensor& t, int64_t c0, int64_t n, int64_t cols) {
   return Tensor((char*)t.data + (size_t)(c0 * cols) * dtype_size(t.dtype), t.dtype, {n, cols});
 }
 
-void Transformer::head_chunks_forward(Tensor root) {
+// The head over chunks of head_rows_ rows (one chunk unless --logits_chunk_tokens): logits, and with
+// targets the loss. A single chunk in training leaves its dlogits in place for backward; chunks keep
+// only the losses, and backward recomputes them.
+void Transformer::head_forward(Tensor root) {
   const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model, V = cfg_.vocab_size;
   Tensor w = P(root, layout_.root.lm_head, {V, C}), lg(logits_.data, dt_, {head_rows_, V_pad_});
+  const bool keep_dlogits = train_ && head_rows_ >= N;
   for (int64_t c0 = 0; c0 < N; c0 += head_rows_) {
     const int64_t n = std::min(head_rows_, N - c0);
     be_.matmul(lg, chunk_rows(lnf_, c0, n, C), w, Tensor(), n, V, C, false, true, false, 0, V_pad_);
-    be_.cross_entropy(head_loss_, Tensor(), lg, chunk_rows(targets_, c0, n, 1), n, (int)V, 0.0f, V_pad_);
+    if (head_loss_.data)
+      be_.cross_entropy(head_loss_, keep_dlogits ? lg : Tensor(), lg, chunk_rows(targets_, c0, n, 1), n, (int)V,
+                        keep_dlogits ? train_->grad_scale : 0.0f, V_pad_);
   }
 }
 
-// Each chunk's logits again, its dlogits in place (its loss discarded: forward counted it), then
-// the head's weight gradient and the final norm's input gradient for its rows.
-void Transformer::head_chunks_backward(Tensor root, Tensor groot) {
+// The head's weight gradient and the final norm's input gradient, chunk by chunk from dlogits (rows
+// V_pad_ apart). Chunked, each chunk's logits come again first, its dlogits in place (its loss
+// discarded: forward counted it).
+void Transformer::head_backward(Tensor root, Tensor groot) {
   const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model, V = cfg_.vocab_size;
   Tensor w = P(root, layout_.root.lm_head, {V, C}), dw = P(groot, layout_.root.lm_head, {V, C});
   Tensor lg(logits_.data, dt_, {head_rows_, V_pad_});
+  const bool recompute = head_rows_ < N;
   for (int64_t c0 = 0; c0 < N; c0 += head_rows_) {
     const int64_t n = std::min(head_rows_, N - c0);
     Tensor lnf = chunk_rows(lnf_, c0, n, C);
-    be_.matmul(lg, lnf, w, Tensor(), n, V, C, false, true, false, 0, V_pad_);
-    be_.cross_entropy(discarded_loss_, lg, lg, chunk_rows(targets_, c0, n, 1), n, (int)V, train_->grad_scale, V_pad_);
+    if (recompute) {
+      be_.matmul(lg, lnf, w, Tensor(), n, V, C, false, true, false, 0, V_pad_);
+      be_.cross_entropy(discarded_loss_, lg, lg, chunk_rows(targets_, c0, n, 1), n, (int)V, train_->grad_scale,
+                        V_pad_);
+    }
     be_.matmul(dw, lg, lnf, Tensor(), V, C, n, true, false, true, V_pad_);
     be_.matmul(chunk_rows(dnorm_, c0, n, C), lg, w, Tensor(), n, C, V, false, false, false, V_pad_);
   }
@@ -469,13 +474,8 @@ void Transformer::backward(UnitStore& store) {
   Tensor root = store.acquire(0);
   store.prefetch(cfg_.n_layer);
   Tensor groot = store.grads(0);
-  Tensor dlogits = rows(logits_, V_pad_), dres = rows(dres_, C);  // rows V_pad_ apart
-  if (head_rows_ >= N) {
-    be_.matmul(P(groot, r.lm_head, {V, C}), dlogits, rows(lnf_, C), Tensor(), V, C, N, true, false, true, V_pad_);
-    be_.matmul(rows(dnorm_, C), dlogits, P(root, r.lm_head, {V, C}), Tensor(), N, C, V, false, false, false, V_pad_);
-  } else {
-    head_chunks_backward(root, groot);
-  }
+  Tensor dres = rows(dres_, C);
+  head_backward(root, groot);
   be_.zero(dres.data, dres.nbytes());
   norm_backward(rows(resid_[cfg_.n_layer], C), lnf_mean_, lnf_rstd_, root, groot, r.lnf_w, r.lnf_b);
   store.release(0);

@@ -111,10 +111,10 @@ class Transformer {
   static void walk_buffers(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute, int vocab_pad,
                            int64_t head_chunk, const std::function<Tensor(const ActivationBuffer&)>& take,
                            Transformer* model);
-  // The LM head and loss chunk by chunk (head_chunk): forward's losses, or backward's recomputed
-  // logits, dlogits and the head's two gradient products.
-  void head_chunks_forward(Tensor root);
-  void head_chunks_backward(Tensor root, Tensor groot);
+  // The LM head and loss over chunks of head_rows_ rows (one chunk unless head_chunk): forward's
+  // logits and losses; backward's gradient products (recomputing chunked logits and dlogits first).
+  void head_forward(Tensor root);
+  void head_backward(Tensor root, Tensor groot);
   Dropout dropout_for(int layer, int site, float p) const;
   void norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, int64_t w_off, int64_t b_off);
   void norm_backward(Tensor x, Tensor mean, Tensor rstd, Tensor w, Tensor g, int64_t w_off, int64_t b_off);
