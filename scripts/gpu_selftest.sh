@@ -34,7 +34,7 @@ STEPS=(
   "determinism: one bf16 training run twice, bitwise|25|step_determinism"
   "bench: GPT-2 124M, bf16, B=16 T=1024, no dropout|55|step_bench_gpt2"
   "bench: LLaMA 1.2B, bf16, B=4 T=2048|105|step_bench_llama"
-  "ops: attention (flash, plain) and each matmul shape alone, both models|50|step_ops_bench"
+  "ops: attention (cuDNN, flash) and each matmul shape alone, both models|50|step_ops_bench"
 )
 MAX_TOTAL_S=420  # 7 minutes: a 540 s run leaves two for the machine's start-up work and the unpacking
 
@@ -190,7 +190,7 @@ step_bench_gpt2() { bench --model gpt2 --seq_len 1024 --per_device_train_batch_s
 step_bench_llama() { bench --model "$(llama1b)" --seq_len 2048 --per_device_train_batch_size 4; }
 step_ops_bench() {
   local m impl
-  for impl in flash plain; do
+  for impl in cudnn flash; do  # the plain kernel is the reference, not a contender
     for m in "gpt2 --seq_len 1024 --per_device_train_batch_size 16" \
              "$(llama1b) --seq_len 2048 --per_device_train_batch_size 4"; do
       # shellcheck disable=SC2086

@@ -27,6 +27,14 @@ fi
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
+# cudnn-frontend's headers (header-only C++; the GPU build's cuDNN attention, kernels/cuda/cudnn_attention.cpp)
+# where nvcc is. Pinned, as the code is written against its API. Without them that build runs the other
+# attention kernels and says so; the emulated build needs nothing (its cuDNN is a stand-in).
+frontend=.deps/cudnn-frontend
+if command -v nvcc >/dev/null 2>&1 && [ "${LLMT_CUDA:-AUTO}" != OFF ] && [ ! -f "$frontend/include/cudnn_frontend.h" ]; then
+  python3 -m pip install -q --no-deps --target "$frontend" nvidia-cudnn-frontend==1.32.0 >/dev/null 2>&1 ||
+    echo "setup: could not pip install nvidia-cudnn-frontend==1.32.0; the GPU build will have no cuDNN attention"
+fi
 cmake -S . -B build -G Ninja -DLLMT_CUDA="${LLMT_CUDA:-AUTO}" >/dev/null
 ninja -C build
 echo "setup: built build/bin/llmt"

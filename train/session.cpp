@@ -27,7 +27,7 @@ namespace llmt {
 namespace {
 
 // Which GPU each rank drives, as every rank sees it, on rank 0's log.
-void describe_gpus(ControlComm& world, int gpu, DType compute, int head_size) {
+void describe_gpus(ControlComm& world, int gpu, DType compute, const ModelConfig& cfg, bool packing) {
   char line[256] = {0};
   std::snprintf(line, sizeof(line), "%s", cuda_device_description(gpu).c_str());
   const int W = world.size();
@@ -37,7 +37,7 @@ void describe_gpus(ControlComm& world, int gpu, DType compute, int head_size) {
   for (int r = 0; r < W; r++)
     log_info("gpu    rank %d: %s%s", r, all.data() + (size_t)r * sizeof(line),
              std::string(cuda_build_kind()) == "simt" ? " [the SIMT emulator: CUDA kernels on the CPU]" : "");
-  log_info("gpu    attention: %s", cuda_attention_kernels(compute, head_size).c_str());
+  log_info("gpu    attention: %s", cuda_attention_kernels(compute, cfg.head_size(), cfg.attn_pdrop > 0.0f, packing).c_str());
   log_info("gpu    matmul: %s", cuda_matmul_kernels().c_str());
 }
 
@@ -143,7 +143,7 @@ Session make_session(ControlComm& world, const LaunchInfo& launch, const Session
       log_info("warning %d ranks per node share %d GPU%s: fine for tests, slow for training", launch.local_size, n,
                n == 1 ? "" : "s");
     out.backend = make_cuda_backend(out.gpu, compute, s.tf32);
-    if (s.log) describe_gpus(world, out.gpu, compute, cfg.head_size());
+    if (s.log) describe_gpus(world, out.gpu, compute, cfg, s.packing);
   }
   if (s.device != "cpu") make_device_data_comm(world, launch, s, out);
 

@@ -39,6 +39,7 @@ struct SessionSettings {
   int seq_len = 0;
   bool gradient_checkpointing = false;
   int logits_chunk_tokens = 0;  // the model's head chunk (Transformer's head_chunk)
+  bool packing = false;        // packed documents (which attention kernels take them, on the gpu line)
   Strategy strategy = Strategy::full_shard;
   DType reduce_dtype = DType::f32;
   int shard_group_size = 0;    // hybrid_shard's shard group; 0 = the ranks of a node

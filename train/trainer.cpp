@@ -313,6 +313,7 @@ void Trainer::load_parameters(const TrainArgs& a) {
   ss.seq_len = T_;
   ss.check_memory = true;
   ss.accum = a.gradient_accumulation_steps;
+  ss.packing = a.packing;
   session_ = make_session(world_, launch_, ss, cfg_);
   scalars_ = std::make_unique<StepScalars>(*session_.backend);
   std::unique_ptr<SafetensorsCheckpoint> ckpt;

@@ -21,8 +21,9 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/cublaslt_matmul.h"
+#include "kernels/cuda/cudnn_attention.h"
+#include "kernels/cuda/flash_attention.h"
 
 namespace llmt {
 namespace {
@@ -40,6 +41,32 @@ bool uses_cublaslt() {
 #else
   return mm != "native";
 #endif
+}
+
+// Which kernels run an attention call. LLMT_ATTENTION (`asked`) names the first choice; a kernel that
+// does not take the call passes it to the next (cudnn -> flash -> plain), and `why` says what it did
+// not take. Unset, a GPU build takes cuDNN where the library loads; the emulator takes flash (its
+// cuDNN is a stand-in, run under LLMT_ATTENTION=cudnn).
+enum class AttnKernel { cudnn, flash, plain };
+AttnKernel pick_attention(cuda::AttentionImpl asked, DType dt, int hs, const Dropout& drop, bool packed,
+                          std::string* why = nullptr) {
+  using cuda::AttentionImpl;
+  auto no = [&](const char* kernel, const std::string& reason) {
+    if (why) *why += std::string(why->empty() ? "" : "; ") + kernel + " not used: " + reason;
+  };
+  if (dt != DType::bf16 || asked == AttentionImpl::plain) return AttnKernel::plain;
+  const bool gpu = std::string(cuda_build_kind()) == "gpu";
+  if (asked == AttentionImpl::cudnn || (asked == AttentionImpl::automatic && gpu)) {
+    const std::string missing = cuda::cudnn_attention_unavailable();
+    if (!missing.empty()) no("cuDNN", missing);
+    else if (drop.p > 0.0f) no("cuDNN", "attention dropout (llmt's masks are not cuDNN's)");
+    else if (packed) no("cuDNN", "packed documents");
+    else if (!cuda::cudnn_attention_fits(hs, drop, packed)) no("cuDNN", strformat("head size %d", hs));
+    else return AttnKernel::cudnn;
+  }
+  if (cuda::flash_attention_fits(hs)) return AttnKernel::flash;
+  no("flash", strformat("head size %d (it takes 64 or 128)", hs));
+  return AttnKernel::plain;
 }
 
 // Calls f with a value of the element type that stores `t` (float for f32, uint16_t for bf16).
@@ -85,6 +112,9 @@ class CudaBackend : public Backend {
     err_ = (int*)cuda::device_alloc(cuda::kErrWords * sizeof(int));
     // The native kernel accumulates in fp32 whatever tf32 says.
     if (uses_cublaslt()) lt_ = std::make_unique<cuda::LtMatmul>(tf32);
+    attention_ = cuda::attention_impl();
+    if (attention_ == cuda::AttentionImpl::cudnn && !cuda::cudnn_attention_unavailable().empty())
+      fail("LLMT_ATTENTION=cudnn: %s", cuda::cudnn_attention_unavailable().c_str());
   }
   ~CudaBackend() override {
     (void)cudaStreamSynchronize(stream_);
@@ -298,19 +328,26 @@ class CudaBackend : public Backend {
                          cap, NH, NKV, hs, stream_);
     });
   }
+  // The kernel for this call; an explicit LLMT_ATTENTION that does not take it says so once.
+  AttnKernel attention_kernel(DType dt, int hs, const Dropout& drop, bool packed) {
+    std::string why;
+    const AttnKernel k = pick_attention(attention_, dt, hs, drop, packed, &why);
+    if (!why.empty() && attention_ != cuda::AttentionImpl::automatic && !attention_warned_) {
+      attention_warned_ = true;
+      log_warn("LLMT_ATTENTION=%s: %s", cuda::attention_impl_name(attention_), why.c_str());
+    }
+    return k;
+  }
   void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
                               const Dropout& drop, Tensor doc_start) override {
     const int32_t* doc = i32_or_null(doc_start);
-    if (qkv.dtype == DType::bf16 && cuda::attention_impl() == cuda::AttentionImpl::flash) {
-      if (cuda::flash_attention_fits(hs))
-        return cuda::flash_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), doc, B, T, NH, NKV, hs, drop, stream_);
-      const char* asked = std::getenv("LLMT_ATTENTION");
-      static bool warned = false;
-      if (asked && *asked && !warned) {
-        warned = true;
-        log_warn("LLMT_ATTENTION=flash: head size %d runs the plain attention kernel (flash takes 64 or 128)", hs);
-      }
-    }
+    const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, doc != nullptr);
+    // cuDNN without an engine for this shape (it warned, naming it) passes the call on
+    if (k == AttnKernel::cudnn &&
+        cuda::cudnn_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), B, T, NH, NKV, hs, stream_))
+      return;
+    if (k != AttnKernel::plain && cuda::flash_attention_fits(hs))
+      return cuda::flash_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), doc, B, T, NH, NKV, hs, drop, stream_);
     by_dtype(qkv.dtype, "attention_forward", [&](auto tag) {
       using A = decltype(tag);
       cuda::attention_forward((A*)out.data, lse.f32(), (const A*)qkv.data, doc, B, T, NH, NKV, hs, drop, stream_);
@@ -319,9 +356,13 @@ class CudaBackend : public Backend {
   void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
                                int NKV, int hs, const Dropout& drop, Tensor doc_start) override {
     const int32_t* doc = i32_or_null(doc_start);
+    const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, doc != nullptr);
+    // cuDNN's lse is llmt's, so whichever kernel ran the forward, any of them can run the backward
+    if (k == AttnKernel::cudnn && cuda::cudnn_attention_backward(dqkv.bf16(), dout.bf16(), qkv.bf16(), out.bf16(),
+                                                                 lse.f32(), B, T, NH, NKV, hs, stream_))
+      return;
     float* d = (float*)scratch(attn_d_, (size_t)B * T * NH * sizeof(float));
-    if (qkv.dtype == DType::bf16 && cuda::attention_impl() == cuda::AttentionImpl::flash &&
-        cuda::flash_attention_fits(hs)) {
+    if (k != AttnKernel::plain && cuda::flash_attention_fits(hs)) {
       cuda::attention_row_dots(d, dout.bf16(), out.bf16(), (int64_t)B * T * NH, hs, stream_);
       return cuda::flash_attention_backward(dqkv.bf16(), dout.bf16(), qkv.bf16(), lse.f32(), d, doc, B, T, NH, NKV, hs,
                                             drop, stream_);
@@ -440,6 +481,8 @@ class CudaBackend : public Backend {
   // the column sums' partials for N rows of C columns (bias and norm-weight gradients)
   float* columns(int64_t N, int64_t C) { return (float*)scratch(columns_, cuda::column_partials_bytes(N, C)); }
   std::unique_ptr<cuda::LtMatmul> lt_;  // nullptr: the plain kernel
+  cuda::AttentionImpl attention_;        // LLMT_ATTENTION when the backend was made
+  bool attention_warned_ = false;
   std::set<std::tuple<bool, int64_t, int64_t, int64_t>> gelu_unfused_;  // shapes warned about
 };
 
@@ -488,11 +531,14 @@ std::string cuda_device_description(int device) {
                    prop.major, prop.minor, drv / 1000, (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
 }
 
-std::string cuda_attention_kernels(DType compute, int head_size) {
-  if (compute == DType::bf16 && cuda::attention_impl() == cuda::AttentionImpl::flash &&
-      cuda::flash_attention_fits(head_size))
-    return "flash (tensor cores, forward and backward)";
-  return "plain";
+std::string cuda_attention_kernels(DType compute, int head_size, bool dropout, bool packed) {
+  std::string why;
+  const Dropout drop{dropout ? 0.1f : 0.0f, 0, 0};
+  const AttnKernel k = pick_attention(cuda::attention_impl(), compute, head_size, drop, packed, &why);
+  std::string s = k == AttnKernel::cudnn   ? "cuDNN " + cuda::cudnn_attention_version() + ", deterministic backward"
+                  : k == AttnKernel::flash ? "flash (tensor cores, forward and backward)"
+                                           : "plain";
+  return why.empty() ? s : s + " (" + why + ")";
 }
 
 std::string cuda_matmul_kernels() {

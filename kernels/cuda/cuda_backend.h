@@ -44,10 +44,12 @@ std::string cuda_device_description(int device = 0);
 // per clock. 0 when unknown (an unlisted architecture, the emulator, no device). Never throws.
 double cuda_peak_tflops(int device, DType compute, bool tf32);
 
-// Which attention kernels the CUDA backend runs for `compute` and head size `head_size`, for the
-// layout line and llmt bench: "flash (tensor cores, forward and backward)" or "plain"
-// (LLMT_ATTENTION, kernels/cuda/flash_attention.h). Throws for a bad LLMT_ATTENTION.
-std::string cuda_attention_kernels(DType compute, int head_size);
+// Which attention kernels the CUDA backend runs for `compute`, head size `head_size`, with or without
+// attention dropout and packed documents, for the layout line and llmt bench: "cuDNN 9.19.0 (frontend
+// 1.32.0), deterministic backward", "flash (tensor cores, forward and backward)" or "plain", and in
+// parentheses what was not used and why (LLMT_ATTENTION, kernels/cuda/flash_attention.h). Throws for a
+// bad LLMT_ATTENTION.
+std::string cuda_attention_kernels(DType compute, int head_size, bool dropout = false, bool packed = false);
 // Which matmul the CUDA backend runs (LLMT_MATMUL), for the layout line: cuBLASLt with the bias and
 // GPT-2's GELU in its epilogues, its CPU stand-in under the emulator, or the plain kernel. Throws for
 // a bad LLMT_MATMUL.

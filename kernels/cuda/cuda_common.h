@@ -31,7 +31,7 @@ namespace cuda {
 }
 
 // Kernel launches in this process so far: CUDA_CHECK_LAUNCH counts one after every launch, a
-// cuBLASLt matmul counts one (the CUDA backend's launches counter, llmt bench).
+// cuBLASLt matmul or a cuDNN graph counts one (the CUDA backend's launches counter, llmt bench).
 inline std::atomic<int64_t>& launch_count() {
   static std::atomic<int64_t> n{0};
   return n;

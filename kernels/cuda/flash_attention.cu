@@ -403,15 +403,20 @@ __global__ void __launch_bounds__(kFlashThreads)
 }  // namespace
 
 AttentionImpl attention_impl() {
-  static const AttentionImpl impl = [] {
-    const char* v = std::getenv("LLMT_ATTENTION");
-    const std::string s = v ? v : "";
-    if (s.empty() || s == "flash") return AttentionImpl::flash;
-    if (s == "plain") return AttentionImpl::plain;
-    fail("LLMT_ATTENTION=%s: expected flash (the default: tensor cores in bf16 at head size 64 or 128) or plain",
-         s.c_str());
-  }();
-  return impl;
+  const char* v = std::getenv("LLMT_ATTENTION");
+  const std::string s = v ? v : "";
+  if (s.empty()) return AttentionImpl::automatic;
+  if (s == "cudnn") return AttentionImpl::cudnn;
+  if (s == "flash") return AttentionImpl::flash;
+  if (s == "plain") return AttentionImpl::plain;
+  fail("LLMT_ATTENTION=%s: expected cudnn (cuDNN's fused attention), flash (tensor cores in bf16 at head size 64 or "
+       "128) or plain; unset picks cuDNN where it loads on a GPU, else flash",
+       s.c_str());
+}
+
+const char* attention_impl_name(AttentionImpl impl) {
+  return impl == AttentionImpl::cudnn ? "cudnn" : impl == AttentionImpl::flash ? "flash"
+         : impl == AttentionImpl::plain ? "plain" : "automatic";
 }
 
 bool flash_attention_fits(int hs) { return hs == 64 || hs == 128; }

@@ -10,10 +10,13 @@
 namespace llmt {
 namespace cuda {
 
-// LLMT_ATTENTION: flash (the default: used where it fits, bf16 and head size 64 or 128) or plain
-// (always the plain kernels). Read once; anything else is an error naming the value.
-enum class AttentionImpl { flash, plain };
+// LLMT_ATTENTION, read when a CUDA backend is made: cudnn (cuDNN's fused attention,
+// cudnn_attention.h), flash (these kernels) or plain (the plain kernels), each where it fits and the
+// next otherwise; unset, automatic: cudnn where cuDNN loads on a GPU, else flash. Anything else is an
+// error naming the value.
+enum class AttentionImpl { automatic, cudnn, flash, plain };
 AttentionImpl attention_impl();
+const char* attention_impl_name(AttentionImpl impl);  // "cudnn", "flash", "plain", "automatic"
 bool flash_attention_fits(int hs);
 
 // As attention_forward (cuda_ops.h) for bf16 tensors: out[B*T, NH*hs], lse[B, NH, T] from qkv rows

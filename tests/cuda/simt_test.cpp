@@ -8,6 +8,7 @@
 
 #include "engine/core/error.h"
 #include "kernels/cuda/cuda_platform.h"
+#include "kernels/cuda/simt/cudnn_frontend_simt.h"
 
 namespace {
 
@@ -193,3 +194,73 @@ TEST(SimtDeathTest, HostReadOfDeviceMemoryStopsTheProgram) {
   ASSERT_EQ(cudaFree(d), cudaSuccess);
 }
 #endif
+
+// cuDNN's graph-API stand-in (simt/cudnn_frontend_simt.h) refuses what cuDNN's documentation rules
+// out, so a mistake in kernels/cuda/cudnn_attention.cpp's graphs fails here as it would on a GPU.
+namespace {
+namespace fe = cudnn_frontend;
+using TA = fe::graph::Tensor_attributes;
+
+// A forward graph over one [1, 2, 16, hs] q, k and v (dense), o and stats outputs, built as far as
+// it goes; the error of the first step that refuses it.
+fe::error_t forward_graph(fe::graph::Graph& g, int64_t hs, bool stats_flag, bool o_uid) {
+  g.set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto t = [&](const char* name, int64_t uid) {
+    return g.tensor(TA().set_name(name).set_uid(uid).set_dim({1, 2, 16, hs}).set_stride({32 * hs, 16 * hs, hs, 1}));
+  };
+  auto q = t("q", 1), k = t("k", 2), v = t("v", 3);
+  auto attrs = fe::graph::SDPA_attributes().set_causal_mask(true).set_attn_scale(0.5f);
+  if (stats_flag) attrs.set_generate_stats(true);
+  auto [o, stats] = g.sdpa(q, k, v, attrs);
+  o->set_output(true).set_dim({1, 2, 16, hs}).set_stride({32 * hs, 16 * hs, hs, 1});
+  if (o_uid) o->set_uid(4);
+  stats->set_output(true).set_uid(5).set_dim({1, 2, 16, 1}).set_stride({32, 16, 1, 1}).set_data_type(fe::DataType_t::FLOAT);
+  cudnnHandle_t h = nullptr;
+  EXPECT_EQ(fe::detail::create_handle(&h), CUDNN_STATUS_SUCCESS);
+  fe::error_t e = g.validate();
+  if (e.is_good()) e = g.build_operation_graph(h);
+  if (e.is_good()) e = g.create_execution_plans({fe::HeurMode_t::A});
+  if (e.is_good()) e = g.check_support(h);
+  if (e.is_good()) e = g.build_plans(h);
+  EXPECT_EQ(fe::detail::destroy_handle(h), CUDNN_STATUS_SUCCESS);
+  return e;
+}
+}  // namespace
+
+TEST(CudnnStandIn, RefusesGraphsCudnnRulesOut) {
+  {
+    fe::graph::Graph g;
+    EXPECT_TRUE(forward_graph(g, 64, true, true).is_good());
+    int64_t ws = -1;
+    EXPECT_TRUE(g.get_workspace_size(ws).is_good());
+    EXPECT_EQ(ws, 0);
+    std::unordered_map<int64_t, void*> pack = {{1, nullptr}};
+    cudnnHandle_t h = nullptr;
+    ASSERT_EQ(fe::detail::create_handle(&h), CUDNN_STATUS_SUCCESS);
+    fe::error_t e = g.execute(h, pack, nullptr);
+    EXPECT_FALSE(e.is_good());
+    EXPECT_NE(e.get_message().find("no pointer"), std::string::npos) << e.get_message();
+    pack[77] = &ws;
+    e = g.execute(h, pack, nullptr);
+    EXPECT_NE(e.get_message().find("uid 77"), std::string::npos) << e.get_message();
+    EXPECT_EQ(fe::detail::destroy_handle(h), CUDNN_STATUS_SUCCESS);
+  }
+  struct Bad {
+    int64_t hs;
+    bool stats_flag, o_uid;
+    const char* says;
+  };
+  for (Bad b : {Bad{12, true, true, "multiple of 8"}, Bad{264, true, true, "at most 256"},
+                Bad{64, false, true, "generate_stats"}, Bad{64, true, false, "no uid"}}) {
+    fe::graph::Graph g;
+    fe::error_t e = forward_graph(g, b.hs, b.stats_flag, b.o_uid);
+    EXPECT_FALSE(e.is_good()) << b.says;
+    EXPECT_NE(e.get_message().find(b.says), std::string::npos) << e.get_message();
+  }
+  {
+    fe::graph::Graph g;
+    EXPECT_FALSE(g.validate().is_good()) << "a graph with no node";
+  }
+}

@@ -46,14 +46,15 @@ namespace tol = llmt_test::tol;
 
 constexpr double kFdEps = 1e-6;
 
-// A CUDA backend made under LLMT_MATMUL=cublaslt (read when the backend is made).
-std::unique_ptr<Backend> with_cublaslt(DType compute) {
-  const char* was = std::getenv("LLMT_MATMUL");
+// A CUDA backend made with environment variable `var` (LLMT_MATMUL, LLMT_ATTENTION: read when the
+// backend is made) set to `value`.
+std::unique_ptr<Backend> cuda_with(const char* var, const char* value, DType compute) {
+  const char* was = std::getenv(var);
   const std::string saved = was ? was : "";
-  setenv("LLMT_MATMUL", "cublaslt", 1);
+  setenv(var, value, 1);
   auto be = llmt::make_cuda_backend(0, compute, false);
-  if (was) setenv("LLMT_MATMUL", saved.c_str(), 1);
-  else unsetenv("LLMT_MATMUL");
+  if (was) setenv(var, saved.c_str(), 1);
+  else unsetenv(var);
   return be;
 }
 
@@ -70,8 +71,11 @@ const std::vector<BackendCase>& backend_cases() {
       {"cuda_f32", [] { return llmt::make_cuda_backend(0, DType::f32, false); }},
       {"cuda_bf16", [] { return llmt::make_cuda_backend(0, DType::bf16, false); }},
       // the same with every matmul through cuBLASLt: its CPU stand-in on the emulator, the library on a GPU
-      {"cuda_lt_f32", [] { return with_cublaslt(DType::f32); }},
-      {"cuda_lt_bf16", [] { return with_cublaslt(DType::bf16); }},
+      {"cuda_lt_f32", [] { return cuda_with("LLMT_MATMUL", "cublaslt", DType::f32); }},
+      {"cuda_lt_bf16", [] { return cuda_with("LLMT_MATMUL", "cublaslt", DType::bf16); }},
+      // attention through cuDNN where it takes the call (bf16, no dropout): its CPU stand-in on the
+      // emulator, the library on a GPU; the other ops as cuda_bf16
+      {"cuda_dnn_bf16", [] { return cuda_with("LLMT_ATTENTION", "cudnn", DType::bf16); }},
   };
   return cases;
 }
@@ -333,6 +337,11 @@ TEST_P(Ops, MatmulGradientsAllTransposesVsFiniteDifferences) {
 // GPU the library's heuristic decides (and the backend warns when it declines one).
 bool stand_in_cublaslt(int param) {
   return std::string(backend_cases()[param].name).find("_lt_") != std::string::npos &&
+         std::string(llmt::cuda_build_kind()) == "simt";
+}
+// The case runs cuDNN's stand-in for attention (on a GPU, cuDNN's heuristics decide what it takes).
+bool stand_in_cudnn(int param) {
+  return std::string(backend_cases()[param].name).find("_dnn_") != std::string::npos &&
          std::string(llmt::cuda_build_kind()) == "simt";
 }
 
@@ -1001,8 +1010,12 @@ TEST_P(Ops, AttentionForwardHeadSizes64And128OverTiles) {
       FV g1 = rand_act(rng, (size_t)(rows * c.NH * c.hs), 5.f, 6.f), g2 = rand_f(rng, (size_t)c.B * c.NH * c.T, 5.f, 6.f);
       BufP Q = Buf::act(qkv), Out = Buf::act(g1);
       Buf Lse(g2);
+      const int64_t launches = be().counters().launches;
       be().attention_forward(Out->a({rows, c.NH * c.hs}), Lse.f32({c.B, c.NH, c.T}), Q->a({rows, R}), c.B, c.T, c.NH,
                              c.NKV, c.hs, d);
+      if (stand_in_cudnn(GetParam()) && p == 0.0f) {
+        EXPECT_EQ(be().counters().launches - launches, 1) << "one cuDNN graph";
+      }
       DV lse;
       DV want = llmt_ref::attention(to_d(qkv), c.B, c.T, c.NH, c.NKV, c.hs, &lse, attn_drop(d));
       EXPECT_TRUE(Close(Out->rf(), want, fwd_tol())) << "out (=)";
@@ -1051,7 +1064,11 @@ TEST_P(Ops, AttentionBackwardHeadSizes64And128OverTiles) {
         be().attention_backward(dQ->a({rows, R}), dOut->a({rows, c.NH * c.hs}), Q->a({rows, R}),
                                 Out->a({rows, c.NH * c.hs}), Lse.f32({c.B, c.NH, c.T}), c.B, c.T, c.NH, c.NKV, c.hs, d);
       };
+      const int64_t launches = be().counters().launches;
       backward();
+      if (stand_in_cudnn(GetParam()) && p == 0.0f) {
+        EXPECT_EQ(be().counters().launches - launches, 1) << "one cuDNN graph (flash takes three)";
+      }
       DV want = llmt_ref::attention_backward(to_d(qkv), to_d(g), c.B, c.T, c.NH, c.NKV, c.hs, attn_drop(d));
       EXPECT_TRUE(Close(dQ->rf(), want, grad_tol())) << "dqkv (=)";
       FV first = dQ->rf();

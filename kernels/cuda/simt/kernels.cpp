@@ -7,3 +7,4 @@
 #include "kernels/cuda/mma_probe.cu"
 #include "kernels/cuda/flash_attention.cu"
 #include "kernels/cuda/cublaslt_matmul.cu"
+#include "kernels/cuda/cudnn_attention.cpp"

@@ -1,0 +1,283 @@
+// cuDNN attention (cudnn_attention.h) through cudnn-frontend's graph API.
+//
+// The tensors are views into llmt's packed buffers, described to cuDNN by dims and strides in its
+// [batch, head, sequence, head size] order: q, k and v are column slices of the qkv rows (R = (NH +
+// 2 NKV) hs values a token), out and dout rows of NH hs values, lse [B, NH, T] is the stats tensor
+// [B, NH, T, 1]. dq, dk and dv are the same slices of dqkv, so the backward writes every value of
+// dqkv. K and V have NKV heads: cuDNN groups the query heads over them as llmt does (head h reads
+// kv head h / (NH / NKV)).
+//
+// A graph is built once per (pass, B, T, NH, NKV, hs), with its workspace, and kept for the run: a
+// step after the first allocates nothing. A shape cuDNN cannot run is remembered as such.
+//
+// The real frontend is built with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING: it finds cuDNN's functions
+// through cudnn_dlhandle, which cudnn_library() opens, so llmt does not link libcudnn. The emulated
+// build compiles this same file against the stand-in (simt/cudnn_frontend_simt.h); a GPU build
+// without the headers (LLMT_CUDNN=0) keeps only the refusals at the end.
+#include "kernels/cuda/cudnn_attention.h"
+
+#if defined(LLMT_SIMT)
+#include "kernels/cuda/simt/cudnn_frontend_simt.h"
+#define LLMT_HAS_CUDNN 1
+#elif defined(LLMT_CUDNN) && LLMT_CUDNN
+#include <dlfcn.h>
+
+#include <cudnn_frontend.h>
+#define LLMT_HAS_CUDNN 1
+#endif
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "engine/core/error.h"
+#include "engine/core/log.h"
+#include "kernels/cuda/cuda_common.h"
+
+namespace llmt {
+namespace cuda {
+
+bool cudnn_attention_fits(int hs, const Dropout& drop, bool packed) {
+  return hs > 0 && hs % 8 == 0 && hs <= 128 && !(drop.p > 0.0f) && !packed;
+}
+
+#ifdef LLMT_HAS_CUDNN
+
+}  // namespace cuda
+}  // namespace llmt
+
+#ifndef LLMT_SIMT
+// The frontend's dynamic loading reads cuDNN's symbols through this handle (its Python package sets
+// it; llmt does, in cudnn_library()).
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}
+#endif
+
+namespace llmt {
+namespace cuda {
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+// Empty once cuDNN is loaded, else why it is not.
+const std::string& cudnn_library() {
+  static const std::string why = []() -> std::string {
+#ifdef LLMT_SIMT
+    return "";
+#else
+    if (fe::cudnn_dlhandle) return "";
+    fe::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+    if (!fe::cudnn_dlhandle) {
+      const char* e = dlerror();
+      return strformat("libcudnn.so.9 did not load (%s); install cuDNN 9 (pip install nvidia-cudnn-cu13) and put its "
+                       "lib folder on LD_LIBRARY_PATH",
+                       e ? e : "no reason given");
+    }
+    return "";
+#endif
+  }();
+  return why;
+}
+
+enum SdpaUid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+struct SdpaShape {
+  int B, T, NH, NKV, hs;
+  int64_t R() const { return (int64_t)(NH + 2 * NKV) * hs; }
+};
+
+// q, k or v of the qkv rows (or dq, dk, dv of dqkv), as a [B, heads, T, hs] tensor.
+fe::graph::Tensor_attributes qkv_part(const char* name, SdpaUid uid, const SdpaShape& s, int heads) {
+  return fe::graph::Tensor_attributes()
+      .set_name(name)
+      .set_uid(uid)
+      .set_dim({s.B, heads, s.T, s.hs})
+      .set_stride({s.T * s.R(), s.hs, s.R(), 1});
+}
+
+// out or dout: [B*T, NH*hs] rows as a [B, NH, T, hs] tensor.
+fe::graph::Tensor_attributes out_rows(const char* name, SdpaUid uid, const SdpaShape& s) {
+  const int64_t C = (int64_t)s.NH * s.hs;
+  return fe::graph::Tensor_attributes()
+      .set_name(name)
+      .set_uid(uid)
+      .set_dim({s.B, s.NH, s.T, s.hs})
+      .set_stride({s.T * C, s.hs, C, 1});
+}
+
+fe::graph::Tensor_attributes stats_tensor(const SdpaShape& s) {
+  return fe::graph::Tensor_attributes()
+      .set_name("lse")
+      .set_uid(kStats)
+      .set_dim({s.B, s.NH, s.T, 1})
+      .set_stride({(int64_t)s.NH * s.T, s.T, 1, 1})
+      .set_data_type(fe::DataType_t::FLOAT);
+}
+
+// An output the graph made (o, lse, dq, dk, dv) given the uid, dims, strides and type of `like`.
+void output_as(const std::shared_ptr<fe::graph::Tensor_attributes>& t, const fe::graph::Tensor_attributes& like) {
+  t->set_output(true).set_uid(like.get_uid()).set_dim(like.get_dim()).set_stride(like.get_stride());
+}
+
+struct SdpaPlan {
+  std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN has no engine for this shape
+  void* workspace = nullptr;
+};
+
+struct CudnnState {
+  cudnnHandle_t handle = nullptr;
+  std::map<std::tuple<bool, int, int, int, int, int>, SdpaPlan> plans;  // (backward, B, T, NH, NKV, hs)
+};
+
+CudnnState& cudnn() {
+  static CudnnState c = [] {
+    const std::string& why = cudnn_library();
+    if (!why.empty()) fail("cuDNN attention: %s", why.c_str());
+    CudnnState made;
+    const cudnnStatus_t st = fe::detail::create_handle(&made.handle);
+    if (st != CUDNN_STATUS_SUCCESS) fail("cuDNN attention: cudnnCreate: %s", fe::detail::get_error_string(st));
+    return made;
+  }();
+  return c;
+}
+
+// The graph for a pass over shape s, built on first use.
+const SdpaPlan& sdpa_plan(bool backward, const SdpaShape& s) {
+  CudnnState& c = cudnn();
+  const auto key = std::make_tuple(backward, s.B, s.T, s.NH, s.NKV, s.hs);
+  auto found = c.plans.find(key);
+  if (found != c.plans.end()) return found->second;
+
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto q = g->tensor(qkv_part("q", kQ, s, s.NH));
+  auto k = g->tensor(qkv_part("k", kK, s, s.NKV));
+  auto v = g->tensor(qkv_part("v", kV, s, s.NKV));
+  const float scale = 1.0f / std::sqrt((float)s.hs);
+  if (!backward) {
+    auto attrs = fe::graph::SDPA_attributes()
+                     .set_name("llmt attention forward")
+                     .set_generate_stats(true)
+                     .set_causal_mask(true)
+                     .set_attn_scale(scale);
+    auto [o, lse] = g->sdpa(q, k, v, attrs);
+    output_as(o, out_rows("out", kO, s));
+    output_as(lse, stats_tensor(s));
+    lse->set_data_type(fe::DataType_t::FLOAT);
+  } else {
+    auto o = g->tensor(out_rows("out", kO, s));
+    auto dout = g->tensor(out_rows("dout", kDO, s));
+    auto lse = g->tensor(stats_tensor(s));
+    auto attrs = fe::graph::SDPA_backward_attributes()
+                     .set_name("llmt attention backward")
+                     .set_causal_mask(true)
+                     .set_attn_scale(scale)
+                     .set_deterministic_algorithm(true);
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, lse, attrs);
+    output_as(dq, qkv_part("dq", kDQ, s, s.NH));
+    output_as(dk, qkv_part("dk", kDK, s, s.NKV));
+    output_as(dv, qkv_part("dv", kDV, s, s.NKV));
+  }
+
+  SdpaPlan plan;
+  auto err = g->validate();
+  if (err.is_good()) err = g->build_operation_graph(c.handle);
+  if (err.is_good()) err = g->create_execution_plans({fe::HeurMode_t::A});
+  if (err.is_good()) err = g->check_support(c.handle);
+  if (err.is_good()) err = g->build_plans(c.handle);
+  if (err.is_good()) {
+    int64_t bytes = 0;
+    err = g->get_workspace_size(bytes);
+    if (err.is_good() && bytes > 0) CUDA_CHECK(cudaMalloc(&plan.workspace, (size_t)bytes));
+  }
+  if (err.is_good()) {
+    plan.graph = g;
+  } else {
+    log_warn("cuDNN attention %s (B=%d T=%d heads %d/%d hs %d): %s; that pass runs llmt's own kernel",
+             backward ? "backward" : "forward", s.B, s.T, s.NH, s.NKV, s.hs, err.get_message().c_str());
+  }
+  return c.plans.emplace(key, plan).first->second;
+}
+
+bool sdpa_run(bool backward, const SdpaShape& s, std::unordered_map<int64_t, void*> pack, Stream stream) {
+  const SdpaPlan& p = sdpa_plan(backward, s);
+  if (!p.graph) return false;
+  const cudnnStatus_t st = fe::detail::set_stream(cudnn().handle, stream);
+  if (st != CUDNN_STATUS_SUCCESS) fail("cuDNN attention: cudnnSetStream: %s", fe::detail::get_error_string(st));
+  auto err = p.graph->execute(cudnn().handle, pack, p.workspace);
+  launch_count().fetch_add(1, std::memory_order_relaxed);  // one graph, whatever cuDNN runs inside
+  if (!err.is_good())
+    fail("cuDNN attention %s (B=%d T=%d heads %d/%d hs %d): %s", backward ? "backward" : "forward", s.B, s.T, s.NH,
+         s.NKV, s.hs, err.get_message().c_str());
+  return true;
+}
+
+}  // namespace
+
+std::string cudnn_attention_unavailable() { return cudnn_library(); }
+
+std::string cudnn_attention_version() {
+#ifdef LLMT_SIMT
+  return "the emulated build's CPU stand-in";
+#else
+  if (!cudnn_library().empty()) return "not loaded";
+  const int v = (int)fe::detail::get_backend_version();
+  return strformat("%d.%d.%d (frontend %d.%d.%d)", v / 10000, v / 100 % 100, v % 100, CUDNN_FRONTEND_MAJOR_VERSION,
+                   CUDNN_FRONTEND_MINOR_VERSION, CUDNN_FRONTEND_PATCH_VERSION);
+#endif
+}
+
+bool cudnn_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int NKV, int hs,
+                             Stream stream) {
+  LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
+  if (B == 0 || T == 0) return true;
+  const SdpaShape s{B, T, NH, NKV, hs};
+  uint16_t* x = const_cast<uint16_t*>(qkv);  // cuDNN's variant pack holds void*; it only reads them
+  return sdpa_run(false, s,
+             {{kQ, x}, {kK, x + (int64_t)NH * hs}, {kV, x + (int64_t)(NH + NKV) * hs}, {kO, out}, {kStats, lse}},
+             stream);
+}
+
+bool cudnn_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                              const float* lse, int B, int T, int NH, int NKV, int hs, Stream stream) {
+  LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
+  if (B == 0 || T == 0) return true;
+  const SdpaShape s{B, T, NH, NKV, hs};
+  uint16_t* x = const_cast<uint16_t*>(qkv);
+  const int64_t k_at = (int64_t)NH * hs, v_at = (int64_t)(NH + NKV) * hs;
+  return sdpa_run(true, s,
+             {{kQ, x},
+              {kK, x + k_at},
+              {kV, x + v_at},
+              {kO, const_cast<uint16_t*>(out)},
+              {kDO, const_cast<uint16_t*>(dout)},
+              {kStats, const_cast<float*>(lse)},
+              {kDQ, dqkv},
+              {kDK, dqkv + k_at},
+              {kDV, dqkv + v_at}},
+             stream);
+}
+
+#else  // a GPU build without the cudnn-frontend headers
+
+std::string cudnn_attention_unavailable() {
+  return "llmt was built without the cudnn-frontend headers (scripts/setup.sh installs them where nvcc is)";
+}
+std::string cudnn_attention_version() { return "none"; }
+bool cudnn_attention_forward(uint16_t*, float*, const uint16_t*, int, int, int, int, int, Stream) {
+  fail("cuDNN attention: %s", cudnn_attention_unavailable().c_str());
+}
+bool cudnn_attention_backward(uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, const float*, int, int, int,
+                              int, int, Stream) {
+  fail("cuDNN attention: %s", cudnn_attention_unavailable().c_str());
+}
+
+#endif
+
+}  // namespace cuda
+}  // namespace llmt

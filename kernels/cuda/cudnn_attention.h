@@ -1,0 +1,43 @@
+// cuDNN's fused attention (SDPA) for the CUDA backend (cudnn_attention.cpp): causal self-attention's
+// forward and backward in bf16, through cudnn-frontend's graph API, one graph per shape built on first
+// use and kept. Same operands and results as attention_forward / attention_backward (cuda_ops.h):
+// qkv rows [q | k | v], out [B*T, NH*hs], lse [B, NH, T] the natural log-sum-exp of each row's scaled
+// scores (cuDNN's softmax stats), so the other kernels' backward can follow a cuDNN forward.
+//
+// What it takes: bf16, head size a multiple of 8 up to 128, no dropout (cuDNN's dropout masks are not
+// llmt's counter-based ones, which the CPU and the other kernels share) and no packed documents. The
+// backward asks cuDNN for its deterministic algorithm, so a run repeats bit for bit.
+//
+// cuDNN is loaded when first used (dlopen libcudnn.so.9), so a machine without it runs llmt with the
+// other kernels. In the emulated build the same code calls a CPU stand-in of the frontend's graph API
+// (simt/cudnn_frontend_simt.h). A plain C++ header.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "engine/backend/backend.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace llmt {
+namespace cuda {
+
+// Empty when this program can run cuDNN attention; otherwise why not (built without the
+// cudnn-frontend headers, or libcudnn.so.9 does not load: dlerror's words). Loads cuDNN once.
+std::string cudnn_attention_unavailable();
+// Whether cuDNN attention takes this call (the shape rules above); it says nothing of the library.
+bool cudnn_attention_fits(int hs, const Dropout& drop, bool packed);
+// "9.19.0 (frontend 1.32.0)", or the emulated build's stand-in.
+std::string cudnn_attention_version();
+
+// As attention_forward (cuda_ops.h) for bf16, with no dropout and no packed documents. False, having
+// done nothing, when cuDNN's heuristics find no engine for this shape (the caller runs another
+// kernel); throws llmt::Error, with cuDNN's message, when the library fails.
+bool cudnn_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int NKV, int hs,
+                             Stream stream);
+// As attention_backward (cuda_ops.h): dqkv (=) from dout and the forward's qkv, out and lse. False
+// as above.
+bool cudnn_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                              const float* lse, int B, int T, int NH, int NKV, int hs, Stream stream);
+
+}  // namespace cuda
+}  // namespace llmt
