@@ -119,6 +119,7 @@ class CudaBackend : public Backend {
   ~CudaBackend() override {
     (void)cudaStreamSynchronize(stream_);
     lt_.reset();
+    dnn_.reset();
     for (Scratch* s : {&row_losses_, &attn_d_, &partials_, &columns_}) (void)cudaFree(s->p);
     (void)cudaFree(err_);
     (void)cudaStreamDestroy(stream_);
@@ -328,6 +329,10 @@ class CudaBackend : public Backend {
                          cap, NH, NKV, hs, stream_);
     });
   }
+  cuda::CudnnAttention& cudnn() {
+    if (!dnn_) dnn_ = std::make_unique<cuda::CudnnAttention>();
+    return *dnn_;
+  }
   // The kernel for this call; an explicit LLMT_ATTENTION that does not take it says so once.
   AttnKernel attention_kernel(DType dt, int hs, const Dropout& drop, bool packed) {
     std::string why;
@@ -343,8 +348,7 @@ class CudaBackend : public Backend {
     const int32_t* doc = i32_or_null(doc_start);
     const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, doc != nullptr);
     // cuDNN without an engine for this shape (it warned, naming it) passes the call on
-    if (k == AttnKernel::cudnn &&
-        cuda::cudnn_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), B, T, NH, NKV, hs, stream_))
+    if (k == AttnKernel::cudnn && cudnn().forward(out.bf16(), lse.f32(), qkv.bf16(), B, T, NH, NKV, hs, stream_))
       return;
     if (k != AttnKernel::plain && cuda::flash_attention_fits(hs))
       return cuda::flash_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), doc, B, T, NH, NKV, hs, drop, stream_);
@@ -358,8 +362,8 @@ class CudaBackend : public Backend {
     const int32_t* doc = i32_or_null(doc_start);
     const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, doc != nullptr);
     // cuDNN's lse is llmt's, so whichever kernel ran the forward, any of them can run the backward
-    if (k == AttnKernel::cudnn && cuda::cudnn_attention_backward(dqkv.bf16(), dout.bf16(), qkv.bf16(), out.bf16(),
-                                                                 lse.f32(), B, T, NH, NKV, hs, stream_))
+    if (k == AttnKernel::cudnn &&
+        cudnn().backward(dqkv.bf16(), dout.bf16(), qkv.bf16(), out.bf16(), lse.f32(), B, T, NH, NKV, hs, stream_))
       return;
     float* d = (float*)scratch(attn_d_, (size_t)B * T * NH * sizeof(float));
     if (k != AttnKernel::plain && cuda::flash_attention_fits(hs)) {
@@ -483,6 +487,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<cuda::LtMatmul> lt_;  // nullptr: the plain kernel
   cuda::AttentionImpl attention_;        // LLMT_ATTENTION when the backend was made
   bool attention_warned_ = false;
+  std::unique_ptr<cuda::CudnnAttention> dnn_;  // made at the first cuDNN attention call
   std::set<std::tuple<bool, int64_t, int64_t, int64_t>> gelu_unfused_;  // shapes warned about
 };
 

@@ -7,8 +7,9 @@
 // dqkv. K and V have NKV heads: cuDNN groups the query heads over them as llmt does (head h reads
 // kv head h / (NH / NKV)).
 //
-// A graph is built once per (pass, B, T, NH, NKV, hs), with its workspace, and kept for the run: a
-// step after the first allocates nothing. A shape cuDNN cannot run is remembered as such.
+// A graph is built once per (pass, B, T, NH, NKV, hs), with its workspace, and kept as long as the
+// backend that owns the CudnnAttention: a step after the first allocates nothing. A shape cuDNN
+// cannot run is remembered as such.
 //
 // The real frontend is built with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING: it finds cuDNN's functions
 // through cudnn_dlhandle, which cudnn_library() opens, so llmt does not link libcudnn. The emulated
@@ -122,34 +123,25 @@ void output_as(const std::shared_ptr<fe::graph::Tensor_attributes>& t, const fe:
   t->set_output(true).set_uid(like.get_uid()).set_dim(like.get_dim()).set_stride(like.get_stride());
 }
 
-struct SdpaPlan {
-  std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN has no engine for this shape
-  void* workspace = nullptr;
-};
+}  // namespace
 
-struct CudnnState {
+// The handle and the graphs built so far, each with its workspace.
+struct CudnnAttention::Plans {
+  struct Plan {
+    std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN has no engine for this shape
+    void* workspace = nullptr;
+  };
   cudnnHandle_t handle = nullptr;
-  std::map<std::tuple<bool, int, int, int, int, int>, SdpaPlan> plans;  // (backward, B, T, NH, NKV, hs)
+  std::map<std::tuple<bool, int, int, int, int, int>, Plan> built;  // (backward, B, T, NH, NKV, hs)
 };
 
-CudnnState& cudnn() {
-  static CudnnState c = [] {
-    const std::string& why = cudnn_library();
-    if (!why.empty()) fail("cuDNN attention: %s", why.c_str());
-    CudnnState made;
-    const cudnnStatus_t st = fe::detail::create_handle(&made.handle);
-    if (st != CUDNN_STATUS_SUCCESS) fail("cuDNN attention: cudnnCreate: %s", fe::detail::get_error_string(st));
-    return made;
-  }();
-  return c;
-}
+namespace {
 
 // The graph for a pass over shape s, built on first use.
-const SdpaPlan& sdpa_plan(bool backward, const SdpaShape& s) {
-  CudnnState& c = cudnn();
+const CudnnAttention::Plans::Plan& sdpa_plan(CudnnAttention::Plans& c, bool backward, const SdpaShape& s) {
   const auto key = std::make_tuple(backward, s.B, s.T, s.NH, s.NKV, s.hs);
-  auto found = c.plans.find(key);
-  if (found != c.plans.end()) return found->second;
+  auto found = c.built.find(key);
+  if (found != c.built.end()) return found->second;
 
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -184,7 +176,7 @@ const SdpaPlan& sdpa_plan(bool backward, const SdpaShape& s) {
     output_as(dv, qkv_part("dv", kDV, s, s.NKV));
   }
 
-  SdpaPlan plan;
+  CudnnAttention::Plans::Plan plan;
   auto err = g->validate();
   if (err.is_good()) err = g->build_operation_graph(c.handle);
   if (err.is_good()) err = g->create_execution_plans({fe::HeurMode_t::A});
@@ -201,15 +193,16 @@ const SdpaPlan& sdpa_plan(bool backward, const SdpaShape& s) {
     log_warn("cuDNN attention %s (B=%d T=%d heads %d/%d hs %d): %s; that pass runs llmt's own kernel",
              backward ? "backward" : "forward", s.B, s.T, s.NH, s.NKV, s.hs, err.get_message().c_str());
   }
-  return c.plans.emplace(key, plan).first->second;
+  return c.built.emplace(key, plan).first->second;
 }
 
-bool sdpa_run(bool backward, const SdpaShape& s, std::unordered_map<int64_t, void*> pack, Stream stream) {
-  const SdpaPlan& p = sdpa_plan(backward, s);
+bool sdpa_run(CudnnAttention::Plans& c, bool backward, const SdpaShape& s, std::unordered_map<int64_t, void*> pack,
+              Stream stream) {
+  const CudnnAttention::Plans::Plan& p = sdpa_plan(c, backward, s);
   if (!p.graph) return false;
-  const cudnnStatus_t st = fe::detail::set_stream(cudnn().handle, stream);
+  const cudnnStatus_t st = fe::detail::set_stream(c.handle, stream);
   if (st != CUDNN_STATUS_SUCCESS) fail("cuDNN attention: cudnnSetStream: %s", fe::detail::get_error_string(st));
-  auto err = p.graph->execute(cudnn().handle, pack, p.workspace);
+  auto err = p.graph->execute(c.handle, pack, p.workspace);
   launch_count().fetch_add(1, std::memory_order_relaxed);  // one graph, whatever cuDNN runs inside
   if (!err.is_good())
     fail("cuDNN attention %s (B=%d T=%d heads %d/%d hs %d): %s", backward ? "backward" : "forward", s.B, s.T, s.NH,
@@ -223,7 +216,7 @@ std::string cudnn_attention_unavailable() { return cudnn_library(); }
 
 std::string cudnn_attention_version() {
 #ifdef LLMT_SIMT
-  return "the emulated build's CPU stand-in";
+  return "(the emulated build's CPU stand-in)";
 #else
   if (!cudnn_library().empty()) return "not loaded";
   const int v = (int)fe::detail::get_backend_version();
@@ -232,25 +225,39 @@ std::string cudnn_attention_version() {
 #endif
 }
 
-bool cudnn_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int NKV, int hs,
+CudnnAttention::CudnnAttention() : p_(std::make_unique<Plans>()) {
+  const std::string& why = cudnn_library();
+  if (!why.empty()) fail("cuDNN attention: %s", why.c_str());
+  const cudnnStatus_t st = fe::detail::create_handle(&p_->handle);
+  if (st != CUDNN_STATUS_SUCCESS) fail("cuDNN attention: cudnnCreate: %s", fe::detail::get_error_string(st));
+}
+
+CudnnAttention::~CudnnAttention() {
+  for (auto& [key, plan] : p_->built)
+    if (plan.workspace) (void)cudaFree(plan.workspace);
+  p_->built.clear();  // the graphs before the handle they were built on
+  if (p_->handle) (void)fe::detail::destroy_handle(p_->handle);
+}
+
+bool CudnnAttention::forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int NKV, int hs,
                              Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   if (B == 0 || T == 0) return true;
   const SdpaShape s{B, T, NH, NKV, hs};
   uint16_t* x = const_cast<uint16_t*>(qkv);  // cuDNN's variant pack holds void*; it only reads them
-  return sdpa_run(false, s,
+  return sdpa_run(*p_, false, s,
              {{kQ, x}, {kK, x + (int64_t)NH * hs}, {kV, x + (int64_t)(NH + NKV) * hs}, {kO, out}, {kStats, lse}},
              stream);
 }
 
-bool cudnn_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+bool CudnnAttention::backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
                               const float* lse, int B, int T, int NH, int NKV, int hs, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   if (B == 0 || T == 0) return true;
   const SdpaShape s{B, T, NH, NKV, hs};
   uint16_t* x = const_cast<uint16_t*>(qkv);
   const int64_t k_at = (int64_t)NH * hs, v_at = (int64_t)(NH + NKV) * hs;
-  return sdpa_run(true, s,
+  return sdpa_run(*p_, true, s,
              {{kQ, x},
               {kK, x + k_at},
               {kV, x + v_at},
@@ -269,12 +276,13 @@ std::string cudnn_attention_unavailable() {
   return "llmt was built without the cudnn-frontend headers (scripts/setup.sh installs them where nvcc is)";
 }
 std::string cudnn_attention_version() { return "none"; }
-bool cudnn_attention_forward(uint16_t*, float*, const uint16_t*, int, int, int, int, int, Stream) {
-  fail("cuDNN attention: %s", cudnn_attention_unavailable().c_str());
-}
-bool cudnn_attention_backward(uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, const float*, int, int, int,
-                              int, int, Stream) {
-  fail("cuDNN attention: %s", cudnn_attention_unavailable().c_str());
+struct CudnnAttention::Plans {};
+CudnnAttention::CudnnAttention() { fail("cuDNN attention: %s", cudnn_attention_unavailable().c_str()); }
+CudnnAttention::~CudnnAttention() = default;
+bool CudnnAttention::forward(uint16_t*, float*, const uint16_t*, int, int, int, int, int, Stream) { return false; }
+bool CudnnAttention::backward(uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, const float*, int, int,
+                              int, int, int, Stream) {
+  return false;
 }
 
 #endif

@@ -13,6 +13,7 @@
 // (simt/cudnn_frontend_simt.h). A plain C++ header.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "engine/backend/backend.h"
@@ -29,15 +30,29 @@ bool cudnn_attention_fits(int hs, const Dropout& drop, bool packed);
 // "9.19.0 (frontend 1.32.0)", or the emulated build's stand-in.
 std::string cudnn_attention_version();
 
-// As attention_forward (cuda_ops.h) for bf16, with no dropout and no packed documents. False, having
-// done nothing, when cuDNN's heuristics find no engine for this shape (the caller runs another
-// kernel); throws llmt::Error, with cuDNN's message, when the library fails.
-bool cudnn_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int NKV, int hs,
-                             Stream stream);
-// As attention_backward (cuda_ops.h): dqkv (=) from dout and the forward's qkv, out and lse. False
-// as above.
-bool cudnn_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
-                              const float* lse, int B, int T, int NH, int NKV, int hs, Stream stream);
+// cuDNN's handle and the graphs built so far, with their workspaces: one per CUDA backend, made at
+// its first cuDNN call (it throws llmt::Error when cuDNN is unavailable) and freed with it.
+class CudnnAttention {
+ public:
+  CudnnAttention();
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // As attention_forward (cuda_ops.h) for bf16, with no dropout and no packed documents. False,
+  // having done nothing, when cuDNN's heuristics find no engine for this shape (the caller runs
+  // another kernel); throws llmt::Error, with cuDNN's message, when the library fails.
+  bool forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int NKV, int hs, Stream stream);
+  // As attention_backward (cuda_ops.h): dqkv (=) from dout and the forward's qkv, out and lse. False
+  // as above.
+  bool backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out, const float* lse, int B,
+                int T, int NH, int NKV, int hs, Stream stream);
+
+  struct Plans;  // the frontend's types stay in cudnn_attention.cpp
+
+ private:
+  std::unique_ptr<Plans> p_;
+};
 
 }  // namespace cuda
 }  // namespace llmt
