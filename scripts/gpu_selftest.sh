@@ -135,17 +135,18 @@ step_layouts() {
 GPU_CASES='Backends/Ops.*/cuda_*:HfReferenceCuda.*:CudaOps.*:Fixtures/GenerateVsTransformers.*:Generate.*:Packing.*'
 step_ops_cublaslt() { "$BIN/llmt_gpu_tests" --gtest_color=no --gtest_brief=1 --gtest_filter="$GPU_CASES"; }
 step_ops_native() {
-  # the cuda_lt_* cases pick cuBLASLt themselves: the plain kernel runs in cuda_f32 and cuda_bf16
-  LLMT_MATMUL=native "$BIN/llmt_gpu_tests" --gtest_color=no --gtest_brief=1 \
+  # the cuda_lt_* cases pick cuBLASLt themselves: the plain kernel runs in cuda_f32 and cuda_bf16. Unset,
+  # LLMT_ATTENTION is cuDNN on a GPU (the step above, and cuda_dnn_bf16); here cuda_bf16 runs flash.
+  LLMT_MATMUL=native LLMT_ATTENTION=flash "$BIN/llmt_gpu_tests" --gtest_color=no --gtest_brief=1 \
     --gtest_filter='Backends/Ops.*/cuda_f32:Backends/Ops.*/cuda_bf16:CudaOps.*'
 }
 
-sanitizer() {  # sanitizer <tool> <gtest filter>
+sanitizer() {  # sanitizer <tool> <gtest filter>: llmt's own kernels (flash attention; cuDNN's are not ours)
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null) ||
     { echo "skipped: no compute-sanitizer on this machine"; return 0; }
-  "$cs" --tool "$1" --error-exitcode 9 --print-limit 20 "$BIN/llmt_gpu_tests" --gtest_color=no --gtest_brief=1 \
-    --gtest_filter="$2"
+  LLMT_ATTENTION=flash "$cs" --tool "$1" --error-exitcode 9 --print-limit 20 "$BIN/llmt_gpu_tests" --gtest_color=no \
+    --gtest_brief=1 --gtest_filter="$2-*/cuda_dnn_bf16"
 }
 step_memcheck() { sanitizer memcheck 'Backends/Ops.*/cuda_*:CudaOps.*'; }
 step_racecheck() {
