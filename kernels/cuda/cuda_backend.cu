@@ -48,24 +48,24 @@ bool uses_cublaslt() {
 // not take. Unset, a GPU build takes cuDNN where the library loads; the emulator takes flash (its
 // cuDNN is a stand-in, run under LLMT_ATTENTION=cudnn).
 enum class AttnKernel { cudnn, flash, plain };
-AttnKernel pick_attention(cuda::AttentionImpl asked, DType dt, int hs, const Dropout& drop, bool packed,
+AttnKernel pick_attention(cuda::AttentionImpl asked, DType dt, int hs, bool dropout, bool packed,
                           std::string* why = nullptr) {
   using cuda::AttentionImpl;
-  auto no = [&](const char* kernel, const std::string& reason) {
+  auto no = [&](const char* kernel, const char* reason) {
     if (why) *why += std::string(why->empty() ? "" : "; ") + kernel + " not used: " + reason;
   };
   if (dt != DType::bf16 || asked == AttentionImpl::plain) return AttnKernel::plain;
-  const bool gpu = std::string(cuda_build_kind()) == "gpu";
+  static const bool gpu = std::string(cuda_build_kind()) == "gpu";
   if (asked == AttentionImpl::cudnn || (asked == AttentionImpl::automatic && gpu)) {
-    const std::string missing = cuda::cudnn_attention_unavailable();
-    if (!missing.empty()) no("cuDNN", missing);
-    else if (drop.p > 0.0f) no("cuDNN", "attention dropout (llmt's masks are not cuDNN's)");
+    const std::string& missing = cuda::cudnn_attention_unavailable();
+    if (!missing.empty()) no("cuDNN", missing.c_str());
+    else if (dropout) no("cuDNN", "attention dropout (llmt's masks are not cuDNN's)");
     else if (packed) no("cuDNN", "packed documents");
-    else if (!cuda::cudnn_attention_fits(hs, drop, packed)) no("cuDNN", strformat("head size %d", hs));
-    else return AttnKernel::cudnn;
+    else if (cuda::cudnn_attention_fits(hs)) return AttnKernel::cudnn;
+    else if (why) no("cuDNN", strformat("head size %d", hs).c_str());
   }
   if (cuda::flash_attention_fits(hs)) return AttnKernel::flash;
-  no("flash", strformat("head size %d (it takes 64 or 128)", hs));
+  if (why) no("flash", strformat("head size %d (it takes 64 or 128)", hs).c_str());
   return AttnKernel::plain;
 }
 
@@ -113,8 +113,8 @@ class CudaBackend : public Backend {
     // The native kernel accumulates in fp32 whatever tf32 says.
     if (uses_cublaslt()) lt_ = std::make_unique<cuda::LtMatmul>(tf32);
     attention_ = cuda::attention_impl();
-    if (attention_ == cuda::AttentionImpl::cudnn && !cuda::cudnn_attention_unavailable().empty())
-      fail("LLMT_ATTENTION=cudnn: %s", cuda::cudnn_attention_unavailable().c_str());
+    const std::string& no_cudnn = cuda::cudnn_attention_unavailable();
+    if (attention_ == cuda::AttentionImpl::cudnn && !no_cudnn.empty()) fail("LLMT_ATTENTION=cudnn: %s", no_cudnn.c_str());
   }
   ~CudaBackend() override {
     (void)cudaStreamSynchronize(stream_);
@@ -335,9 +335,11 @@ class CudaBackend : public Backend {
   }
   // The kernel for this call; an explicit LLMT_ATTENTION that does not take it says so once.
   AttnKernel attention_kernel(DType dt, int hs, const Dropout& drop, bool packed) {
+    // the reasons are words only while a warning may still be given: nothing is built on every call
+    const bool may_warn = attention_ != cuda::AttentionImpl::automatic && !attention_warned_;
     std::string why;
-    const AttnKernel k = pick_attention(attention_, dt, hs, drop, packed, &why);
-    if (!why.empty() && attention_ != cuda::AttentionImpl::automatic && !attention_warned_) {
+    const AttnKernel k = pick_attention(attention_, dt, hs, drop.active(), packed, may_warn ? &why : nullptr);
+    if (!why.empty()) {
       attention_warned_ = true;
       log_warn("LLMT_ATTENTION=%s: %s", cuda::attention_impl_name(attention_), why.c_str());
     }
@@ -538,8 +540,7 @@ std::string cuda_device_description(int device) {
 
 std::string cuda_attention_kernels(DType compute, int head_size, bool dropout, bool packed) {
   std::string why;
-  const Dropout drop{dropout ? 0.1f : 0.0f, 0, 0};
-  const AttnKernel k = pick_attention(cuda::attention_impl(), compute, head_size, drop, packed, &why);
+  const AttnKernel k = pick_attention(cuda::attention_impl(), compute, head_size, dropout, packed, &why);
   std::string s = k == AttnKernel::cudnn   ? "cuDNN " + cuda::cudnn_attention_version() + ", deterministic backward"
                   : k == AttnKernel::flash ? "flash (tensor cores, forward and backward)"
                                            : "plain";

@@ -39,9 +39,7 @@
 namespace llmt {
 namespace cuda {
 
-bool cudnn_attention_fits(int hs, const Dropout& drop, bool packed) {
-  return hs > 0 && hs % 8 == 0 && hs <= 128 && !(drop.p > 0.0f) && !packed;
-}
+bool cudnn_attention_fits(int hs) { return hs > 0 && hs % 8 == 0 && hs <= 128; }
 
 #ifdef LLMT_HAS_CUDNN
 
@@ -212,7 +210,7 @@ bool sdpa_run(CudnnAttention::Plans& c, bool backward, const SdpaShape& s, std::
 
 }  // namespace
 
-std::string cudnn_attention_unavailable() { return cudnn_library(); }
+const std::string& cudnn_attention_unavailable() { return cudnn_library(); }
 
 std::string cudnn_attention_version() {
 #ifdef LLMT_SIMT
@@ -272,8 +270,10 @@ bool CudnnAttention::backward(uint16_t* dqkv, const uint16_t* dout, const uint16
 
 #else  // a GPU build without the cudnn-frontend headers
 
-std::string cudnn_attention_unavailable() {
-  return "llmt was built without the cudnn-frontend headers (scripts/setup.sh installs them where nvcc is)";
+const std::string& cudnn_attention_unavailable() {
+  static const std::string why =
+      "llmt was built without the cudnn-frontend headers (scripts/setup.sh installs them where nvcc is)";
+  return why;
 }
 std::string cudnn_attention_version() { return "none"; }
 struct CudnnAttention::Plans {};

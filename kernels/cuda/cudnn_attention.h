@@ -24,9 +24,10 @@ namespace cuda {
 
 // Empty when this program can run cuDNN attention; otherwise why not (built without the
 // cudnn-frontend headers, or libcudnn.so.9 does not load: dlerror's words). Loads cuDNN once.
-std::string cudnn_attention_unavailable();
-// Whether cuDNN attention takes this call (the shape rules above); it says nothing of the library.
-bool cudnn_attention_fits(int hs, const Dropout& drop, bool packed);
+const std::string& cudnn_attention_unavailable();
+// Whether cuDNN attention takes head size hs (dropout and packing are the caller's to rule out); it
+// says nothing of the library.
+bool cudnn_attention_fits(int hs);
 // "9.19.0 (frontend 1.32.0)", or the emulated build's stand-in.
 std::string cudnn_attention_version();
 
