@@ -3,7 +3,12 @@
 // misbehave on (a warp operation naming a lane that has exited, barriers that can never complete).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <numeric>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/core/error.h"
@@ -191,6 +196,40 @@ TEST(SimtDeathTest, HostReadOfDeviceMemoryStopsTheProgram) {
   ASSERT_EQ(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(h[63], 63.0f);  // through the runtime: fine
   EXPECT_DEATH({ volatile float x = d[5]; (void)x; }, "the host touched device memory");
+  ASSERT_EQ(cudaFree(d), cudaSuccess);
+  // ctest runs this test once more with LLMT_SIMT_GUARD=mprotect (simt.guard_mprotect)
+  const char* want = std::getenv("LLMT_SIMT_GUARD");
+  const std::string guard = llmt::simt::device_memory_guard();
+  if (want && std::string(want) == "mprotect") {
+    EXPECT_EQ(guard, "mprotect");
+  }
+  std::printf("device-memory guard: %s\n", guard.c_str());
+}
+
+// Under protection keys the guard is per thread: while one thread works on device memory (a stand-in
+// inside HostAccess), another thread's host code is still kept out.
+TEST(SimtDeathTest, AnotherThreadStaysShutWhileOneHasAccess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc((void**)&d, 64 * sizeof(float)), cudaSuccess);
+  if (std::string(llmt::simt::device_memory_guard()) != "protection keys") {
+    ASSERT_EQ(cudaFree(d), cudaSuccess);
+    GTEST_SKIP() << "the guard here is " << llmt::simt::device_memory_guard() << ": it opens every thread at once";
+  }
+  // The other thread is made before this one opens: a thread starts with its maker's PKRU.
+  auto touch_from_another_thread = [d] {
+    std::atomic<bool> go{false};
+    std::thread other([d, &go] {
+      while (!go) std::this_thread::yield();
+      volatile float x = d[5];
+      (void)x;
+    });
+    llmt::simt::HostAccess open;
+    d[3] = 1.0f;  // this thread may
+    go = true;
+    other.join();
+  };
+  EXPECT_DEATH(touch_from_another_thread(), "the host touched device memory");
   ASSERT_EQ(cudaFree(d), cudaSuccess);
 }
 #endif

@@ -240,7 +240,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const int64_t lda = a->ld, ldb = b->ld, ldd = d->ld;
 
   llmt::simt::HostAccess open;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel
+  {
+  llmt::simt::HostAccess open_here;  // each thread's own, under protection keys (simt.h)
+#pragma omp for schedule(static)
   for (int64_t j = 0; j < (int64_t)n; j++) {
     for (int64_t i = 0; i < (int64_t)m; i++) {
       float acc = 0.0f;
@@ -258,6 +261,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       if (dgelu) v *= gelu_grad(load(desc->aux, aux_type, i + j * desc->aux_ld));
       store(D, d->type, at, v);
     }
+  }
   }
   return CUBLAS_STATUS_SUCCESS;
 }

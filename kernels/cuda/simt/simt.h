@@ -269,7 +269,9 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 namespace llmt {
 namespace simt {
 // Opens device memory to host code for the object's lifetime, as a launch or a copy does: for the
-// CPU stand-ins of libraries that work on device buffers (NCCL, simt/nccl_simt.h).
+// CPU stand-ins of libraries that work on device buffers (NCCL, simt/nccl_simt.h). Under protection
+// keys it opens the calling thread only, so a stand-in that spreads its work over OpenMP threads
+// makes one in each (cublaslt_simt.cpp).
 class HostAccess {
  public:
   HostAccess();
@@ -277,6 +279,9 @@ class HostAccess {
   HostAccess(const HostAccess&) = delete;
   HostAccess& operator=(const HostAccess&) = delete;
 };
+// How host code is kept out of device memory in this process: "protection keys", "mprotect" (where
+// the CPU or kernel has no keys, or LLMT_SIMT_GUARD=mprotect) or "none (AddressSanitizer)".
+const char* device_memory_guard();
 }  // namespace simt
 }  // namespace llmt
 
