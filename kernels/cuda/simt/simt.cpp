@@ -448,30 +448,6 @@ bool device_free(void* p) {
   return true;
 }
 
-// Opens device memory to host code for the lifetime of the object (a launch, a copy, a stand-in's
-// call): with protection keys to the calling thread, with mprotect to every thread.
-void open_device_memory() {
-  if (arena_key() >= 0) {
-    if (t_open++ == 0) pkey_set(arena_key(), 0);
-    return;
-  }
-  std::lock_guard<std::mutex> lock(g_mem_mutex);
-  if (g_open++ == 0) set_device_access(true);
-}
-void close_device_memory() {
-  if (arena_key() >= 0) {
-    if (--t_open == 0) pkey_set(arena_key(), PKEY_DISABLE_ACCESS);
-    return;
-  }
-  std::lock_guard<std::mutex> lock(g_mem_mutex);
-  if (--g_open == 0) set_device_access(false);
-}
-struct DeviceAccess {
-  DeviceAccess() { open_device_memory(); }
-  ~DeviceAccess() { close_device_memory(); }
-};
-#else
-struct DeviceAccess {};
 #endif
 
 void launch(const char* name, dim3 grid, dim3 blk, size_t dynamic_shared_bytes, const std::function<void()>& body) {
@@ -480,12 +456,12 @@ void launch(const char* name, dim3 grid, dim3 blk, size_t dynamic_shared_bytes, 
     g_last_error = cudaErrorInvalidConfiguration;
     return;
   }
-  [[maybe_unused]] DeviceAccess open;  // this thread (under mprotect: all of them, for the whole launch)
+  HostAccess open;  // this thread (under mprotect: all of them, for the whole launch)
   std::exception_ptr first;
   std::mutex m;
 #pragma omp parallel
   {
-  [[maybe_unused]] DeviceAccess open_here;  // each worker's own, under protection keys
+  HostAccess open_here;  // each worker's own, under protection keys
 #pragma omp for schedule(dynamic, 1)
   for (int64_t i = 0; i < (int64_t)blocks; i++) {
     Block b;
@@ -512,8 +488,25 @@ void launch(const char* name, dim3 grid, dim3 blk, size_t dynamic_shared_bytes, 
 }
 
 #ifndef LLMT_SIMT_ASAN
-HostAccess::HostAccess() { open_device_memory(); }
-HostAccess::~HostAccess() { close_device_memory(); }
+// With protection keys the calling thread opens; with mprotect every thread does.
+HostAccess::HostAccess() {
+  const int key = arena_key();
+  if (key >= 0) {
+    if (t_open++ == 0) pkey_set(key, 0);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  if (g_open++ == 0) set_device_access(true);
+}
+HostAccess::~HostAccess() {
+  const int key = arena_key();
+  if (key >= 0) {
+    if (--t_open == 0) pkey_set(key, PKEY_DISABLE_ACCESS);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_mem_mutex);
+  if (--g_open == 0) set_device_access(false);
+}
 const char* device_memory_guard() { return arena_key() >= 0 ? "protection keys" : "mprotect"; }
 #else
 HostAccess::HostAccess() {}
@@ -556,7 +549,7 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
-  [[maybe_unused]] llmt::simt::DeviceAccess open;
+  llmt::simt::HostAccess open;
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -564,7 +557,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   return cudaMemcpy(dst, src, bytes, kind);
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
-  [[maybe_unused]] llmt::simt::DeviceAccess open;
+  llmt::simt::HostAccess open;
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
 }

@@ -268,10 +268,10 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
 namespace llmt {
 namespace simt {
-// Opens device memory to host code for the object's lifetime, as a launch or a copy does: for the
-// CPU stand-ins of libraries that work on device buffers (NCCL, simt/nccl_simt.h). Under protection
-// keys it opens the calling thread only, so a stand-in that spreads its work over OpenMP threads
-// makes one in each (cublaslt_simt.cpp).
+// Opens device memory to host code for the object's lifetime: what a launch and a copy hold, and
+// what the CPU stand-ins of libraries that work on device buffers take (NCCL, simt/nccl_simt.h).
+// Under protection keys it opens the calling thread only, so work spread over OpenMP threads makes
+// one in each (a launch, cublaslt_simt.cpp).
 class HostAccess {
  public:
   HostAccess();
