@@ -252,7 +252,7 @@ __global__ void adamw_kernel(float* p, uint16_t* p_bf16, const float* g, float* 
 
 // Sum over the block; the result is valid in thread 0. blockDim.x must be a multiple of WARP_SIZE.
 __device__ double block_sum(double x) {
-  __shared__ double warp_sums[WARP_SIZE];
+  LLMT_SHARED(double, warp_sums, [WARP_SIZE]);
   const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
   const int nwarps = (int)blockDim.x / WARP_SIZE;
 #pragma unroll

@@ -31,7 +31,7 @@ __device__ void report(int* err, int code, int value, int64_t pos, int bound) {
 // The block's sum (or max), the same value in every thread. blockDim.x: a multiple of WARP_SIZE.
 template <typename A>
 __device__ A block_sum_all(A x) {
-  __shared__ A partial[WARP_SIZE];
+  LLMT_SHARED(A, partial, [WARP_SIZE]);
   const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, nw = (int)blockDim.x / WARP_SIZE;
   for (int o = WARP_SIZE / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   __syncthreads();  // the array's previous use is over
@@ -42,7 +42,7 @@ __device__ A block_sum_all(A x) {
   return r;
 }
 __device__ float block_max_all(float x) {
-  __shared__ float partial[WARP_SIZE];
+  LLMT_SHARED(float, partial, [WARP_SIZE]);
   const int tid = (int)threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, nw = (int)blockDim.x / WARP_SIZE;
   for (int o = WARP_SIZE / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
   __syncthreads();
@@ -66,7 +66,8 @@ template <typename Ta, typename Tout>
 __global__ void __launch_bounds__(kMmThreads) matmul_kernel(Tout* out, const Ta* a, const Ta* b, const Ta* bias,
                                                             int64_t M, int64_t N, int64_t K, bool ta, bool tb,
                                                             bool acc, int64_t lda, int64_t ldo) {
-  __shared__ float as[kMmK][kMmTile + 4], bs[kMmK][kMmTile + 4];
+  LLMT_SHARED(float, as, [kMmK][kMmTile + 4]);
+  LLMT_SHARED(float, bs, [kMmK][kMmTile + 4]);
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t row0 = (int64_t)blockIdx.y * kMmTile, col0 = (int64_t)blockIdx.x * kMmTile;
   float sum[4][4] = {};
@@ -116,7 +117,8 @@ enum ColumnSum { kBiasGrad = 0, kLayerNormGrads = 1, kRmsNormGrad = 2 };
 template <typename T, int KIND>
 __global__ void column_partials_kernel(float* partials, const T* dout, const T* x, const float* mean,
                                        const float* rstd, int64_t N, int C, int64_t rows_per_chunk) {
-  __shared__ float s0[kColumnLanes][33], s1[kColumnLanes][33];
+  LLMT_SHARED(float, s0, [kColumnLanes][33]);
+  LLMT_SHARED(float, s1, [kColumnLanes][33]);
   const int cx = (int)threadIdx.x % 32, ry = (int)threadIdx.x / 32, chunk = (int)blockIdx.y;
   const int c = (int)blockIdx.x * 32 + cx;
   const int64_t r0 = chunk * rows_per_chunk, r1 = r0 + rows_per_chunk < N ? r0 + rows_per_chunk : N;

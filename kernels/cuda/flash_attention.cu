@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(kFlashThreads)
     flash_forward_kernel(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc, int T_, int NH, int NKV,
                          Dropout drop) {
   constexpr int LD = HS + 8;  // shared row stride in elements: 16-byte aligned, conflict-free for ldmatrix
-  __shared__ __align__(16) uint16_t sk[kFlashKeys * LD];
-  __shared__ __align__(16) uint16_t sv[kFlashKeys * LD];
+  LLMT_SHARED(uint16_t, sk, [kFlashKeys * LD]);
+  LLMT_SHARED(uint16_t, sv, [kFlashKeys * LD]);
   const int qt = (int)blockIdx.x, h = (int)blockIdx.y, b = (int)blockIdx.z, kvh = h / (NH / NKV);
   const int tid = (int)threadIdx.x, warp = tid / WARP_SIZE, l = tid % WARP_SIZE, g = l / 4, t4 = l % 4;
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * HS;
@@ -200,10 +200,11 @@ __global__ void __launch_bounds__(kFlashThreads)
     flash_dkv_kernel(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D,
                      const int32_t* doc, int T_, int NH, int NKV, Dropout drop) {
   constexpr int LD = HS + 8;
-  __shared__ __align__(16) uint16_t sq[kFlashRows * LD];
-  __shared__ __align__(16) uint16_t sdo[kFlashRows * LD];
-  __shared__ float slse[kFlashRows], sd[kFlashRows];
-  __shared__ int sdoc[kFlashRows];
+  LLMT_SHARED(uint16_t, sq, [kFlashRows * LD]);
+  LLMT_SHARED(uint16_t, sdo, [kFlashRows * LD]);
+  LLMT_SHARED(float, slse, [kFlashRows]);
+  LLMT_SHARED(float, sd, [kFlashRows]);
+  LLMT_SHARED(int, sdoc, [kFlashRows]);
   const int kt = (int)blockIdx.x, kvh = (int)blockIdx.y, b = (int)blockIdx.z, group = NH / NKV;
   const int tid = (int)threadIdx.x, warp = tid / WARP_SIZE, l = tid % WARP_SIZE, g = l / 4, t4 = l % 4;
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * HS, out_len = (int64_t)NH * HS;
@@ -312,8 +313,8 @@ __global__ void __launch_bounds__(kFlashThreads)
     flash_dq_kernel(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D,
                     const int32_t* doc, int T_, int NH, int NKV, Dropout drop) {
   constexpr int LD = HS + 8;
-  __shared__ __align__(16) uint16_t sk[kFlashKeys * LD];
-  __shared__ __align__(16) uint16_t sv[kFlashKeys * LD];
+  LLMT_SHARED(uint16_t, sk, [kFlashKeys * LD]);
+  LLMT_SHARED(uint16_t, sv, [kFlashKeys * LD]);
   const int qt = (int)blockIdx.x, h = (int)blockIdx.y, b = (int)blockIdx.z, kvh = h / (NH / NKV);
   const int tid = (int)threadIdx.x, warp = tid / WARP_SIZE, l = tid % WARP_SIZE, g = l / 4, t4 = l % 4;
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * HS, out_len = (int64_t)NH * HS;

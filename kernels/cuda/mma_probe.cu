@@ -35,8 +35,8 @@ __global__ void mma_fragments_kernel(float* d, const uint16_t* a, const uint16_t
 }
 
 __global__ void mma_ldmatrix_kernel(float* d, const uint16_t* a, const uint16_t* b, const float* c) {
-  __shared__ __align__(16) uint16_t sa[16 * 16];
-  __shared__ __align__(16) uint16_t sb[16 * 8];
+  LLMT_SHARED(uint16_t, sa, [16 * 16]);
+  LLMT_SHARED(uint16_t, sb, [16 * 8]);
   const int l = (int)threadIdx.x, g = l / 4, t = l % 4;
   for (int i = l; i < 16 * 16; i += WARP_SIZE) sa[i] = a[i];
   for (int i = l; i < 16 * 8; i += WARP_SIZE) sb[i] = b[i];
@@ -60,7 +60,7 @@ __device__ void ldmatrix_to(uint32_t* out, const uint16_t* sm, int l) {
 }
 
 __global__ void ldmatrix_kernel(uint32_t* out, const uint16_t* m, int n, bool trans) {
-  __shared__ __align__(16) uint16_t sm[4 * 64];
+  LLMT_SHARED(uint16_t, sm, [4 * 64]);
   const int l = (int)threadIdx.x;
   for (int i = l; i < n * 64; i += WARP_SIZE) sm[i] = m[i];
   __syncwarp();

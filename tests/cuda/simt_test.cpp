@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
@@ -19,7 +20,7 @@ namespace {
 
 // Block-wide sum through shared memory, a tree of __syncthreads steps.
 __global__ void block_tree_sum(const int* in, int* out, int n) {
-  __shared__ int buf[256];
+  LLMT_SHARED(int, buf, [256]);
   const int t = (int)threadIdx.x, i = (int)(blockIdx.x * blockDim.x) + t;
   buf[t] = i < n ? in[i] : 0;
   __syncthreads();
@@ -93,9 +94,10 @@ TEST(Simt, BallotAndBroadcast) {
   }
 }
 
-// Threads past n return before the block's barrier; the others still meet there.
+// Threads past n return before the block's barrier while the others wait there: undefined on a GPU
+// (every live thread of a block must reach each __syncthreads), an error here (synccheck).
 __global__ void early_return(int* out, int n) {
-  __shared__ int count;
+  LLMT_SHARED(int, count, );
   if ((int)threadIdx.x >= n) return;
   if (threadIdx.x == 0) count = 0;
   __syncthreads();
@@ -104,11 +106,196 @@ __global__ void early_return(int* out, int n) {
   out[threadIdx.x] = count;
 }
 
-TEST(Simt, EarlyReturnBeforeSyncthreads) {
+TEST(Simt, ExitingBeforeASyncthreadsTheOthersWaitAtIsAnError) {
   std::vector<int> out(128, -1);
-  LLMT_LAUNCH(early_return, 1, 128, 0, nullptr, out.data(), 70);
-  for (int i = 0; i < 70; i++) EXPECT_EQ(out[i], 70);
-  for (int i = 70; i < 128; i++) EXPECT_EQ(out[i], -1);
+  try {
+    LLMT_LAUNCH(early_return, 1, 128, 0, nullptr, out.data(), 70);
+    FAIL() << "no error";
+  } catch (const llmt::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("kernel early_return"), std::string::npos) << what;
+    EXPECT_NE(what.find("threads 70-127 exited"), std::string::npos) << what;
+    EXPECT_NE(what.find("threads 0-69 at __syncthreads simt_test.cpp:"), std::string::npos) << what;
+  }
+}
+
+// Threads that leave after the block's last barrier are fine.
+__global__ void return_after_barrier(int* out, int n) {
+  LLMT_SHARED(int, buf, [128]);
+  buf[threadIdx.x] = (int)threadIdx.x;
+  __syncthreads();
+  if ((int)threadIdx.x >= n) return;
+  out[threadIdx.x] = buf[(threadIdx.x + 1) % 128];
+}
+
+TEST(Simt, ExitingAfterTheLastSyncthreadsIsFine) {
+  std::vector<int> out(128, -1);
+  LLMT_LAUNCH(return_after_barrier, 1, 128, 0, nullptr, out.data(), 70);
+  for (int i = 0; i < 70; i++) EXPECT_EQ(out[i], (i + 1) % 128);
+  EXPECT_EQ(out[70], -1);
+}
+
+// Two halves of the block at two different __syncthreads: on a GPU a hang or worse, whether or not
+// the counts happen to match; here an error naming both lines (synccheck).
+__global__ void divergent_barriers(int* out) {
+  if (threadIdx.x < 32) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1;
+}
+
+TEST(Simt, SyncthreadsAtDifferentLinesIsAnError) {
+  std::vector<int> out(64);
+  try {
+    LLMT_LAUNCH(divergent_barriers, 1, 64, 0, nullptr, out.data());
+    FAIL() << "no error";
+  } catch (const llmt::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("different __syncthreads"), std::string::npos) << what;
+    EXPECT_NE(what.find("threads 0-31 at __syncthreads"), std::string::npos) << what;
+    EXPECT_NE(what.find("threads 32-63 at __syncthreads"), std::string::npos) << what;
+  }
+}
+
+// The halves of a warp in two different shuffles with the same full mask: the emulator would pair
+// them up; a GPU need not. An error naming both (synccheck).
+__global__ void divergent_shuffles(float* out) {
+  const int lane = (int)threadIdx.x % WARP_SIZE;
+  float v = (float)lane;
+  if (lane < 16)
+    v = __shfl_xor_sync(0xffffffffu, v, 1);
+  else
+    v = __shfl_xor_sync(0xffffffffu, v, 2);
+  out[threadIdx.x] = v;
+}
+
+TEST(Simt, LanesMeetingInDifferentWarpOperationsIsAnError) {
+  std::vector<float> out(32);
+  try {
+    LLMT_LAUNCH(divergent_shuffles, 1, 32, 0, nullptr, out.data());
+    FAIL() << "no error";
+  } catch (const llmt::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("different warp operations"), std::string::npos) << what;
+    EXPECT_NE(what.find("threads 0-15 at a shuffle simt_test.cpp:"), std::string::npos) << what;
+    EXPECT_NE(what.find("threads 16-31 at a shuffle simt_test.cpp:"), std::string::npos) << what;
+  }
+}
+
+// What fresh shared memory holds, as each thread reads it before any thread wrote it.
+__global__ void read_fresh_shared(uint32_t* out) {
+  LLMT_SHARED(uint32_t, fixed, [64]);
+  uint32_t* dynamic = LLMT_DYNAMIC_SHARED(uint32_t);
+  out[threadIdx.x] = fixed[threadIdx.x];
+  out[64 + threadIdx.x] = dynamic[threadIdx.x];
+}
+
+TEST(Simt, FreshDeviceAndSharedMemoryArePoisoned) {
+  uint32_t* d = nullptr;
+  ASSERT_EQ(cudaMalloc((void**)&d, 128 * sizeof(uint32_t)), cudaSuccess);
+  std::vector<uint32_t> fresh(128);
+  ASSERT_EQ(cudaMemcpy(fresh.data(), d, 128 * sizeof(uint32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+  const uint32_t want = llmt::simt::poisons_memory() ? 0xffffffffu : 0u;  // LLMT_SIMT_POISON=0: zeros
+  for (uint32_t v : fresh) ASSERT_EQ(v, want) << "a fresh cudaMalloc allocation";
+  float f;
+  std::memcpy(&f, &fresh[0], 4);
+  if (llmt::simt::poisons_memory()) {
+    EXPECT_TRUE(std::isnan(f)) << "the poison reads as NaN";
+  }
+  LLMT_LAUNCH(read_fresh_shared, 1, 64, 64 * sizeof(uint32_t), nullptr, d);
+  ASSERT_EQ(cudaMemcpy(fresh.data(), d, 128 * sizeof(uint32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int i = 0; i < 128; i++) EXPECT_EQ(fresh[i], want) << (i < 64 ? "static" : "dynamic") << " shared, thread " << i % 64;
+  ASSERT_EQ(cudaFree(d), cudaSuccess);
+}
+
+// Schedules (ctest simt.schedule.emulator runs these under LLMT_SIMT_SCHEDULE=reverse, shuffle:1 and
+// shuffle:2; simt.emulator in forward order). Thread t reads what thread t - 1 wrote to shared memory
+// with no barrier between: in forward order the writer always runs first and the kernel passes.
+__global__ void shift_without_barrier(float* out, const float* in) {
+  LLMT_SHARED(float, buf, [64]);
+  const int t = (int)threadIdx.x;
+  buf[t] = in[t];
+  out[t] = t > 0 ? buf[t - 1] : 0.0f;
+}
+// The same with the barrier.
+__global__ void shift_with_barrier(float* out, const float* in) {
+  LLMT_SHARED(float, buf, [64]);
+  const int t = (int)threadIdx.x;
+  buf[t] = in[t];
+  __syncthreads();
+  out[t] = t > 0 ? buf[t - 1] : 0.0f;
+}
+
+struct DeviceFloats {
+  float* p = nullptr;
+  explicit DeviceFloats(const std::vector<float>& h) {
+    EXPECT_EQ(cudaMalloc((void**)&p, h.size() * sizeof(float)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceFloats() { cudaFree(p); }
+  std::vector<float> host(size_t n) const {
+    std::vector<float> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+TEST(SimtSchedule, AMissingBarrierPassesForwardAndFailsInAnyOtherOrder) {
+  std::vector<float> in(64);
+  for (int i = 0; i < 64; i++) in[i] = (float)(i + 1);
+  DeviceFloats din(in), dout(std::vector<float>(64, 0.0f));
+  const std::string schedule = llmt::simt::schedule_name();
+  if (schedule == "forward") {
+    LLMT_LAUNCH(shift_without_barrier, 1, 64, 0, nullptr, dout.p, din.p);
+    const std::vector<float> out = dout.host(64);
+    for (int t = 1; t < 64; t++) EXPECT_EQ(out[t], in[t - 1]) << "forward order hides the missing barrier";
+    return;
+  }
+  try {
+    LLMT_LAUNCH(shift_without_barrier, 1, 64, 0, nullptr, dout.p, din.p);
+    FAIL() << "no error under LLMT_SIMT_SCHEDULE=" << schedule;
+  } catch (const llmt::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("kernel shift_without_barrier gives other results under LLMT_SIMT_SCHEDULE=" + schedule),
+              std::string::npos) << what;
+  }
+}
+
+TEST(SimtSchedule, KernelsWithTheirBarriersGiveTheSameBytesInEveryOrder) {
+  std::vector<float> in(64);
+  for (int i = 0; i < 64; i++) in[i] = std::sin((float)i);
+  DeviceFloats din(in), dout(std::vector<float>(64, 0.0f));
+  LLMT_LAUNCH(shift_with_barrier, 1, 64, 0, nullptr, dout.p, din.p);
+  const std::vector<float> out = dout.host(64);
+  for (int t = 1; t < 64; t++) EXPECT_EQ(out[t], in[t - 1]);
+  // blocks in another order, and warps running ahead of each other up to their barriers
+  std::vector<int> ids(1000);
+  std::iota(ids.begin(), ids.end(), 1);
+  int* dids = nullptr;
+  int* dsums = nullptr;
+  ASSERT_EQ(cudaMalloc((void**)&dids, ids.size() * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc((void**)&dsums, 4 * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dids, ids.data(), ids.size() * sizeof(int), cudaMemcpyHostToDevice), cudaSuccess);
+  LLMT_LAUNCH(block_tree_sum, 4, 256, 0, nullptr, dids, dsums, (int)ids.size());
+  std::vector<int> sums(4);
+  ASSERT_EQ(cudaMemcpy(sums.data(), dsums, sizeof(int) * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(sums[0] + sums[1] + sums[2] + sums[3], 1000 * 1001 / 2);
+  ASSERT_EQ(cudaFree(dids), cudaSuccess);
+  ASSERT_EQ(cudaFree(dsums), cudaSuccess);
+}
+
+TEST(SimtSchedule, AWritableHostPointerIsRefusedInAnyOtherOrder) {
+  if (std::string(llmt::simt::schedule_name()) == "forward") GTEST_SKIP() << "a host pointer works in forward order";
+  std::vector<float> in(64, 1.0f), out(64);
+  DeviceFloats din(in);
+  try {
+    LLMT_LAUNCH(shift_with_barrier, 1, 64, 0, nullptr, out.data(), din.p);
+    FAIL() << "no error";
+  } catch (const llmt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("writable pointer to host memory"), std::string::npos) << e.what();
+  }
 }
 
 // 2-D blocks, dynamic shared memory, atomics from every block.
@@ -180,7 +367,7 @@ TEST(Simt, BarriersThatCanNeverCompleteAreAnError) {
 
 }  // namespace
 
-#if !defined(__SANITIZE_ADDRESS__)
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 // The device-memory guard: the host may reach device memory only through cudaMemcpy / cudaMemset or
 // inside a kernel, as on a GPU; a direct host read stops the program with a message.
 __global__ void fill_kernel(float* p, int n) {

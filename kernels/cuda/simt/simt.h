@@ -7,30 +7,51 @@
 //    OpenMP threads and run one at a time on each;
 //  - __syncthreads as a block-wide turn switch; __shfl_sync / _xor / _down / _up, __ballot_sync and
 //    __syncwarp meet at a barrier of just the lanes in their mask, so divergent warp code and early
-//    returns behave as on a GPU (a lane that exited while named in a mask is an error, as is a
-//    barrier that can never complete);
+//    returns behave as on a GPU;
 //  - the tensor-core operations of kernels/cuda/mma.cuh (mma.sync m16n8k16 bf16, ldmatrix) as
 //    warp-collective operations in the PTX ISA's fragment layouts;
-//  - static __shared__ arrays (one per block: thread_local storage of the OS thread running the
-//    block) and dynamic shared memory through LLMT_DYNAMIC_SHARED; float, double and integer atomics;
-//    the fast-math intrinsics; threadIdx, blockIdx, blockDim, gridDim;
-//  - the CUDA runtime calls the project uses, on host memory: device pointers are host pointers,
-//    streams run in order (a launch runs to completion before it returns), events complete at once;
+//  - shared memory of each block's own: static arrays through LLMT_SHARED (a bare __shared__ does not
+//    compile here), dynamic bytes through LLMT_DYNAMIC_SHARED; float, double and integer atomics
+//    (relaxed, as CUDA's); the fast-math intrinsics; threadIdx, blockIdx, blockDim, gridDim;
+//  - the CUDA runtime calls the project uses, on host memory: streams run in order (a launch runs
+//    to completion before it returns), events complete at once;
 //  - several devices (LLMT_SIMT_DEVICES, default 1) over the one host memory, a current device per
 //    thread, and events that belong to the device current when they were made: touching one from a
 //    thread whose current device is another stops the program (on a GPU it makes a context there).
 //
-// Races it cannot see: fibers of a block run one at a time and switch only at barriers and warp
-// operations, so a missing __syncthreads between a write to shared memory and another thread's
-// read passes whenever the writer happens to run first (always, for lower thread ids), and warps
-// never interleave inside a step the way a GPU's do. A missing __syncwarp between warp-synchronous
-// shared-memory steps passes the same way. Those are checked on a GPU (scripts/gpu_selftest.sh).
+// As a sanitizer (docs/design.md, "The emulator as a sanitizer"), what each mode finds:
+//  - synccheck, always on: a __syncthreads that some live threads of the block never reach (they
+//    exited first, or wait at another __syncthreads, by source line, or at another count of it), a
+//    warp operation whose lanes meet from different source lines or kinds, a lane named in a mask
+//    that has exited, barriers that can never complete: each stops the kernel, naming it and the
+//    threads involved.
+//  - poison, on unless LLMT_SIMT_POISON=0: fresh cudaMalloc memory and every block's shared memory
+//    (static and dynamic) hold 0xff bytes (NaN as f32, bf16 and f64; -1 as an integer), so a kernel
+//    that reads what it never wrote computes with NaN where a GPU would hold garbage.
+//  - schedule, LLMT_SIMT_SCHEDULE=forward|reverse|shuffle:SEED (default forward): the order in which
+//    the runnable threads of a block run between two meetings, and the order of the blocks of a
+//    grid (then on one OpenMP thread). Any order but forward runs each launch twice from the same
+//    memory: forward with shared memory poisoned as above, then the order asked for with shared
+//    memory holding another pattern (0x7f bytes). A byte of the kernel's writable arguments'
+//    allocations that differs between the two stops the program naming the kernel: a reader that
+//    depends on running after its writer, or on what shared memory held before the block wrote it.
+//  - racecheck: the ThreadSanitizer build (llmt_simt_tsan_tests) runs every emulated thread as a
+//    TSan fiber. __syncthreads and __syncwarp order memory among exactly the threads that meet, a
+//    launch orders the host's work before every thread and a kernel's end orders its threads before
+//    the host; shuffles, ballots and the tensor-core operations order nothing (CUDA guarantees
+//    memory ordering for __syncthreads and __syncwarp only), ldmatrix's reads of shared memory are
+//    reported as the reading lane's, atomics are TSan's atomics, and blocks run on one OS thread in
+//    separate fibers. TSan then reports a shared-memory race inside a block or a global-memory race
+//    between blocks with both stacks, the kernel's name in them.
+// What is left to silicon: memory-model effects beyond barriers (a fence, the visibility order of
+// relaxed atomics, the L1/L2 caches), timing, and host pointers handed to a kernel (they work here).
 #pragma once
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 
 // ---- the language ----
 #define __global__
@@ -39,7 +60,9 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
-#define __shared__ static thread_local
+// Static shared memory only through LLMT_SHARED(type, name, dims) (cuda_platform.h): each block then
+// has its own, poisoned, where a static thread_local would carry one block's values into the next.
+#define __shared__ static_assert(false, "declare static shared memory with LLMT_SHARED(type, name, dims)");
 #define __align__(n) __attribute__((aligned(n)))
 
 struct dim3 {
@@ -51,25 +74,35 @@ using uint3 = dim3;
 namespace llmt {
 namespace simt {
 
-const dim3& thread_idx();
-const dim3& block_idx();
-const dim3& block_dim();
-const dim3& grid_dim();
-void syncthreads();
+dim3 thread_idx();  // by value: a kernel reads copies, never the emulator's own memory
+dim3 block_idx();
+dim3 block_dim();
+dim3 grid_dim();
+// Every meeting names its source line (the call site, through __builtin_FILE/__builtin_LINE), so
+// threads that meet from different lines are told apart (synccheck).
+void syncthreads(const char* file, int line);
 // Deposits `bits` for this lane, waits for every lane in `mask`, returns what lane `src` deposited
 // (this lane's own when src is outside the mask).
-uint64_t exchange(unsigned mask, uint64_t bits, int src);
-unsigned ballot(unsigned mask, bool pred);
-void syncwarp(unsigned mask);
+uint64_t exchange(unsigned mask, uint64_t bits, int src, const char* file, int line);
+unsigned ballot(unsigned mask, bool pred, const char* file, int line);
+void syncwarp(unsigned mask, const char* file, int line);
 void* dynamic_shared();
+// The block's instance of the static shared array declared at `key` (one key per declaration):
+// every thread of the block gets the same bytes, poisoned when first handed out.
+void* static_shared(const void* key, size_t bytes);
 // The tensor-core operations of kernels/cuda/mma.cuh as warp-collective operations of all 32 lanes,
 // in the PTX ISA's fragment layouts (described there): mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
 // (products exact in f32, summed in k order onto c), and ldmatrix.sync.aligned.m8n8.x{n}[.trans].b16
 // from the row addresses the lanes give.
-void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
-void ldmatrix(uint32_t* r, int n, bool trans, const void* row);
-// Runs `body` as a grid of blocks of threads; returns when every thread has finished.
-void launch(const char* name, dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body);
+void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4],
+                       const char* file = __builtin_FILE(), int line = __builtin_LINE());
+void ldmatrix(uint32_t* r, int n, bool trans, const void* row, const char* file = __builtin_FILE(),
+              int line = __builtin_LINE());
+// Runs `body` as a grid of blocks of threads; returns when every thread has finished. `writable` holds
+// the kernel's `args` arguments as pointers where they are non-const pointers (what it may write),
+// null elsewhere: under a schedule other than forward the launch runs twice and compares them.
+void launch(const char* name, dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body,
+            const void* const* writable, int args);
 
 template <class T>
 uint64_t to_bits(T v) {
@@ -94,38 +127,52 @@ inline int lane() { return (int)(thread_idx().x + block_dim().x * (thread_idx().
 #define blockDim (::llmt::simt::block_dim())
 #define gridDim (::llmt::simt::grid_dim())
 
-inline void __syncthreads() { ::llmt::simt::syncthreads(); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) { ::llmt::simt::syncwarp(mask); }
+inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  ::llmt::simt::syncthreads(file, line);
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  ::llmt::simt::syncwarp(mask, file, line);
+}
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-inline unsigned __ballot_sync(unsigned mask, int pred) { return ::llmt::simt::ballot(mask, pred != 0); }
+inline unsigned __ballot_sync(unsigned mask, int pred, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  return ::llmt::simt::ballot(mask, pred != 0, file, line);
+}
 
 template <class T>
-T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32, const char* file = __builtin_FILE(),
+              int line = __builtin_LINE()) {
   const int l = ::llmt::simt::lane(), base = l / width * width;
-  return ::llmt::simt::from_bits<T>(::llmt::simt::exchange(mask, ::llmt::simt::to_bits(v), base + src_lane % width));
+  return ::llmt::simt::from_bits<T>(
+      ::llmt::simt::exchange(mask, ::llmt::simt::to_bits(v), base + src_lane % width, file, line));
 }
 template <class T>
-T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32, const char* file = __builtin_FILE(),
+                  int line = __builtin_LINE()) {
   const int l = ::llmt::simt::lane(), base = l / width * width, src = l ^ lane_mask;
   return ::llmt::simt::from_bits<T>(
-      ::llmt::simt::exchange(mask, ::llmt::simt::to_bits(v), src >= base + width ? l : src));
+      ::llmt::simt::exchange(mask, ::llmt::simt::to_bits(v), src >= base + width ? l : src, file, line));
 }
 template <class T>
-T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32, const char* file = __builtin_FILE(),
+                   int line = __builtin_LINE()) {
   const int l = ::llmt::simt::lane(), base = l / width * width, src = l + (int)delta;
   return ::llmt::simt::from_bits<T>(
-      ::llmt::simt::exchange(mask, ::llmt::simt::to_bits(v), src >= base + width ? l : src));
+      ::llmt::simt::exchange(mask, ::llmt::simt::to_bits(v), src >= base + width ? l : src, file, line));
 }
 template <class T>
-T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, const char* file = __builtin_FILE(),
+                 int line = __builtin_LINE()) {
   const int l = ::llmt::simt::lane(), base = l / width * width, src = l - (int)delta;
-  return ::llmt::simt::from_bits<T>(::llmt::simt::exchange(mask, ::llmt::simt::to_bits(v), src < base ? l : src));
+  return ::llmt::simt::from_bits<T>(
+      ::llmt::simt::exchange(mask, ::llmt::simt::to_bits(v), src < base ? l : src, file, line));
 }
 
 // Dynamic shared memory: LLMT_DYNAMIC_SHARED(float) is a float* to the launch's dynamic bytes.
 #define LLMT_DYNAMIC_SHARED(type) ((type*)::llmt::simt::dynamic_shared())
 
 // ---- atomics (blocks run concurrently on OS threads) ----
+// Relaxed, as CUDA's atomics are: they order no other memory access, so under ThreadSanitizer they
+// make no happens-before edge that a GPU would not have.
 inline float atomicAdd(float* addr, float v) {
   uint32_t old = __atomic_load_n((uint32_t*)addr, __ATOMIC_RELAXED), next;
   do {
@@ -133,7 +180,7 @@ inline float atomicAdd(float* addr, float v) {
     std::memcpy(&f, &old, 4);
     f += v;
     std::memcpy(&next, &f, 4);
-  } while (!__atomic_compare_exchange_n((uint32_t*)addr, &old, next, true, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+  } while (!__atomic_compare_exchange_n((uint32_t*)addr, &old, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
   float r;
   std::memcpy(&r, &old, 4);
   return r;
@@ -145,23 +192,23 @@ inline double atomicAdd(double* addr, double v) {
     std::memcpy(&f, &old, 8);
     f += v;
     std::memcpy(&next, &f, 8);
-  } while (!__atomic_compare_exchange_n((uint64_t*)addr, &old, next, true, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+  } while (!__atomic_compare_exchange_n((uint64_t*)addr, &old, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
   double r;
   std::memcpy(&r, &old, 8);
   return r;
 }
-inline int atomicAdd(int* addr, int v) { return __atomic_fetch_add(addr, v, __ATOMIC_SEQ_CST); }
-inline unsigned atomicAdd(unsigned* addr, unsigned v) { return __atomic_fetch_add(addr, v, __ATOMIC_SEQ_CST); }
+inline int atomicAdd(int* addr, int v) { return __atomic_fetch_add(addr, v, __ATOMIC_RELAXED); }
+inline unsigned atomicAdd(unsigned* addr, unsigned v) { return __atomic_fetch_add(addr, v, __ATOMIC_RELAXED); }
 inline unsigned long long atomicAdd(unsigned long long* addr, unsigned long long v) {
-  return __atomic_fetch_add(addr, v, __ATOMIC_SEQ_CST);
+  return __atomic_fetch_add(addr, v, __ATOMIC_RELAXED);
 }
 inline int atomicCAS(int* addr, int expected, int desired) {
-  __atomic_compare_exchange_n(addr, &expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  __atomic_compare_exchange_n(addr, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
   return expected;
 }
 inline int atomicMax(int* addr, int v) {
   int old = __atomic_load_n(addr, __ATOMIC_RELAXED);
-  while (old < v && !__atomic_compare_exchange_n(addr, &old, v, true, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+  while (old < v && !__atomic_compare_exchange_n(addr, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
   return old;
 }
@@ -282,6 +329,9 @@ class HostAccess {
 // How host code is kept out of device memory in this process: "protection keys", "mprotect" (where
 // the CPU or kernel has no keys, or LLMT_SIMT_GUARD=mprotect) or "none (AddressSanitizer)".
 const char* device_memory_guard();
+// The sanitizer modes in force (simt.h's header): whether fresh memory is poisoned, and the schedule.
+bool poisons_memory();
+const char* schedule_name();
 }  // namespace simt
 }  // namespace llmt
 
@@ -289,9 +339,17 @@ const char* device_memory_guard();
 // arguments are evaluated once, at the launch, and every thread gets its copy, as on a GPU.
 namespace llmt {
 namespace simt {
+template <class T>
+const void* writable_arg(const T& a) {
+  if constexpr (std::is_pointer<T>::value && !std::is_const<typename std::remove_pointer<T>::type>::value)
+    return (const void*)a;
+  else
+    return nullptr;
+}
 template <class F, class... A>
 void launch_with(const char* name, dim3 grid, dim3 block, size_t shared_bytes, F kernel, A... args) {
-  launch(name, grid, block, shared_bytes, [&] { kernel(args...); });
+  const void* writable[] = {writable_arg(args)..., nullptr};
+  launch(name, grid, block, shared_bytes, [&] { kernel(args...); }, writable, (int)sizeof...(A));
 }
 }  // namespace simt
 }  // namespace llmt
