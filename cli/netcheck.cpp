@@ -15,6 +15,8 @@
 #include "engine/dist/mpi_communicator.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "train/flags.h"
+#include "train/output_path.h"
+#include "train/plan.h"
 
 namespace llmt {
 
@@ -92,6 +94,8 @@ int cli_netcheck(const std::vector<std::string>& args) {
              "llmt netcheck --bench: need 4 <= --min_bytes <= --max_bytes, --iters > 0, --warmup >= 0 (got %lld, "
              "%lld, %d, %d)",
              (long long)b.min_bytes, (long long)b.max_bytes, b.iters, b.warmup);
+
+  check_output_path("llmt netcheck", {"--write-env", write_env}, OutputKind::file);
 
   if (!nccl_log.empty()) {
     NcclLogSummary s = parse_nccl_logs(read_log_lines(nccl_log));

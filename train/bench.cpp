@@ -17,6 +17,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
+#include "engine/dist/agree.h"
 #include "engine/dist/mpi_communicator.h"
 #include "engine/fsdp/fsdp.h"
 #include "engine/fsdp/staged_comm.h"
@@ -24,6 +25,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "models/transformer.h"
+#include "train/output_path.h"
 #include "train/plan.h"
 #include "train/session.h"
 #include "train/step.h"
@@ -354,6 +356,13 @@ void run_bench(const BenchArgs& args, ControlComm& world, const LaunchInfo& laun
                             {"libraries", {{"matmul", cpu_library_version()}, {"mpi", mpi_library_version()}}},
                             {"ranks_per_node", launch.local_size}};
   if (args.device == "cuda") machine["libraries"]["nccl"] = nccl_available() ? nccl_build_version() : "none";
+  std::string problem;  // --results into a checkpoint would make it fail its checks at the next resume
+  if (world.rank() == 0) try {
+      check_output_path("llmt bench", {"--results", args.results}, OutputKind::file);
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+  agree_or_throw(world, problem.empty(), problem);
   std::FILE* out = nullptr;
   if (world.rank() == 0 && !args.results.empty()) {
     out = std::fopen(args.results.c_str(), "a");

@@ -1,10 +1,5 @@
 #include "train/export.h"
 
-#include <sys/stat.h>
-
-#include <climits>
-#include <cstdlib>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -15,6 +10,7 @@
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "models/hf_checkpoint.h"
+#include "train/output_path.h"
 #include "train/session.h"
 
 namespace llmt {
@@ -48,41 +44,13 @@ void write_hf_model(ControlComm& world, FsdpStore& store, const ModelConfig& cfg
   agree_or_throw(world, error.empty(), error);
 }
 
-// `llmt export CKPT CKPT` wrote over the checkpoint's own model.safetensors and config.json, and the
-// next resume moved it aside as corrupt. An output directory that is the checkpoint, lies inside a
-// checkpoint (or any directory holding a manifest.json), or holds a manifest itself is refused.
-static void check_export_target(const std::string& checkpoint_dir, const std::string& out_dir) {
-  // the part of out_dir that exists, as the kernel resolves it (links, "..")
-  std::string existing = std::filesystem::path(out_dir).lexically_normal().string();
-  struct stat st;
-  while (!existing.empty() && ::stat(existing.c_str(), &st) != 0) {
-    size_t slash = existing.find_last_of('/', existing.size() > 1 ? existing.size() - 2 : 0);
-    existing = slash == std::string::npos ? "." : slash == 0 ? "/" : existing.substr(0, slash);
-  }
-  if (existing.empty()) existing = ".";
-  char buf[PATH_MAX];
-  const std::string real_out = ::realpath(existing.c_str(), buf) ? buf : existing;
-  const std::string real_ck = ::realpath(checkpoint_dir.c_str(), buf) ? buf : checkpoint_dir;
-  const bool same = real_out == real_ck && existing == std::filesystem::path(out_dir).lexically_normal().string();
-  LLMT_CHECK(real_out != real_ck && real_out.compare(0, real_ck.size() + 1, real_ck + "/") != 0,
-             "llmt export: the output directory %s %s the checkpoint %s, whose files it would overwrite: give "
-             "another directory", out_dir.c_str(), same ? "is" : "lies inside", checkpoint_dir.c_str());
-  for (std::string d = real_out;;) {
-    LLMT_CHECK(::stat((d + "/manifest.json").c_str(), &st) != 0,
-               "llmt export: %s holds a checkpoint manifest (%s/manifest.json), so %s would write into a checkpoint: "
-               "give a directory outside every checkpoint", d == real_out ? out_dir.c_str() : d.c_str(), d.c_str(),
-               out_dir.c_str());
-    if (d == "/") break;
-    size_t slash = d.find_last_of('/');
-    d = slash == 0 ? "/" : d.substr(0, slash);
-  }
-}
-
 void run_export(const std::string& checkpoint_dir, const std::string& out_dir, const std::string& dtype,
                 ControlComm& world, const LaunchInfo& launch) {
   std::string problem;
   if (world.rank() == 0) try {  // checksums first: never export a damaged state
-      check_export_target(checkpoint_dir, out_dir);
+      // `llmt export CKPT CKPT` wrote over the checkpoint's own files, and the next resume moved it aside
+      check_output_path("llmt export", {"OUT_DIR", out_dir}, OutputKind::directory,
+                        {{"CHECKPOINT_DIR", checkpoint_dir}});
       std::vector<std::string> required = kCheckpointRequiredFiles;
       required.push_back("state.h5");  // the exact weights it exports
       verify_checkpoint(checkpoint_dir, required);

@@ -19,6 +19,7 @@
 
 #include "data/packing.h"
 #include "data/sampler.h"
+#include "data/token_cache.h"
 #include "data/tokenizer.h"
 #include "engine/backend/backend.h"
 #include "engine/core/crc32c.h"
@@ -38,6 +39,7 @@
 #include "train/checkpointer.h"
 #include "train/export.h"
 #include "train/metrics.h"
+#include "train/output_path.h"
 #include "train/run_dir.h"
 #include "train/session.h"
 #include "train/step.h"
@@ -60,6 +62,40 @@ std::string tokenizer_dir(const std::string& src) {
   if (S_ISDIR(st.st_mode)) return src;
   size_t slash = src.rfind('/');
   return slash == std::string::npos ? "." : src.substr(0, slash);
+}
+
+// Where the run writes (output_dir, --logging_dir, the token cache) against what it reads and every
+// checkpoint (train/output_path.h): --output_dir run/checkpoint-4 wrote its files into that checkpoint,
+// and the first run's next resume set it aside as corrupt. --overwrite_output_dir removes the
+// checkpoints in output_dir, so none of them may be an input.
+void check_train_paths(const TrainArgs& a) {
+  const bool resuming = !a.resume_from_checkpoint.empty() && a.resume_from_checkpoint != "latest" &&
+                        a.resume_from_checkpoint != "True";
+  struct stat st;
+  const bool config_file = stat(a.model_config.c_str(), &st) == 0;  // a preset name is no file
+  const std::vector<NamedPath> inputs = {
+      {"--model_name_or_path", a.model_name_or_path},
+      {"--model_config", config_file ? a.model_config : ""},
+      {"--tokenizer_name_or_path", a.tokenizer_name_or_path == "bytes" ? "" : a.tokenizer_name_or_path},
+      {"--data_path", a.data.data_path},
+      {"--train_file", a.data.train_file},
+      {"--validation_file", a.data.validation_file},
+      {"--dataset_dir", a.data.dataset_dir},
+      {"--resume_from_checkpoint", resuming ? a.resume_from_checkpoint : ""}};
+  check_output_path("llmt train", {"--output_dir", a.output_dir}, OutputKind::directory, inputs);
+  check_output_path("llmt train", {"--logging_dir", a.logging_dir}, OutputKind::directory, inputs);
+  const std::string cache = resolve_cache_dir(a.data.cache_dir);
+  check_output_path("llmt train", {a.data.cache_dir.empty() ? "the token cache ($LLMT_CACHE, ~/.cache/llmt)"
+                                                            : "--cache_dir", cache},
+                    OutputKind::directory);
+  if (!a.overwrite_output_dir || !a.resume_from_checkpoint.empty()) return;
+  const std::string out = resolved_path(a.output_dir);
+  for (const NamedPath& in : inputs) {
+    if (in.path.empty()) continue;
+    const std::string ck = enclosing_checkpoint(resolved_path(in.path));
+    LLMT_CHECK(ck.empty() || !path_within(ck, out), "llmt train: --overwrite_output_dir would remove the checkpoint "
+               "%s, which %s %s reads; give another --output_dir", ck.c_str(), in.flag.c_str(), in.path.c_str());
+  }
 }
 
 // The safetensors dtype saved models are written in, as transformers saves a model loaded with
@@ -584,6 +620,13 @@ void run_training(const TrainArgs& a, ControlComm& world, const LaunchInfo& laun
   } stop_watchdog{own_watchdog};  // after the Trainer and its communicators are gone
   // Every rank must run the same job: a flag that differs would hang, abort inside MPI or train wrong.
   check_ranks_agree(world, "train configuration", train_config_fields(a));
+  std::string problem;  // before anything is written: the progress records already go into output_dir
+  if (world.rank() == 0) try {
+      check_train_paths(a);
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+  agree_or_throw(world, problem.empty(), problem);
   start_progress_records(world, launch, a.output_dir);
   Trainer t(a, world, launch);
   t.run();
