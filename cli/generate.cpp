@@ -26,10 +26,11 @@ int cli_generate(const std::vector<std::string>& args) {
         "  --temperature T             (1.0)   --top_k K (50; 0 = off)   --top_p P (1.0 = off)\n"
         "  --seed S                    sampling's seed (42): a prompt's draws depend on S, its index and the step\n"
         "  --batch_size N              prompts run together, left-padded to the longest (8)\n"
-        "  --output F                  write the JSONL to F (atomically, at the end) instead of stdout\n"
+        "  --output F                  write the JSONL to F instead of stdout, each record as its batch finishes\n"
         "  --device cpu|cuda           (cpu)   --bf16 BOOL (False: fp32)   --threads N (0: every core)\n");
     return 0;
   }
+  log_info_to_stderr(true);  // progress on stderr, stdout for the records (the flags' notes come first)
   Flags f("generate", args);
   GenerateArgs a;
   a.model_name_or_path = f.get_string("model_name_or_path", "");
@@ -52,7 +53,6 @@ int cli_generate(const std::vector<std::string>& args) {
   f.finish();
   LLMT_CHECK(a.device == "cpu" || a.device == "cuda", "llmt generate: --device must be cpu or cuda, got %s",
              a.device.c_str());
-  if (a.output.empty()) log_info_to_stderr(true);  // stdout carries the records
   std::unique_ptr<ControlComm> world;
   const LaunchInfo launch = init_launch(nullptr, nullptr, &world, "generate");
   run_generate(a, *world, launch);

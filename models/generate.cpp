@@ -32,21 +32,25 @@ void read_logits_row(Backend& be, const Tensor& logits, int64_t stride, int64_t 
 int32_t choose_token(const std::vector<float>& logits, const GenerateOptions& o, double u) {
   const int V = (int)logits.size();
   LLMT_CHECK(V > 0, "choose_token: no logits");
-  if (!o.do_sample) return (int32_t)(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  std::vector<float> x(logits);
-  for (float& v : x) v /= o.temperature;
+  const int greedy = (int)(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  if (!o.do_sample) return greedy;
+  // x = (logit - max) / T in double: at most 0, so a tiny temperature cannot overflow (1e-40 gave
+  // x / T = inf, exp(inf - inf) = NaN and the last token every step); the max stays 0 and the other
+  // tokens go to -inf, the greedy choice
+  const double top = logits[(size_t)greedy];
+  std::vector<double> x((size_t)V);
+  for (int i = 0; i < V; i++) x[(size_t)i] = ((double)logits[(size_t)i] - top) / o.temperature;
   if (o.top_k > 0 && o.top_k < V) {  // keep the values at least the k-th largest (ties kept)
-    std::vector<float> sorted(x);
-    std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<float>());
-    const float kth = sorted[(size_t)o.top_k - 1];
-    for (float& v : x)
+    std::vector<double> sorted(x);
+    std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<double>());
+    const double kth = sorted[(size_t)o.top_k - 1];
+    for (double& v : x)
       if (v < kth) v = -INFINITY;
   }
   if (o.top_p < 1.0f) {  // drop the least likely tokens whose probabilities sum to at most 1 - top_p
-    const float m = *std::max_element(x.begin(), x.end());
     std::vector<double> p((size_t)V);
     double sum = 0;
-    for (int i = 0; i < V; i++) sum += (p[i] = std::exp((double)x[i] - m));
+    for (int i = 0; i < V; i++) sum += (p[i] = std::exp(x[i]));
     std::vector<int> order((size_t)V);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return x[a] < x[b]; });
@@ -57,16 +61,15 @@ int32_t choose_token(const std::vector<float>& logits, const GenerateOptions& o,
       x[order[k]] = -INFINITY;
     }
   }
-  const float m = *std::max_element(x.begin(), x.end());
   double sum = 0;
-  for (float v : x) sum += std::exp((double)v - m);
+  for (double v : x) sum += std::exp(v);
   const double target = u * sum;
   double cum = 0;
-  int last = 0;
+  int last = greedy;
   for (int i = 0; i < V; i++) {
     if (x[i] == -INFINITY) continue;
     last = i;
-    cum += std::exp((double)x[i] - m);
+    cum += std::exp(x[i]);
     if (cum >= target) return i;
   }
   return last;  // u * sum rounded above the total

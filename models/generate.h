@@ -15,7 +15,7 @@ namespace llmt {
 struct GenerateOptions {
   int max_new_tokens = 20;
   bool do_sample = false;
-  float temperature = 1.0f;  // > 0
+  double temperature = 1.0;  // > 0; the logits are scaled in double, so 1e-40 gives the greedy ids
   int top_k = 50;            // 0 = off (transformers' default is 50)
   float top_p = 1.0f;        // in (0, 1]; 1 = off
   uint64_t seed = 42;        // sampling: a sequence's draws depend on (seed, its index, the step) only

@@ -24,7 +24,7 @@ struct GenerateArgs {
   double top_p = 1.0;
   uint64_t seed = 42;
   int batch_size = 8;                  // prompts run together (left-padded to the longest)
-  std::string output;                  // JSONL file, written atomically at the end; "" = stdout
+  std::string output;                  // JSONL file, each record written as its batch finishes; "" = stdout
   std::string device = "cpu";
   bool bf16 = false;
   int threads = 0;
@@ -36,7 +36,9 @@ struct GenerateArgs {
 std::vector<std::string> read_generate_prompts(const GenerateArgs& a);
 
 // Runs the generation as one process (world of one) and writes the JSONL records: index, prompt,
-// prompt_tokens, ids, text, finish_reason ("eos" or "length").
+// prompt_tokens, ids, text, finish_reason ("eos" or "length"). Every input is checked before any
+// work (--output against the inputs and every checkpoint, each batch's prompts against the context),
+// and each batch's records are written as it finishes.
 void run_generate(const GenerateArgs& a, ControlComm& world, const LaunchInfo& launch);
 
 }  // namespace llmt

@@ -353,11 +353,7 @@ void check_parallelism(const ParallelismConfig& a) {
              "memory); the CPU backend uses mpi");
   LLMT_CHECK(std::isfinite(a.ddp_timeout) && a.ddp_timeout > 0, "--ddp_timeout must be a positive number of "
              "seconds, got %g", a.ddp_timeout);
-  // Thread counts: 0 means the default, a negative count is an error (--threads -1 was silently 0), and
-  // more threads than CPUs only slows OpenMP down; a huge count crashes libgomp (100000: SIGSEGV).
-  const int cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  LLMT_CHECK(a.threads >= 0 && a.threads <= cpus, "--threads %d: expected 0 (the node's cores shared by its ranks) "
-             "to %d (this node's CPUs)", a.threads, cpus);
+  check_threads(a.threads);
   LLMT_CHECK(a.hybrid_shard_group_size >= 0, "--hybrid_shard_group_size %d: expected 0 (the ranks of a node) or a "
              "positive number of ranks", a.hybrid_shard_group_size);
   LLMT_CHECK(a.logits_chunk_tokens >= 0, "--logits_chunk_tokens %d: expected 0 (the whole micro-batch) or a positive "
@@ -368,6 +364,14 @@ void check_parallelism(const ParallelismConfig& a) {
 void check_precision(const PrecisionConfig& a) { parse_reduce_dtype(a.mixed_precision_reduce); }
 
 }  // namespace
+
+// Thread counts: 0 means the default, a negative count is an error (--threads -1 was silently 0), and
+// more threads than CPUs only slows OpenMP down; a huge count crashes libgomp (100000: SIGSEGV).
+void check_threads(int threads) {
+  const int cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  LLMT_CHECK(threads >= 0 && threads <= cpus, "--threads %d: expected 0 (the node's cores shared by its ranks) to %d "
+             "(this node's CPUs)", threads, cpus);
+}
 
 void read_parallelism(Flags& f, ParallelismConfig& part) {
   TrainArgs a;

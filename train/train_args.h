@@ -97,6 +97,10 @@ ConfigFields train_config_fields(const TrainArgs& args);
 void read_parallelism(Flags& flags, ParallelismConfig& part);
 void read_precision(Flags& flags, PrecisionConfig& part);
 
+// --threads: 0 (this rank's share of the node's cores) to the node's CPUs, else an error; every
+// command that takes it checks it here.
+void check_threads(int threads);
+
 // Reads every train flag from `flags` and checks the values (then flags.finish() rejects the rest).
 TrainArgs parse_train_args(Flags& flags);
 std::string train_help();           // llmt train --help

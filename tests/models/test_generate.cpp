@@ -195,6 +195,24 @@ TEST(Generate, ChooseTokenWarpers) {
   EXPECT_EQ(choose_token(logits, s, 0.8), 3);
 }
 
+// A temperature so small that logit / T overflows (1e-40; 1e-300 is still positive) samples the
+// greedy token: x / T was inf, exp(inf - inf) NaN, and the last candidate came back every step.
+TEST(Generate, ATinyTemperatureGivesTheGreedyToken) {
+  const std::vector<float> logits = {0.5f, 3.0f, -1.0f, 2.5f, 0.0f};
+  GenerateOptions s;
+  s.do_sample = true;
+  for (double t : {1e-40, 1e-300}) {
+    s.temperature = t;
+    for (int top_k : {0, 3})
+      for (float top_p : {1.0f, 0.9f})
+        for (double u : {0.001, 0.5, 0.999}) {
+          s.top_k = top_k, s.top_p = top_p;
+          EXPECT_EQ(choose_token(logits, s, u), 1) << "temperature " << t << ", top_k " << top_k << ", top_p "
+                                                   << top_p << ", u " << u;
+        }
+  }
+}
+
 // llmt plan sizes the cache generate allocates: Llama 3 8B keeps 2 (k, v) x 32 layers x 8 kv heads
 // x 128 channels in bf16, 128 KiB a token, so 4 sequences of 4096 tokens take 2 GiB.
 TEST(Generate, PlanSizesTheKvCache) {
