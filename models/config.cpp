@@ -27,7 +27,7 @@ ModelConfig gpt2(int n_layer, int n_head, int d_model, int vocab = 50257, int ct
   c.d_ff = 4 * d_model;
   c.norm_eps = 1e-5f;
   c.tied_embeddings = true;
-  c.bos_token_id = c.eos_token_id = vocab == 50257 ? 50256 : -1;
+  if (vocab == 50257) c.bos_token_id = 50256, c.eos_token_ids = {50256};
   c.embd_pdrop = c.attn_pdrop = c.resid_pdrop = vocab == 50257 ? 0.1f : 0.0f;  // OpenAI's configs; none in our tiny ones
   return c;
 }
@@ -46,7 +46,7 @@ ModelConfig llama(int n_layer, int n_head, int n_kv_head, int d_model, int d_ff,
   c.norm_eps = eps;
   c.rope_theta = 10000.0f;
   c.tied_embeddings = false;
-  if (vocab == 32000) c.bos_token_id = 1, c.eos_token_id = 2;
+  if (vocab == 32000) c.bos_token_id = 1, c.eos_token_ids = {2};
   return c;
 }
 
@@ -57,7 +57,7 @@ ModelConfig llama3(int n_layer, int n_head, int d_model, int d_ff, bool tied, fl
   c.rope_theta = 500000.0f;
   c.tied_embeddings = tied;
   c.bos_token_id = 128000;
-  c.eos_token_id = 128001;
+  c.eos_token_ids = {128001};
   if (rope_factor > 0) {
     c.rope_scaling = "llama3";
     c.rope_factor = rope_factor;
@@ -140,8 +140,15 @@ void require_default(const nlohmann::json& j, const char* key, T implemented, co
              clip_for_message(j.at(key).dump()).c_str(), why);
 }
 
-// A float as the decimal it was written as (0.1f as 0.1, not 0.10000000149011612) for config.json.
-double decimal(float x) { return std::stod(strformat("%.7g", x)); }
+// A float as the shortest decimal that reads back as it (0.1f as 0.1, not 0.10000000149011612; 1e-6f
+// as 1e-06, not 9.999999974752427e-07) for config.json.
+double decimal(float x) {
+  for (int digits = 6; digits < 9; digits++) {
+    const double d = std::stod(strformat("%.*g", digits, x));
+    if ((float)d == x) return d;
+  }
+  return std::stod(strformat("%.9g", x));
+}
 
 bool is_dir(const std::string& p) {
   struct stat st;
@@ -371,12 +378,19 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
   LLMT_CHECK(!j.contains("pruned_heads") || j.at("pruned_heads").is_null() || j.at("pruned_heads").empty(),
              "%s: \"pruned_heads\": %s is not supported: llmt trains every attention head", source.c_str(),
              clip_for_message(j.at("pruned_heads").dump()).c_str());
-  // (a list of eos ids, as Llama 3.1 Instruct's, is left to generation_config.json; an integer must fit)
+  // eos_token_id: an id, or a list of them (Llama 3.1 Instruct stops at three); each must fit
   if (j.contains("bos_token_id") && j.at("bos_token_id").is_number_integer())
     c.bos_token_id = get_required<int>(j, "bos_token_id", source);
   if (j.contains("eos_token_id") && j.at("eos_token_id").is_number_integer())
-    c.eos_token_id = get_required<int>(j, "eos_token_id", source);
+    c.eos_token_ids = {get_required<int>(j, "eos_token_id", source)};
+  if (j.contains("eos_token_id") && j.at("eos_token_id").is_array())
+    for (size_t i = 0; i < j.at("eos_token_id").size(); i++) {
+      const std::string where = strformat("eos_token_id[%zu]", i);
+      c.eos_token_ids.push_back(get_required<int>(nlohmann::json{{where, j.at("eos_token_id")[i]}}, where.c_str(),
+                                                  source));
+    }
   validate_config(c, source);
+  c.source = j;
   return c;
 }
 
@@ -460,8 +474,43 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
     }
   }
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
-  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
+  if (c.eos_token_ids.size() > 1) j["eos_token_id"] = c.eos_token_ids;
   j["torch_dtype"] = "float32";
+  return j;
+}
+
+namespace {
+
+// llmt's floats (every float of config_to_hf_json is a float) as the decimals they stand for.
+nlohmann::json decimal_floats(nlohmann::json j) {
+  if (j.is_number_float()) return decimal((float)j.get<double>());
+  if (j.is_structured())
+    for (auto& v : j) v = decimal_floats(v);
+  return j;
+}
+
+// The source's value where it says what llmt's does (1e-06 for llmt's float 1e-06), else llmt's;
+// keys only one of them has are kept. llmt writes null where it leaves the default (n_inner of 4 x
+// n_embd, Qwen2's sliding_window without use_sliding_window), which the source's value read as.
+nlohmann::json prefer_source(const nlohmann::json& src, const nlohmann::json& own) {
+  if (src.is_object() && own.is_object()) {
+    nlohmann::json out = src;
+    for (const auto& [k, v] : own.items()) out[k] = src.contains(k) ? prefer_source(src.at(k), v) : v;
+    return out;
+  }
+  if (own.is_null()) return src;
+  if (own.is_number_float() && src.is_number() && (float)src.get<double>() == (float)own.get<double>()) return src;
+  return src == own ? src : own;
+}
+
+}  // namespace
+
+nlohmann::json config_to_save(const ModelConfig& c, const std::string& torch_dtype) {
+  nlohmann::json j = prefer_source(c.source.is_object() ? c.source : nlohmann::json::object(),
+                                   decimal_floats(config_to_hf_json(c)));
+  j["torch_dtype"] = torch_dtype;
+  if (j.contains("dtype")) j["dtype"] = torch_dtype;  // transformers 5's name
   return j;
 }
 

@@ -40,7 +40,12 @@ struct ModelConfig {
   // attn_pdrop (attention probabilities), resid_pdrop (each residual branch's output); LLaMA's
   // attention_dropout (attention probabilities). Training only.
   float embd_pdrop = 0.0f, attn_pdrop = 0.0f, resid_pdrop = 0.0f;
-  int bos_token_id = -1, eos_token_id = -1;  // copied to config.json when known
+  int bos_token_id = -1;             // copied to config.json when known
+  // eos_token_id: one id, or several (Llama 3.1 Instruct's [128001, 128008, 128009]); empty when unknown
+  std::vector<int> eos_token_ids;
+  // The config.json this was read from (null for a preset): saved models write its keys back in its
+  // form (config_to_save), those llmt does not use included.
+  nlohmann::json source;
 
   int head_size() const { return d_model / n_head; }
   bool has_dropout() const { return embd_pdrop > 0.0f || attn_pdrop > 0.0f || resid_pdrop > 0.0f; }
@@ -56,7 +61,14 @@ ModelConfig config_from_preset(const std::string& name);  // throws for an unkno
 // Reads a Hugging Face config.json (model_type gpt2 or llama); errors name the file and the key.
 ModelConfig config_from_json_file(const std::string& path);
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& source);
+// The model as llmt computes it, as config.json keys: what checkpoints record and compare (the same
+// on every rank and after a round trip through a saved config.json).
 nlohmann::json config_to_hf_json(const ModelConfig& cfg);
+// The config.json a saved model is written with: the source's keys in the source's form (1e-06 stays
+// 1e-06; use_cache, head_dim, reorder_and_upcast_attn and the rest kept), llmt's own where it has no
+// such key or says otherwise, llmt's floats as the decimals they stand for, and torch_dtype (and
+// transformers 5's dtype, when the source has it) naming the saved weights' dtype.
+nlohmann::json config_to_save(const ModelConfig& cfg, const std::string& torch_dtype);
 // A preset name, a config.json path, or a directory holding config.json.
 ModelConfig resolve_model_config(const std::string& name_or_path);
 void validate_config(const ModelConfig& cfg, const std::string& source);

@@ -113,8 +113,7 @@ HfExporter::HfExporter(const std::string& dir, const ModelConfig& cfg, const Mod
   LLMT_CHECK(dtype == "F32" || dtype == "BF16" || dtype == "F16", "save: dtype %s is not supported (F32, BF16 or F16)",
              dtype.c_str());
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) fail("cannot create %s: %s", dir.c_str(), std::strerror(errno));
-  nlohmann::json j = config_to_hf_json(cfg);
-  j["torch_dtype"] = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
+  const nlohmann::json j = config_to_save(cfg, dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32");
   write_file_atomic(dir + "/config.json", j.dump(2) + "\n");
   std::vector<StEntry> entries;
   for (const UnitLayout& u : layout.units) {
@@ -177,6 +176,14 @@ int copy_tokenizer_files(const std::string& src_dir, const std::string& dst_dir)
     copied++;
   }
   return copied;
+}
+
+bool copy_generation_config(const std::string& src_dir, const std::string& dst_dir) {
+  std::ifstream in(src_dir + "/generation_config.json", std::ios::binary);
+  if (!in.good()) return false;
+  write_file_atomic(dst_dir + "/generation_config.json",
+                    std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  return true;
 }
 
 }  // namespace llmt

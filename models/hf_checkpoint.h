@@ -46,5 +46,8 @@ void save_hf_model(const std::string& dir, const ModelConfig& cfg, const ModelLa
 // special_tokens_map.json, vocab.json, merges.txt, tokenizer.model, added_tokens.json) from src_dir
 // into dst_dir; a missing one is skipped. Returns how many were copied.
 int copy_tokenizer_files(const std::string& src_dir, const std::string& dst_dir);
+// Copies generation_config.json (an instruct model's EOS ids, its sampling defaults) from src_dir into
+// dst_dir when src_dir has one. Returns whether it did.
+bool copy_generation_config(const std::string& src_dir, const std::string& dst_dir);
 
 }  // namespace llmt

@@ -21,7 +21,7 @@ namespace llmt {
 
 void Checkpointer::save(int64_t step, const std::vector<nlohmann::json>& log_history) {
   std::string dir = save_checkpoint_dir(s_.output_dir, step, world_, [&](const std::string& tmp) {
-    write_hf_model(world_, store_, cfg_, layout_, tmp, s_.save_dtype, s_.tokenizer_dir);
+    write_hf_model(world_, store_, cfg_, layout_, tmp, s_.save_dtype, s_.tokenizer_dir, s_.model_dir);
     nlohmann::json scalars = {{"global_step", step},
                               {"seed", s_.seed},
                               {"steps_per_epoch", s_.steps_per_epoch},

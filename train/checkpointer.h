@@ -22,7 +22,8 @@ struct CheckpointSettings {
   int save_total_limit = 0;        // 0 = keep every checkpoint
   bool save_only_model = false;    // no state.h5: nothing to resume from
   std::string save_dtype = "F32";  // the Hugging Face export's dtype
-  std::string tokenizer_dir;       // copied into each checkpoint ("" for none)
+  std::string tokenizer_dir;       // its files copied into each checkpoint ("" for none)
+  std::string model_dir;           // its generation_config.json copied into each checkpoint ("" for none)
   // what fixes the data order, recorded and compared on resume
   uint64_t seed = 42;
   int64_t steps_per_epoch = 1, global_batch = 1;

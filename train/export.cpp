@@ -18,7 +18,8 @@ namespace llmt {
 const std::vector<std::string> kCheckpointRequiredFiles = {"config.json", "trainer_state.json"};
 
 void write_hf_model(ControlComm& world, FsdpStore& store, const ModelConfig& cfg, const ModelLayout& L,
-                    const std::string& dir, const std::string& dtype, const std::string& tokenizer_dir) {
+                    const std::string& dir, const std::string& dtype, const std::string& tokenizer_dir,
+                    const std::string& model_dir) {
   std::unique_ptr<HfExporter> ex;
   std::string error;
   auto attempt = [&](const std::function<void()>& fn) {
@@ -40,6 +41,7 @@ void write_hf_model(ControlComm& world, FsdpStore& store, const ModelConfig& cfg
   if (ex) attempt([&] {
     ex->finish();
     if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, dir);
+    if (!model_dir.empty()) copy_generation_config(model_dir, dir);
   });
   agree_or_throw(world, error.empty(), error);
 }
@@ -66,7 +68,7 @@ void run_export(const std::string& checkpoint_dir, const std::string& out_dir, c
   const ModelLayout& L = session.layout();
   LoadedTrainState st =
       load_train_state(checkpoint_dir + "/state.h5", world, L, *session.store, config_to_hf_json(cfg).dump());
-  write_hf_model(world, *session.store, cfg, L, out_dir, dtype, checkpoint_dir);
+  write_hf_model(world, *session.store, cfg, L, out_dir, dtype, checkpoint_dir, checkpoint_dir);
   log_info("export %s (step %lld, %s) -> %s: config.json, model.safetensors (%s), tokenizer files", checkpoint_dir.c_str(),
            (long long)st.global_step, cfg.describe().c_str(), out_dir.c_str(), dtype.c_str());
 }

@@ -42,7 +42,7 @@ std::string text_field(const nlohmann::json& r, const char* key, const std::stri
 }
 
 // transformers' generation_config.json eos_token_id (an id or a list: instruct models stop at
-// several), config.json's, and the tokenizer's own EOS.
+// several), config.json's (also an id or a list), and the tokenizer's own EOS.
 std::vector<int32_t> eos_ids(const std::string& dir, const ModelConfig& cfg, const Tokenizer& tok) {
   std::vector<int32_t> ids;
   auto add = [&](long long id) {
@@ -61,7 +61,7 @@ std::vector<int32_t> eos_ids(const std::string& dir, const ModelConfig& cfg, con
           if (v.is_number_integer()) add(v.get<long long>());
     }
   }
-  add(cfg.eos_token_id);
+  for (int id : cfg.eos_token_ids) add(id);
   add(tok.eos_id());
   return ids;
 }

@@ -181,7 +181,8 @@ class Trainer {
   Session session_;  // the backend, the data communicator, the model and its store (train/session.h)
   std::unique_ptr<StepScalars> scalars_;  // the step's loss and norm sums, kept for the run
   std::unique_ptr<Tokenizer> tok_;
-  std::string tokenizer_dir_;  // copied beside saved models
+  std::string tokenizer_dir_;  // its files copied beside saved models
+  std::string model_dir_;      // --model_name_or_path when a directory: its generation_config.json goes with them
   std::string save_dtype_ = "F32";  // what saved models are written in (--torch_dtype)
   TokenDataset train_, eval_;
   DataIdentity data_id_;  // the training data's identity, recorded in checkpoints and compared on resume
@@ -265,6 +266,9 @@ void Trainer::build_model(const TrainArgs& a) {
   }
   tok_ = model_tokenizer(tokenizer_source(a), a.llama3_special_tokens, cfg_);
   tokenizer_dir_ = tokenizer_dir(tokenizer_source(a));
+  struct stat st;
+  if (!a.model_name_or_path.empty() && stat(a.model_name_or_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    model_dir_ = a.model_name_or_path;
 }
 
 void Trainer::load_data(const TrainArgs& a) {
@@ -395,6 +399,7 @@ void Trainer::resume(const TrainArgs& a) {
   cs.save_only_model = a.save_only_model;
   cs.save_dtype = save_dtype_;
   cs.tokenizer_dir = tokenizer_dir_;
+  cs.model_dir = model_dir_;
   cs.seed = a.seed;
   cs.steps_per_epoch = steps_per_epoch_;
   cs.global_batch = global_batch_;
@@ -537,7 +542,8 @@ void Trainer::finish() {
     metrics_->record({{"step", total_steps_}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
   }
   // a signal arriving now changes nothing: this is the end of the run
-  write_hf_model(world_, *session_.store, cfg_, session_.model->layout(), ls_.output_dir, save_dtype_, tokenizer_dir_);
+  write_hf_model(world_, *session_.store, cfg_, session_.model->layout(), ls_.output_dir, save_dtype_,
+                 tokenizer_dir_, model_dir_);
   log_info("saved  %s (config.json, model.safetensors in %s)", ls_.output_dir.c_str(), save_dtype_.c_str());
 }
 

@@ -106,6 +106,43 @@ TEST(HfCheckpoint, F16SaveRoundsAndRefusesOverflow) {
                {"element 7 is 70000, beyond float16's range (65504)"});
 }
 
+// A saved config.json writes back what the source said, in its form, plus what llmt sets: eps 1e-06
+// became 9.999999974752427e-07, and use_cache, initializer_range, max_window_layers, head_dim,
+// pretraining_tp and GPT-2's reorder_and_upcast_attn were dropped; an eos_token_id list was dropped.
+TEST(ModelConfig, ASavedConfigKeepsTheSourcesKeysInTheirForm) {
+  const nlohmann::json src = nlohmann::json::parse(R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 32,
+      "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "use_cache": true, "initializer_range": 0.02,
+      "max_window_layers": 21, "head_dim": 8, "pretraining_tp": 1, "use_sliding_window": false,
+      "sliding_window": 4096, "eos_token_id": [3, 4], "torch_dtype": "bfloat16", "transformers_version": "4.44.0"})");
+  const ModelConfig c = config_from_json(src, "src.json");
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int>{3, 4}));
+  const nlohmann::json out = config_to_save(c, "float32");
+  for (const auto& [k, v] : src.items()) {
+    if (k == "torch_dtype") continue;
+    EXPECT_EQ(out.at(k), v) << k;
+  }
+  EXPECT_EQ(out.at("torch_dtype"), "float32");
+  EXPECT_NE(out.dump().find("\"rms_norm_eps\":1e-06"), std::string::npos) << out.dump();
+  EXPECT_EQ(out.at("architectures"), nlohmann::json::array({"Qwen2ForCausalLM"}));  // llmt's, the source had none
+  // read back: the same model, and the same identity checkpoints compare
+  const ModelConfig again = config_from_json(out, "out.json");
+  EXPECT_EQ(config_to_hf_json(again).dump(), config_to_hf_json(c).dump());
+  // a preset (no source): llmt's floats as the decimals they stand for
+  const std::string preset = config_to_save(config_from_preset("llama-7b"), "float32").dump();
+  EXPECT_NE(preset.find("\"rms_norm_eps\":1e-06"), std::string::npos) << preset;
+  EXPECT_EQ(preset.find("9.99999"), std::string::npos) << preset;
+  // a value llmt computes differently from the source's (changed after reading) is llmt's
+  ModelConfig changed = c;
+  changed.attn_pdrop = 0.25f;
+  EXPECT_EQ(config_to_save(changed, "float32").at("attention_dropout"), 0.25);
+  // transformers 5's dtype names the saved dtype too
+  nlohmann::json v5 = src;
+  v5.erase("torch_dtype");
+  v5["dtype"] = "bfloat16";
+  EXPECT_EQ(config_to_save(config_from_json(v5, "v5.json"), "float16").at("dtype"), "float16");
+}
+
 TEST(HfCheckpoint, MissingUnexpectedMisshapenTensorsAreNamed) {
   std::string src = llmt_test::reference_dir() + "/gpt2_tiny";
   ModelConfig cfg = config_from_json_file(src + "/config.json");
