@@ -109,12 +109,11 @@ void load_hf_unit(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, con
 
 HfExporter::HfExporter(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout,
                        const std::string& dtype, uint64_t max_shard_bytes)
-    : layout_(layout), dtype_(dtype) {
+    : dir_(dir), layout_(layout), dtype_(dtype) {
   LLMT_CHECK(dtype == "F32" || dtype == "BF16" || dtype == "F16", "save: dtype %s is not supported (F32, BF16 or F16)",
              dtype.c_str());
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) fail("cannot create %s: %s", dir.c_str(), std::strerror(errno));
-  const nlohmann::json j = config_to_save(cfg, dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32");
-  write_file_atomic(dir + "/config.json", j.dump(2) + "\n");
+  config_ = config_to_save(cfg, dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32");
   std::vector<StEntry> entries;
   for (const UnitLayout& u : layout.units) {
     entry_of_.emplace_back();
@@ -154,7 +153,12 @@ void HfExporter::write_unit(int unit, const float* host) {
   }
 }
 
-void HfExporter::finish() { writer_->finish(); }
+// config.json last: a save that failed on the way (a weight beyond float16's range, a full disk) left
+// config.json and no weights, a directory that looks like a model and is not one.
+void HfExporter::finish() {
+  writer_->finish();
+  write_file_atomic(dir_ + "/config.json", config_.dump(2) + "\n");
+}
 
 void save_hf_model(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout,
                    const std::vector<const float*>& unit_host, const std::string& dtype, uint64_t max_shard_bytes) {

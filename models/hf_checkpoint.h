@@ -21,8 +21,9 @@ void check_hf_tensors(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg,
 void load_hf_unit(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const ModelLayout& layout, int unit,
                   float* host);
 // A Hugging Face export written one unit at a time (so the whole model never sits in memory at
-// once): config.json at construction, then write_unit for every unit in any order, then finish().
-// Weights as save_pretrained writes them: model.safetensors, split at max_shard_bytes with an index.
+// once): write_unit for every unit in any order, then finish(), which completes the weights and only
+// then writes config.json (config_to_save), so a save that fails leaves no directory that looks like a
+// model. Weights as save_pretrained writes them: model.safetensors, split at max_shard_bytes with an index.
 class HfExporter {
  public:
   HfExporter(const std::string& dir, const ModelConfig& cfg, const ModelLayout& layout, const std::string& dtype,
@@ -31,8 +32,10 @@ class HfExporter {
   void finish();
 
  private:
+  std::string dir_;
   const ModelLayout& layout_;
   std::string dtype_;
+  nlohmann::json config_;  // written by finish()
   std::vector<std::vector<size_t>> entry_of_;  // [unit][param] -> writer entry
   std::unique_ptr<SafetensorsModelWriter> writer_;
 };

@@ -19,9 +19,11 @@
 
 namespace llmt {
 
-void Checkpointer::save(int64_t step, const std::vector<nlohmann::json>& log_history) {
+std::string Checkpointer::save(int64_t step, const std::vector<nlohmann::json>& log_history,
+                               const std::string& model_dtype) {
   std::string dir = save_checkpoint_dir(s_.output_dir, step, world_, [&](const std::string& tmp) {
-    write_hf_model(world_, store_, cfg_, layout_, tmp, s_.save_dtype, s_.tokenizer_dir, s_.model_dir);
+    write_hf_model(world_, store_, cfg_, layout_, tmp, model_dtype.empty() ? s_.save_dtype : model_dtype,
+                   s_.tokenizer_dir, s_.model_dir);
     nlohmann::json scalars = {{"global_step", step},
                               {"seed", s_.seed},
                               {"steps_per_epoch", s_.steps_per_epoch},
@@ -54,6 +56,7 @@ void Checkpointer::save(int64_t step, const std::vector<nlohmann::json>& log_his
     log_info("saved  %s", dir.c_str());
   }
   world_.barrier();
+  return dir;
 }
 
 Checkpointer::Resumed Checkpointer::resume(const std::string& want, bool ignore_data_skip, int64_t total_steps) {

@@ -42,8 +42,9 @@ class Checkpointer {
 
   // Collective: output_dir/checkpoint-<step>, written under a temporary name, checksummed and
   // renamed (complete or absent), with `log_history` in its trainer_state.json; then the oldest
-  // beyond save_total_limit are removed.
-  void save(int64_t step, const std::vector<nlohmann::json>& log_history);
+  // beyond save_total_limit are removed. Returns its path. model_dtype: its Hugging Face model's
+  // dtype ("" = save_dtype).
+  std::string save(int64_t step, const std::vector<nlohmann::json>& log_history, const std::string& model_dtype = "");
 
   struct Resumed {
     int64_t step = 0;                        // the checkpoint's step (0: not resuming)
@@ -54,6 +55,7 @@ class Checkpointer {
   // run (model, global batch, seed, data unless ignore_data_skip) and has steps left before
   // total_steps.
   Resumed resume(const std::string& want, bool ignore_data_skip, int64_t total_steps);
+  const CheckpointSettings& settings() const { return s_; }
 
  private:
   std::string resume_path(const std::string& want);

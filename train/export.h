@@ -16,11 +16,12 @@ namespace llmt {
 // --save_only_model): what checkpoint verification requires the manifest to list.
 extern const std::vector<std::string> kCheckpointRequiredFiles;
 
-// Writes dir/config.json and dir/model.safetensors (dtype "F32", "BF16" or "F16", split as save_pretrained
-// does) from the store's fp32 master weights, one unit at a time: every rank takes part in the unit's
-// gather, rank 0 writes it; then the tokenizer's files from tokenizer_dir and generation_config.json
-// from model_dir ("" for none). A failure on rank 0 (a full disk) keeps rank 0 in the gathers, and
-// then every rank throws it together: no rank is left waiting. Collective over `world`.
+// Writes dir/model.safetensors (dtype "F32", "BF16" or "F16", split as save_pretrained does) from the
+// store's fp32 master weights, one unit at a time, then dir/config.json: every rank takes part in the
+// unit's gather, rank 0 writes it; then the tokenizer's files from tokenizer_dir and
+// generation_config.json from model_dir ("" for none). A failure on rank 0 (a full disk, a weight
+// beyond float16's range) keeps rank 0 in the gathers, and then every rank throws it together: no
+// rank is left waiting. Collective over `world`.
 void write_hf_model(ControlComm& world, FsdpStore& store, const ModelConfig& cfg, const ModelLayout& layout,
                     const std::string& dir, const std::string& dtype, const std::string& tokenizer_dir,
                     const std::string& model_dir = "");

@@ -170,7 +170,11 @@ class Trainer {
   void finish();
   // what the hooks call
   double evaluate();
-  void save_checkpoint(int64_t step) { ckpt_->save(step, metrics_->history()); }
+  void save_checkpoint(int64_t step) {
+    ckpt_->save(step, metrics_->history());
+    last_saved_step_ = step;
+  }
+  std::string keep_trained_state(const std::string& why);
   bool epoch_end(int64_t step) const { return (step + 1) % steps_per_epoch_ == 0; }
 
   ControlComm& world_;
@@ -189,6 +193,7 @@ class Trainer {
   int B_ = 0, T_ = 0, pad_id_ = 0;
   std::unique_ptr<Sampler> sampler_;
   int64_t steps_per_epoch_ = 1, total_steps_ = 0, first_step_ = 0;
+  int64_t last_saved_step_ = -1;  // the newest checkpoint this run saved
   int64_t global_batch_ = 1;  // sequences per step over every rank: with the seed, it fixes the data order
   Schedule sched_;
   AdamWConfig adamw_;
@@ -542,9 +547,36 @@ void Trainer::finish() {
     metrics_->record({{"step", total_steps_}, {"eval_loss", el}, {"perplexity", std::exp(el)}});
   }
   // a signal arriving now changes nothing: this is the end of the run
-  write_hf_model(world_, *session_.store, cfg_, session_.model->layout(), ls_.output_dir, save_dtype_,
-                 tokenizer_dir_, model_dir_);
+  try {
+    write_hf_model(world_, *session_.store, cfg_, session_.model->layout(), ls_.output_dir, save_dtype_,
+                   tokenizer_dir_, model_dir_);
+  } catch (const Error& e) {  // every rank, together (write_hf_model agrees on its errors)
+    throw Error(keep_trained_state(e.what()));
+  }
   log_info("saved  %s (config.json, model.safetensors in %s)", ls_.output_dir.c_str(), save_dtype_.c_str());
+}
+
+// The final model could not be written (a weight beyond float16's range, a full disk) after all the
+// training: the trained state is saved as a checkpoint, its model in fp32, unless this step already
+// has one, and the message says how to export it again. Collective. Returns the whole message.
+std::string Trainer::keep_trained_state(const std::string& why) {
+  // --save_only_model: the checkpoint's model.safetensors is all there is; else its state.h5 exports again
+  auto kept = [&](const std::string& ck, const std::string& dtype) {
+    return strformat("%s; the trained model is kept in %s (model.safetensors in %s)%s", why.c_str(), ck.c_str(),
+                     dtype.c_str(),
+                     ckpt_->settings().save_only_model ? "" : strformat("; export it again with `llmt export %s OUT_DIR "
+                     "--dtype F32|BF16|F16` (its exact fp32 state)", ck.c_str()).c_str());
+  };
+  if (last_saved_step_ == total_steps_)
+    return kept(strformat("%s/checkpoint-%lld", ls_.output_dir.c_str(), (long long)total_steps_), save_dtype_);
+  try {
+    return kept(ckpt_->save(total_steps_, metrics_->history(), "F32"), "F32");
+  } catch (const Error& e) {
+    return strformat("%s; saving the trained state as a checkpoint failed too: %s%s", why.c_str(), e.what(),
+                     last_saved_step_ > 0 ? strformat("; the newest checkpoint is %s/checkpoint-%lld",
+                                                      ls_.output_dir.c_str(), (long long)last_saved_step_).c_str()
+                                          : "");
+  }
 }
 
 // Mean loss over every token counted on every rank, without dropout.

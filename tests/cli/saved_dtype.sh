@@ -2,7 +2,9 @@
 # What dtype saved models are written in, as the Hugging Face Trainer saves them: fp32 under --bf16
 # (autocast and FSDP's MixedPrecision keep fp32 parameters), unless --torch_dtype asks otherwise
 # (bfloat16, float16, or auto: the --model_name_or_path checkpoint's). The final model and each
-# checkpoint's; config.json's torch_dtype names what was written. Usage: saved_dtype.sh path/to/llmt
+# checkpoint's; config.json's torch_dtype names what was written. A final save that fails (a weight
+# beyond float16's range) keeps the trained state and says how to export it.
+# Usage: saved_dtype.sh path/to/llmt
 set -uo pipefail
 llmt=$1
 work=$(mktemp -d)
@@ -53,3 +55,28 @@ if "$llmt" train "${common[@]}" --output_dir "$work/bad" --model_name_or_path "$
      > "$work/bad.log" 2>&1; then echo "FAIL: auto with torch_dtype int8 ran"; exit 1; fi
 grep -q 'config.json: "torch_dtype" is "int8"' "$work/bad.log" || { echo "FAIL: no message"; tail -3 "$work/bad.log"; exit 1; }
 echo "auto with config.json's torch_dtype int8: refused, naming the file and field"
+
+# A weight beyond float16's range at the final save (the wpe row of position 255, which no step of 32
+# tokens uses, so training leaves it at 70000): the run used to end with config.json and no
+# model.safetensors, the trained weights lost. The final model is not half written, the trained
+# state is kept as a checkpoint (its model in F32), and the message says how to export it.
+python3 - "$work/f32_asked/model.safetensors" <<'PY' || exit 1
+import json, struct, sys
+f = open(sys.argv[1], "r+b")
+n = struct.unpack("<Q", f.read(8))[0]
+t = json.loads(f.read(n))["transformer.wpe.weight"]
+f.seek(8 + n + t["data_offsets"][0] + 4 * 64 * 255)  # row 255 of [256, 64] F32
+f.write(struct.pack("<f", 70000.0))
+PY
+rm -rf "$work/f32_asked/checkpoint-2"
+if "$llmt" train "${common[@]}" --output_dir "$work/range" --model_name_or_path "$work/f32_asked" --torch_dtype float16 \
+     --save_strategy no > "$work/range.log" 2>&1; then echo "FAIL: a float16 save of 70000 succeeded"; exit 1; fi
+grep -q 'beyond float16.s range (65504).*the trained model is kept in .*range/checkpoint-2 (model.safetensors in F32); export it again with `llmt export .*range/checkpoint-2 OUT_DIR' \
+  "$work/range.log" || { echo "FAIL: the message does not say where the trained state is"; tail -3 "$work/range.log"; exit 1; }
+[ ! -e "$work/range/config.json" ] && [ ! -e "$work/range/model.safetensors" ] ||
+  { echo "FAIL: the failed final save left $(ls "$work/range")"; exit 1; }
+[ "$(dtypes "$work/range/checkpoint-2")" = "F32 " ] || { echo "FAIL: the kept checkpoint is not F32"; exit 1; }
+"$llmt" export "$work/range/checkpoint-2" "$work/range_export" --dtype BF16 > "$work/range_export.log" 2>&1 ||
+  { echo "FAIL: export of the kept state"; tail -3 "$work/range_export.log"; exit 1; }
+[ "$(dtypes "$work/range_export")" = "BF16 " ] || { echo "FAIL: the export is not BF16"; exit 1; }
+echo "a float16 save beyond 65504: refused after training, the state kept in checkpoint-2 and exported as BF16"

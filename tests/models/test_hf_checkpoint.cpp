@@ -104,6 +104,10 @@ TEST(HfCheckpoint, F16SaveRoundsAndRefusesOverflow) {
   llmt_test::TempDir bad_tmp("hfck");
   expect_error([&] { save_hf_model(bad_tmp.path, cfg, L, ptrs(units), "F16"); },
                {"element 7 is 70000, beyond float16's range (65504)"});
+  // nothing of the failed save is left: config.json came first and stayed, beside no weights
+  struct stat st;
+  EXPECT_NE(::stat((bad_tmp.path + "/config.json").c_str(), &st), 0) << "a failed save left config.json";
+  EXPECT_NE(::stat((bad_tmp.path + "/model.safetensors").c_str(), &st), 0);
 }
 
 // A saved config.json writes back what the source said, in its form, plus what llmt sets: eps 1e-06
