@@ -99,7 +99,8 @@ void MetricsLogger::after_step(int64_t s, const StepResult& r, double lr) {
                                               : false;
   if (s_.logging_first_step && s == 0) now = true;
   if (!now) return;
-  const double dt = now_s() - window_start_, tps = window_tokens_ / dt, mean_loss = window_loss_ / window_steps_;
+  const double dt = now_s() - window_start_ - window_left_out_s_, tps = window_tokens_ / dt;
+  const double mean_loss = window_loss_ / window_steps_;
   const double epoch = (double)(s + 1) / s_.steps_per_epoch;
   const int W = s_.world;
   if (s_.live) std::printf("\r");
@@ -129,7 +130,7 @@ void MetricsLogger::after_step(int64_t s, const StepResult& r, double lr) {
   report_rank_times(s, j);
   record(j);
   window_start_ = now_s();
-  window_loss_ = window_flops_ = window_step_s_ = window_wait_s_ = 0.0;
+  window_loss_ = window_flops_ = window_step_s_ = window_wait_s_ = window_left_out_s_ = 0.0;
   window_tokens_ = window_steps_ = window_timed_steps_ = 0;
   window_computed_ = window_real_ = 0;
   window_loss_tokens_ = 0.0;

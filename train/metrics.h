@@ -51,6 +51,9 @@ class MetricsLogger {
   void open(std::vector<nlohmann::json> history);
   // The logging window starts now (the first step).
   void start();
+  // `seconds` of the current window were spent outside the steps (an evaluation, timed on its own as
+  // the Trainer's eval_runtime): the window's time and throughput leave them out.
+  void leave_out(double seconds) { window_left_out_s_ += seconds; }
   // One step's figures into the window: its loss, the tokens of every rank, rank 0's FLOPs, and
   // this rank's wall time for the step and the part of it spent waiting in collectives.
   void add_step(double loss, int64_t tokens, double flops, double step_s, double wait_s);
@@ -77,7 +80,7 @@ class MetricsLogger {
   // Every rank's step, compute and wait means over the window (train/straggler.h), named on rank 0.
   // Collective: every rank logs at the same steps.
   void report_rank_times(int64_t s, nlohmann::json& record);
-  double window_start_ = 0.0, window_loss_ = 0.0, window_flops_ = 0.0;
+  double window_start_ = 0.0, window_loss_ = 0.0, window_flops_ = 0.0, window_left_out_s_ = 0.0;
   // this rank's over the window, leaving out the run's first step (one-time work: kernel JIT, first
   // touches of memory, which differ between ranks by more than a slow node's threshold)
   double window_step_s_ = 0.0, window_wait_s_ = 0.0;

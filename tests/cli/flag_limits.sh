@@ -4,7 +4,7 @@
 # untrained model and exited 0; --preprocessing_num_workers 100000 crashed in OpenMP; --threads -1
 # was silently 0; --block_size -1 was the default); an --output_dir with missing parents is created,
 # as the Hugging Face Trainer does; --per_device_eval_batch_size above the training batch is allowed
-# and gives the same eval_loss. Usage: flag_limits.sh path/to/llmt
+# and gives the same eval_loss; an evaluation is timed on its own. Usage: flag_limits.sh path/to/llmt
 set -uo pipefail
 llmt=$1
 work=$(mktemp -d)
@@ -49,4 +49,21 @@ b=$(eval_loss 5) || exit 1
 awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6 * a) }' \
   || { echo "FAIL: eval_loss with eval batch 5 ($b) differs from batch 2 ($a)"; exit 1; }
 echo "--per_device_eval_batch_size 5 over a training batch of 2: eval_loss $b (batch 2: $a)"
+
+# An evaluation is timed on its own (eval_runtime), out of the next logging window: the step after one
+# logged "15192 ms/step, 17 tok/s" against a median of 8,550 tok/s. Step 3's window (one step of 128
+# tokens) must take less than half the evaluation of the 400-line file before it.
+"$llmt" train "${common[@]}" --output_dir "$work/evaltime" --max_steps 4 --logging_steps 1 --evaluation_strategy steps \
+  --eval_steps 2 --validation_file "$work/corpus.txt" > "$work/evaltime.log" 2>&1 \
+  || { echo "FAIL: evaluation every 2 steps"; tail -5 "$work/evaltime.log"; exit 1; }
+python3 - "$work/evaltime/metrics.jsonl" <<'PY' || exit 1
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+ev = [r for r in recs if "eval_loss" in r]
+step3 = [r for r in recs if r.get("step") == 3 and "loss" in r][0]
+assert len(ev) == 2 and all(r["eval_runtime"] > 0 for r in ev), ev
+window_s = 128 / step3["tokens_per_s"]
+assert window_s < ev[0]["eval_runtime"] / 2, f"step 3 took {window_s:.3f} s, the evaluation {ev[0]['eval_runtime']:.3f} s"
+print(f"evaluation timed on its own: {ev[0]['eval_runtime']:.3f} s, the step after it {1000 * window_s:.1f} ms")
+PY
 echo PASS
