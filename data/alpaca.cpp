@@ -236,7 +236,7 @@ TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int
   if (args.overwrite_cache && rank == 0 && !dir.empty() && ::unlink(token_cache_path(dir, name, h.hex()).c_str()) == 0)
     log_info("data   --overwrite_cache: removed %s", token_cache_path(dir, name, h.hex()).c_str());
   CacheStats st;
-  bool hit = false;
+  CacheUse use = CacheUse::off;
   auto t0 = std::chrono::steady_clock::now();
   TokenDataset ds = cached_dataset(
       dir, name, h.hex(),
@@ -247,15 +247,13 @@ TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int
                  threads.describe(tokenizer_thread_safe(tok)).c_str());
         return tokenize_alpaca(recs, tok, args.model_max_length, s);
       },
-      &st, &hit, rank, 60.0, tok.vocab_size());
+      &st, &use, rank, 60.0, tok.vocab_size());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t target_tokens = 0;
   for (int64_t i = 0; i < ds.total_tokens(); i++) target_tokens += ds.labels_data()[i] != kIgnoreIndex;
-  log_info("data   alpaca %s: %lld examples, %lld tokens (%lld in responses), longest %lld; %s%s (%.1f s)",
+  log_info("data   alpaca %s: %lld examples, %lld tokens (%lld in responses), longest %lld; %s (%.1f s)",
            path.c_str(), (long long)ds.size(), (long long)ds.total_tokens(), (long long)target_tokens,
-           (long long)ds.max_length(),
-           dir.empty() ? "no token cache" : hit ? "from the token cache " : "token cache written ",
-           dir.empty() ? "" : token_cache_path(dir, name, h.hex()).c_str(), secs);
+           (long long)ds.max_length(), describe_cache_use(use, token_cache_path(dir, name, h.hex())).c_str(), secs);
   const long long records = (long long)ds.size() + st.v[1];
   if (st.v[0] > 0 && rank == 0)  // once, not once per rank
     log_warn("%s: %lld of %lld records are longer than model_max_length %d and were cut (the first: record %lld)%s",

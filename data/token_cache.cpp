@@ -372,13 +372,26 @@ class Heartbeat {
 };
 }  // namespace
 
+std::string describe_cache_use(CacheUse use, const std::string& path) {
+  switch (use) {
+    case CacheUse::off: return "no token cache";
+    case CacheUse::hit: return "from the token cache " + path;
+    case CacheUse::written: return "token cache written " + path;
+    case CacheUse::unusable: break;
+  }
+  return "tokenized without a token cache (" + path + " could not be written)";
+}
+
 TokenDataset cached_dataset(const std::string& dir, const std::string& name, const std::string& key,
-                            const std::function<TokenDataset(CacheStats*)>& build, CacheStats* st, bool* hit,
+                            const std::function<TokenDataset(CacheStats*)>& build, CacheStats* st, CacheUse* use,
                             int rank, double stale_s, int64_t vocab_size) {
   CacheStats local;
+  CacheUse unused;
   if (!st) st = &local;
-  if (hit) *hit = false;
+  if (!use) use = &unused;
+  *use = CacheUse::off;
   if (dir.empty()) return build(st);
+  *use = CacheUse::unusable;  // until a file is mapped or written
   try {
     make_dirs(dir);
   } catch (const Error& e) {
@@ -398,7 +411,7 @@ TokenDataset cached_dataset(const std::string& dir, const std::string& name, con
   for (;;) {
     TokenDataset ds;
     if (map_token_cache(path, key, &ds, st, vocab_size)) {
-      if (hit) *hit = true;
+      *use = CacheUse::hit;
       return ds;
     }
     int fd = ::open(lock.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
@@ -410,7 +423,7 @@ TokenDataset cached_dataset(const std::string& dir, const std::string& name, con
       // Another writer may have finished between our look and our lock.
       if (map_token_cache(path, key, &ds, st, vocab_size)) {
         ::unlink(lock.c_str());
-        if (hit) *hit = true;
+        *use = CacheUse::hit;
         return ds;
       }
       try {
@@ -428,6 +441,7 @@ TokenDataset cached_dataset(const std::string& dir, const std::string& name, con
         return ds;
       }
       ::unlink(lock.c_str());
+      *use = CacheUse::written;
       TokenDataset mapped;
       CacheStats st2;
       if (map_token_cache(path, key, &mapped, &st2, vocab_size)) return mapped;  // page cache, shared by the ranks of a node

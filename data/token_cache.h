@@ -61,13 +61,24 @@ void write_token_cache(const std::string& path, const std::string& key, const To
 bool map_token_cache(const std::string& path, const std::string& key, TokenDataset* ds, CacheStats* st,
                      int64_t vocab_size = 0);
 
+// What cached_dataset did with the cache.
+enum class CacheUse {
+  off,       // no cache directory: tokenized
+  hit,       // mapped from the cache file
+  written,   // tokenized, and the cache file written (or written by another process meanwhile)
+  unusable,  // tokenized, and no file written: the directory or file could not be made (a warning said why)
+};
+// How the data line says it: "from the token cache PATH", "token cache written PATH", "no token cache",
+// "tokenized without a token cache (PATH could not be written)".
+std::string describe_cache_use(CacheUse use, const std::string& path);
+
 // The dataset for `key`: mapped from the cache when there, else build()-ed, written and returned.
-// dir "" builds without caching. *hit tells which. Cache trouble (unwritable dir, full disk) is a
+// dir "" builds without caching. *use tells which. Cache trouble (unwritable dir, full disk) is a
 // warning and the built dataset is used from memory. Ranks other than 0 give rank 0 a moment to take
 // the lock first, so the tokenizing process is the one that prints.
 // vocab_size > 0 bounds the ids of a mapped file, as in map_token_cache.
 TokenDataset cached_dataset(const std::string& dir, const std::string& name, const std::string& key,
-                            const std::function<TokenDataset(CacheStats*)>& build, CacheStats* st, bool* hit,
+                            const std::function<TokenDataset(CacheStats*)>& build, CacheStats* st, CacheUse* use,
                             int rank = 0, double stale_s = 60.0, int64_t vocab_size = 0);
 
 }  // namespace llmt

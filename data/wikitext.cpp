@@ -183,7 +183,7 @@ TokenDataset load_text_dataset(const std::string& path, LineRule rule, const Dat
       ::unlink(token_cache_path(dir, "text-" + base, h.hex()).c_str()) == 0)
     log_info("data   %s: --overwrite_cache: removed %s", what.c_str(), token_cache_path(dir, "text-" + base, h.hex()).c_str());
   CacheStats st;
-  bool hit = false;
+  CacheUse use = CacheUse::off;
   auto t0 = std::chrono::steady_clock::now();
   TokenDataset ds = cached_dataset(
       dir, "text-" + base, h.hex(),
@@ -204,16 +204,15 @@ TokenDataset load_text_dataset(const std::string& path, LineRule rule, const Dat
         s->v[1] = dropped;
         return d;
       },
-      &st, &hit, rank, 60.0, tok.vocab_size());
+      &st, &use, rank, 60.0, tok.vocab_size());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   LLMT_CHECK(ds.size() > 0,
              "%s: %s gives no block of %d tokens (%lld lines; run_clm drops each 1000-line group's remainder, "
              "%lld tokens here)",
              what.c_str(), path.c_str(), args.block_size, (long long)st.v[0], (long long)st.v[1]);
-  log_info("data   %s: %lld lines -> %lld blocks of %d tokens (%lld tokens dropped as group remainders); %s%s (%.1f s)",
+  log_info("data   %s: %lld lines -> %lld blocks of %d tokens (%lld tokens dropped as group remainders); %s (%.1f s)",
            what.c_str(), (long long)st.v[0], (long long)ds.size(), args.block_size, (long long)st.v[1],
-           dir.empty() ? "no token cache" : hit ? "from the token cache " : "token cache written ",
-           dir.empty() ? "" : token_cache_path(dir, "text-" + base, h.hex()).c_str(), secs);
+           describe_cache_use(use, token_cache_path(dir, "text-" + base, h.hex())).c_str(), secs);
   return ds;
 }
 

@@ -3,7 +3,8 @@
 # files are refused at once (hashing /dev/zero never ended); a SIGTERM or SIGINT while a large file is
 # hashed ends the process promptly; `llmt tokenize` bounds a line read from a stream; every output
 # llmt writes (standard output, metrics.jsonl) fails with an error naming it when the disk is full
-# (/dev/full stands in for one). Usage: io_limits.sh path/to/llmt path/to/tokenizer_dir
+# (/dev/full stands in for one). Issue 33: an unusable token cache is not reported as written.
+# Usage: io_limits.sh path/to/llmt path/to/tokenizer_dir
 set -uo pipefail
 set -m  # background jobs keep SIGINT (a non-interactive shell would start them with it ignored)
 llmt=$1
@@ -85,3 +86,11 @@ fi
 grep -q "writing $work/m/metrics.jsonl failed: No space left on device" "$work/e8.log" \
   || { cat "$work/e8.log"; fail "metrics.jsonl on a full disk: no clear error"; }
 echo "tokenize, plan and metrics.jsonl on a full disk: errors naming the output"
+
+# 8. a token cache directory that cannot be made (a path under a file): tokenized from memory, and the
+# data line says so (it said "token cache written <path>" of a file that does not exist)
+"$llmt" train "${common[@]}" --train_file "$work/corpus.txt" --cache_dir "$work/corpus.txt/cache" --output_dir "$work/o12" \
+  > "$work/e12.log" 2>&1 || { tail -5 "$work/e12.log"; fail "training with an unusable cache directory"; }
+grep -q "tokenized without a token cache ($work/corpus.txt/cache/.* could not be written)" "$work/e12.log" &&
+  ! grep -q "token cache written" "$work/e12.log" || { cat "$work/e12.log"; fail "the data line claims a cache file"; }
+echo "an unusable cache directory: the data line says nothing was written"

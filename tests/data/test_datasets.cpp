@@ -506,11 +506,11 @@ TEST(TokenCache, DamagedFilesAreRebuiltAndNoDirMeansNoCache) {
     return TokenDataset({0, 2, 5}, {1, 2, 3, 4, 5}, {-100, 2, -100, 4, 5});
   };
   CacheStats st;
-  bool hit = true;
-  TokenDataset d = cached_dataset(dir, "t", "k1", build, &st, &hit);
-  EXPECT_FALSE(hit);
-  d = cached_dataset(dir, "t", "k1", build, &st, &hit);
-  EXPECT_TRUE(hit);
+  CacheUse use = CacheUse::hit;
+  TokenDataset d = cached_dataset(dir, "t", "k1", build, &st, &use);
+  EXPECT_EQ(use, CacheUse::written);
+  d = cached_dataset(dir, "t", "k1", build, &st, &use);
+  EXPECT_EQ(use, CacheUse::hit);
   EXPECT_EQ(builds, 1);
   EXPECT_EQ(st.v[0], 42);
   EXPECT_EQ(d.labels(1)[0], -100);
@@ -521,8 +521,8 @@ TEST(TokenCache, DamagedFilesAreRebuiltAndNoDirMeansNoCache) {
     std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     write_file(path, bytes.substr(0, bytes.size() - 4));
   }
-  d = cached_dataset(dir, "t", "k1", build, &st, &hit);
-  EXPECT_FALSE(hit);
+  d = cached_dataset(dir, "t", "k1", build, &st, &use);
+  EXPECT_NE(use, CacheUse::hit);
   EXPECT_EQ(builds, 2);
   EXPECT_EQ(d.total_tokens(), 5);
   {  // flip a token id, keeping the size: the checksum catches it (before, it loaded and trained on it)
@@ -531,27 +531,49 @@ TEST(TokenCache, DamagedFilesAreRebuiltAndNoDirMeansNoCache) {
     bytes[bytes.size() - 5 * 4 * 2 + 1] ^= 0x10;  // a byte of ids[0]
     write_file(path, bytes);
   }
-  d = cached_dataset(dir, "t", "k1", build, &st, &hit);
-  EXPECT_FALSE(hit);
+  d = cached_dataset(dir, "t", "k1", build, &st, &use);
+  EXPECT_NE(use, CacheUse::hit);
   EXPECT_EQ(builds, 3);
   EXPECT_EQ(d.ids(0)[0], 1);
-  d = cached_dataset(dir, "t", "k1", build, &st, &hit);  // rebuilt and rewritten: a hit again
-  EXPECT_TRUE(hit);
+  d = cached_dataset(dir, "t", "k1", build, &st, &use);  // rebuilt and rewritten: a hit again
+  EXPECT_EQ(use, CacheUse::hit);
   EXPECT_EQ(d.ids(0)[0], 1);
   builds--;  // (the count below is of the damage cases)
   write_file(path, std::string(200, 'x'));  // not a cache file at all
-  d = cached_dataset(dir, "t", "k1", build, &st, &hit);
+  d = cached_dataset(dir, "t", "k1", build, &st, &use);
   EXPECT_EQ(builds, 3);
   TokenDataset m;
   EXPECT_FALSE(map_token_cache(dir + "/absent.tokens", "k", &m, nullptr));
-  d = cached_dataset("", "t", "k1", build, &st, &hit);  // no cache directory
-  EXPECT_FALSE(hit);
+  d = cached_dataset("", "t", "k1", build, &st, &use);  // no cache directory
+  EXPECT_EQ(use, CacheUse::off);
   EXPECT_EQ(builds, 4);
   // hashing
   EXPECT_EQ(KeyHasher().add("ab").add("c").hex(), KeyHasher().add("ab").add("c").hex());
   EXPECT_NE(KeyHasher().add("ab").add("c").hex(), KeyHasher().add("a").add("bc").hex());
   EXPECT_EQ(KeyHasher().hex().size(), 32u);
   EXPECT_THROW(KeyHasher().add_file(dir + "/nope"), Error);
+}
+
+// A cache directory that cannot be made (under a file, a read-only mount) tokenizes from memory and
+// says so: the data line said "token cache written <path>" of a file that did not exist.
+TEST(TokenCache, ADirectoryThatCannotBeMadeIsNotReportedAsWritten) {
+  TempDir tmp_("test_datasets_unusable");
+  write_file(tmp_.path + "/file", "x");
+  const std::string dir = tmp_.path + "/file/cache";
+  CacheStats st;
+  CacheUse use = CacheUse::written;
+  testing::internal::CaptureStderr();
+  TokenDataset d = cached_dataset(dir, "t", "k1", [](CacheStats*) { return TokenDataset({0, 2}, {1, 2}, {}); }, &st,
+                                  &use);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(d.total_tokens(), 2);
+  EXPECT_EQ(use, CacheUse::unusable);
+  EXPECT_NE(err.find("tokenizing without a cache"), std::string::npos) << err;
+  const std::string line = describe_cache_use(use, token_cache_path(dir, "t", "k1"));
+  EXPECT_EQ(line.find("written " + dir), std::string::npos) << line;
+  EXPECT_NE(line.find("could not be written"), std::string::npos) << line;
+  EXPECT_EQ(describe_cache_use(CacheUse::written, "/c/f"), "token cache written /c/f");
+  EXPECT_EQ(describe_cache_use(CacheUse::hit, "/c/f"), "from the token cache /c/f");
 }
 
 // A cache whose checksum holds but whose ids do not fit the tokenizer (written by hand, or by a
@@ -594,8 +616,8 @@ TEST(TokenCache, ConcurrentStartsTokenizeOnceAndStaleLocksAreTakenOver) {
   for (int r = 0; r < 4; r++)
     th.emplace_back([&, r] {
       CacheStats st;
-      bool hit;
-      got[(size_t)r] = cached_dataset(dir, "c", "key", slow_build, &st, &hit, r, 3.0);
+      CacheUse use;
+      got[(size_t)r] = cached_dataset(dir, "c", "key", slow_build, &st, &use, r, 3.0);
     });
   for (std::thread& t : th) t.join();
   EXPECT_EQ(builds.load(), 1);
@@ -607,15 +629,15 @@ TEST(TokenCache, ConcurrentStartsTokenizeOnceAndStaleLocksAreTakenOver) {
   const std::string lock = token_cache_path(dir, "c", "key2") + ".lock";
   write_file(lock, "ghost pid 1\n");
   CacheStats st;
-  bool hit = true;
-  TokenDataset d = cached_dataset(dir, "c", "key2", slow_build, &st, &hit, 0, 0.5);
-  EXPECT_FALSE(hit);
+  CacheUse use = CacheUse::hit;
+  TokenDataset d = cached_dataset(dir, "c", "key2", slow_build, &st, &use, 0, 0.5);
+  EXPECT_NE(use, CacheUse::hit);
   EXPECT_EQ(builds.load(), 2);
   struct stat sb;
   EXPECT_NE(::stat(lock.c_str(), &sb), 0) << "the lock was left behind";
   // a build that throws releases the lock and the error reaches the caller
   auto bad = [](CacheStats*) -> TokenDataset { fail("bad data"); };
-  EXPECT_THROW(cached_dataset(dir, "c", "key3", bad, &st, &hit), Error);
+  EXPECT_THROW(cached_dataset(dir, "c", "key3", bad, &st, &use), Error);
   EXPECT_NE(::stat((token_cache_path(dir, "c", "key3") + ".lock").c_str(), &sb), 0);
 }
 
@@ -631,7 +653,7 @@ TEST(TokenCache, SeveralProcessesWriteOnce) {
       int code = 0;
       try {
         CacheStats st;
-        bool hit;
+        CacheUse use;
         TokenDataset d = cached_dataset(
             dir, "p", "key",
             [&](CacheStats*) {
@@ -641,7 +663,7 @@ TEST(TokenCache, SeveralProcessesWriteOnce) {
               std::this_thread::sleep_for(std::chrono::milliseconds(500));
               return TokenDataset({0, 2, 4}, {5, 6, 7, 8}, {});
             },
-            &st, &hit, r);
+            &st, &use, r);
         code = d.total_tokens() == 4 && d.ids(1)[1] == 8 ? 0 : 2;
       } catch (...) {
         code = 3;
