@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "engine/core/error.h"
 #include "train/flags.h"
+#include "train/plan.h"
 
 namespace llmt {
 
@@ -41,10 +42,18 @@ static std::string json_escape(const std::string& s) {
 // `llmt tokenize` reads stdin), `repeats` times each after one warm-up run; one JSON line.
 static void bench(const Tokenizer& tok, const std::string& path, const std::string& tok_path, double load_s,
                   int repeats) {
-  // A directory opens as a stream and reads as nothing: that would be measured as 0 bytes.
+  // A directory opens as a stream and reads as nothing: that would be measured as 0 bytes. The file is
+  // read whole, so it must have a size: /dev/zero grew without bound (3.5 GiB in 6 s).
   struct stat st;
   LLMT_CHECK(::stat(path.c_str(), &st) == 0, "llmt tokenize --bench %s: %s", path.c_str(), std::strerror(errno));
   LLMT_CHECK(!S_ISDIR(st.st_mode), "llmt tokenize --bench %s: is a directory; give a text file to encode", path.c_str());
+  LLMT_CHECK(S_ISREG(st.st_mode), "llmt tokenize --bench %s: is %s, not a regular file: the text is read whole, so "
+             "give a file of a known size", path.c_str(), S_ISCHR(st.st_mode) ? "a character device"
+                                                          : S_ISFIFO(st.st_mode) ? "a pipe" : "not a regular file");
+  std::string where;  // the text, its lines' views and the ids: about twice the file (a 64 GB sparse file)
+  const double gib = (double)st.st_size / (1024.0 * 1024.0 * 1024.0), have = memory_per_rank_gib(nullptr, 0, 1, &where);
+  LLMT_CHECK(have <= 0 || 2 * gib <= have, "llmt tokenize --bench %s: %.2f GiB, read whole, needs about %.2f GiB, and "
+             "%s; measure a part of it", path.c_str(), gib, 2 * gib, where.c_str());
   std::ifstream f(path, std::ios::binary);
   LLMT_CHECK(f.good(), "llmt tokenize --bench: cannot open %s", path.c_str());
   std::string text;
@@ -118,7 +127,7 @@ int cli_tokenize(const std::vector<std::string>& args) {
     std::printf(
         "llmt tokenize: text on stdin to token ids on stdout, one output line per input line\n\n"
         "  --tokenizer_name_or_path P  a directory (tokenizer.json, vocab.json + merges.txt, or tokenizer.model)\n"
-        "                              or one of those files (also a *.tiktoken rank file)\n"
+        "                              or one of those files (also a *.tiktoken rank file), or bytes (ids 0..255)\n"
         "  --llama3_special_tokens V   auto|3.0|3.1: names of a bare Llama 3 tokenizer.model's special tokens\n"
         "                              (auto: as params.json, config.json or generation_config.json beside it show)\n"
         "  --no_special_tokens         leave out the BOS/EOS the tokenizer adds by default\n"

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/bpe_bytelevel.h"
+#include "data/byte_tokenizer.h"
 #include "data/sentencepiece.h"
 #include "data/tiktoken.h"
 #include "engine/core/error.h"
@@ -254,7 +255,9 @@ static std::unique_ptr<Tokenizer> load_tokenizer_unchecked(const std::string& di
              "--llama3_special_tokens must be auto, 3.0 or 3.1, got \"%s\"", llama3.c_str());
   const std::string& p = dir_or_file;
   std::unique_ptr<Tokenizer> t;
-  if (is_file(p)) {
+  if (p == "bytes") {  // the name every command takes (a directory called "bytes" is ./bytes)
+    t = make_byte_tokenizer();
+  } else if (is_file(p)) {
     t = apply_configs(load_file(p, llama3), dir_name(p));
   } else {
     LLMT_CHECK(is_dir(p), "tokenizer path %s does not exist", p.c_str());

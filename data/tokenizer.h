@@ -38,7 +38,8 @@ class Tokenizer {
 
 // Picks the tokenizer as AutoTokenizer.from_pretrained would from a directory: tokenizer.json,
 // else vocab.json + merges.txt, else tokenizer.model (SentencePiece, or a tiktoken rank file);
-// also accepts the path of one of those files. A directory with none of them is an error naming
+// also accepts the path of one of those files, and "bytes" (byte-level ids 0..255, byte_tokenizer.h),
+// as every command takes it. A directory with none of them is an error naming
 // the directory and the files looked for. Mistral's tekken.json is refused, naming the format.
 // llama3_special_tokens: the names a bare Llama 3 tokenizer.model (128000 tiktoken ranks) gives its
 // special tokens (data/tiktoken.h): "3.0", "3.1" (also 3.2's and 3.3's), or "auto": the release the

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <vector>
 
-#include "data/byte_tokenizer.h"
 #include "data/tokenizer.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
@@ -195,8 +194,7 @@ std::unique_ptr<Tokenizer> model_tokenizer(const std::string& source, const std:
                                            const ModelConfig& cfg) {
   LLMT_CHECK(!source.empty(), "no tokenizer: give --tokenizer_name_or_path (a tokenizer directory or file, or "
                               "\"bytes\" for byte-level ids 0..255)");
-  std::unique_ptr<Tokenizer> tok =
-      source == "bytes" ? make_byte_tokenizer() : load_tokenizer(source, llama3_special_tokens);
+  std::unique_ptr<Tokenizer> tok = load_tokenizer(source, llama3_special_tokens);
   LLMT_CHECK(tok->vocab_size() <= cfg.vocab_size, "the tokenizer (%s, %d ids) does not fit the model's vocabulary of %d",
              source.c_str(), tok->vocab_size(), cfg.vocab_size);
   return tok;

@@ -3,7 +3,8 @@
 # files are refused at once (hashing /dev/zero never ended); a SIGTERM or SIGINT while a large file is
 # hashed ends the process promptly; `llmt tokenize` bounds a line read from a stream; every output
 # llmt writes (standard output, metrics.jsonl) fails with an error naming it when the disk is full
-# (/dev/full stands in for one). Issue 33: an unusable token cache is not reported as written.
+# (/dev/full stands in for one). Issue 33: tokenize takes bytes and refuses --bench of a device; an
+# unusable token cache is not reported as written.
 # Usage: io_limits.sh path/to/llmt path/to/tokenizer_dir
 set -uo pipefail
 set -m  # background jobs keep SIGINT (a non-interactive shell would start them with it ignored)
@@ -86,6 +87,18 @@ fi
 grep -q "writing $work/m/metrics.jsonl failed: No space left on device" "$work/e8.log" \
   || { cat "$work/e8.log"; fail "metrics.jsonl on a full disk: no clear error"; }
 echo "tokenize, plan and metrics.jsonl on a full disk: errors naming the output"
+
+# 6. llmt tokenize takes bytes as train and generate do; --bench of a device is refused at once (it grew
+# to 3.5 GiB in 6 s from /dev/zero), naming it
+[ "$(printf 'hi\n' | "$llmt" tokenize --tokenizer_name_or_path bytes)" = "104 105" ] || fail "tokenize with bytes"
+[ "$(printf '104 105\n' | "$llmt" tokenize --tokenizer_name_or_path bytes --decode)" = "hi" ] || fail "decode with bytes"
+(ulimit -v 4000000; timeout -k 5 30 "$llmt" tokenize --tokenizer_name_or_path "$tok" --bench /dev/zero > /dev/null \
+  2> "$work/e9.log")
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat "$work/e9.log"; fail "tokenize --bench /dev/zero: status $rc"; }
+grep -q "llmt tokenize --bench /dev/zero: is a character device, not a regular file" "$work/e9.log" ||
+  { cat "$work/e9.log"; fail "tokenize --bench /dev/zero: no clear error"; }
+echo "tokenize: bytes accepted; --bench /dev/zero refused at once"
 
 # 8. a token cache directory that cannot be made (a path under a file): tokenized from memory, and the
 # data line says so (it said "token cache written <path>" of a file that does not exist)
