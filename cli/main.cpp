@@ -1,7 +1,8 @@
 // llmt: one executable, one file per subcommand. main dispatches and reports errors: before the
 // ranks know each other (argument errors, the same on every rank) rank 0 alone prints and every
 // rank exits 1; after, the failing rank prints its message and ends the whole job, so no rank
-// is left waiting in a collective.
+// is left waiting in a collective (a single process started without a launcher just exits: its
+// error line is all it prints).
 #include <cstdio>
 #include <cstring>
 #include <string>

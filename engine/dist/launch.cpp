@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include <cstdio>
 #include <cstdlib>
 #include <vector>
 
@@ -19,6 +20,7 @@
 namespace llmt {
 
 static bool g_initialized = false;
+static bool g_launched = false;  // started by a launcher (its variables were set before MPI_Init set its own)
 
 bool launch_initialized() { return g_initialized; }
 
@@ -45,6 +47,7 @@ LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<ControlComm>* wo
   LaunchInfo info;
   if (!g_initialized) {
     // The watchdog first: MPI_Init itself waits for every rank (the launcher's rendezvous).
+    g_launched = launcher_rank_from_env() >= 0;
     if (!watchdog_running()) watchdog_start(timeout_s, std::max(0, launcher_rank_from_env()));
     test_stop_point("init", launcher_rank_from_env());
     int provided = 0;
@@ -150,10 +153,19 @@ void finalize_launch() {
 
 void abort_job(int code) {
   if (g_initialized) {
-    int finalized = 0;
+    int finalized = 0, world = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Abort(MPI_COMM_WORLD, code);
+    if (!finalized) MPI_Comm_size(MPI_COMM_WORLD, &world);
+    // A single process with no launcher has no job to end: MPI_Abort only printed Open MPI's 8-line
+    // MPI_ABORT banner under the error line. It finishes MPI and exits.
+    if (!finalized && world == 1 && !g_launched) {
+      finalize_launch();
+    } else if (!finalized) {
+      MPI_Abort(MPI_COMM_WORLD, code);
+    }
   }
+  std::fflush(stdout);
+  std::fflush(stderr);
   std::_Exit(code);
 }
 

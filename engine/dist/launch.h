@@ -35,7 +35,8 @@ int default_threads_per_rank(const LaunchInfo& info);
 std::string describe_layout(const LaunchInfo& info, const std::string& device);
 // Ends MPI cleanly (every rank; MPI_Finalize is watched), then stops the watchdog.
 void finalize_launch();
-// Ends the whole job from one failing rank: every rank exits non-zero promptly.
+// Ends the whole job from one failing rank: every rank exits non-zero promptly (MPI_Abort). A single
+// process started without a launcher finishes MPI and exits, without Open MPI's abort banner.
 [[noreturn]] void abort_job(int code);
 bool launch_initialized();
 // This process's rank as the launcher's environment gives it before MPI starts (OMPI_COMM_WORLD_RANK,

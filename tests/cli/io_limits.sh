@@ -3,8 +3,8 @@
 # files are refused at once (hashing /dev/zero never ended); a SIGTERM or SIGINT while a large file is
 # hashed ends the process promptly; `llmt tokenize` bounds a line read from a stream; every output
 # llmt writes (standard output, metrics.jsonl) fails with an error naming it when the disk is full
-# (/dev/full stands in for one). Issue 33: tokenize takes bytes and refuses --bench of a device; an
-# unusable token cache is not reported as written.
+# (/dev/full stands in for one). Issue 33: tokenize takes bytes and refuses --bench of a device; a
+# single process's error is its one line; an unusable token cache is not reported as written.
 # Usage: io_limits.sh path/to/llmt path/to/tokenizer_dir
 set -uo pipefail
 set -m  # background jobs keep SIGINT (a non-interactive shell would start them with it ignored)
@@ -99,6 +99,20 @@ rc=$?
 grep -q "llmt tokenize --bench /dev/zero: is a character device, not a regular file" "$work/e9.log" ||
   { cat "$work/e9.log"; fail "tokenize --bench /dev/zero: no clear error"; }
 echo "tokenize: bytes accepted; --bench /dev/zero refused at once"
+
+# 7. a single process's error is its one line: Open MPI's 8-line MPI_ABORT banner (and, after
+# MPI_Abort, ORTE_ERROR_LOG lines) followed it
+for cmd in "export $work/none $work/out" "generate --model_name_or_path $work/none --prompt x"; do
+  # shellcheck disable=SC2086
+  if "$llmt" $cmd > "$work/e10.out" 2> "$work/e10.log"; then fail "llmt $cmd exited 0"; fi
+  [ "$(wc -l < "$work/e10.log")" -eq 1 ] && grep -q "^error: " "$work/e10.log" ||
+    { cat "$work/e10.log"; fail "llmt $cmd: more than its error line"; }
+done
+if "$llmt" train "${common[@]}" --train_file "$work/none.txt" --output_dir "$work/o10" > "$work/e11.log" 2>&1; then
+  fail "a missing train file was accepted"
+fi
+! grep -q "MPI_ABORT\|ORTE_ERROR_LOG" "$work/e11.log" || { cat "$work/e11.log"; fail "train: MPI's abort noise"; }
+echo "single-process errors: the error line alone"
 
 # 8. a token cache directory that cannot be made (a path under a file): tokenized from memory, and the
 # data line says so (it said "token cache written <path>" of a file that does not exist)
