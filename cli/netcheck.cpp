@@ -11,6 +11,7 @@
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/diag/nccl_log.h"
+#include "engine/dist/agree.h"
 #include "engine/dist/launch.h"
 #include "engine/dist/mpi_communicator.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -107,6 +108,15 @@ int cli_netcheck(const std::vector<std::string>& args) {
   LaunchInfo launch = init_launch(nullptr, nullptr, &world, "netcheck");
   if (bench) {
     if (launch.world == 1) log_info("netcheck --bench: one rank: nothing crosses a network (run it under mpirun)");
+    // the benchmark holds a buffer of --max_bytes and a 1/n slice of it: 99999999999999 ended in
+    // "internal error: std::bad_alloc", naming neither
+    std::string where;
+    const double need_gib = (double)b.max_bytes * (1.0 + 1.0 / launch.world) / (1024.0 * 1024.0 * 1024.0);
+    const double have_gib = memory_per_rank_gib(nullptr, launch.local_rank, launch.local_size, &where);
+    agree_or_throw(*world, have_gib <= 0 || need_gib <= have_gib,
+                   strformat("llmt netcheck --bench: --max_bytes %lld needs %.2f GiB per rank (the buffer and a "
+                             "1/%d slice of it), and %s; lower --max_bytes", (long long)b.max_bytes, need_gib,
+                             launch.world, where.c_str()));
     std::unique_ptr<DataComm> data = make_mpi_data_comm(*world);
     std::vector<BenchRow> rows = run_collective_bench(*data, *world, b);
     if (launch.rank == 0) {

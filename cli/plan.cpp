@@ -57,8 +57,11 @@ int cli_plan(const std::vector<std::string>& args) {
   c.recompute = f.get_string("recompute", s.gradient_checkpointing ? "full" : "none");
   f.finish();
   if (predict && ranks_per_node == 0) ranks_per_node = std::min(world, c.gpus_per_node);
-  LLMT_CHECK(world > 0 && ranks_per_node >= 0 && (ranks_per_node == 0 || world % ranks_per_node == 0),
-             "llmt plan: %d ranks do not fill nodes of %d", world, ranks_per_node);
+  LLMT_CHECK(world > 0, "llmt plan: --world_size %d: expected at least 1 rank", world);
+  LLMT_CHECK(ranks_per_node >= 0, "llmt plan: --ranks_per_node %d: expected 0 (every rank on one node) or more",
+             ranks_per_node);
+  LLMT_CHECK(ranks_per_node == 0 || world % ranks_per_node == 0, "llmt plan: --world_size %d does not fill nodes of "
+             "--ranks_per_node %d", world, ranks_per_node);
   PlanArgs a = plan_args(s, world, ranks_per_node);
   a.model = model;
   const ModelConfig cfg = resolve_model_config(model);

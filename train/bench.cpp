@@ -48,11 +48,29 @@ BenchArgs parse_bench_args(Flags& f) {
              "llmt bench: batch, seq_len and steps must be positive and warmup not negative");
   a.sweeps = f.get_all("sweep");
   a.results = f.get_string("results", a.results);
-  for (const auto& point : bench_points(a.sweeps)) {  // every value checked before the first point runs
+  for (const auto& point : bench_points(a.sweeps)) {  // every point checked before the first one runs
     BenchArgs b = a;
-    for (const auto& [key, value] : point) apply_bench_setting(b, key, value);
+    std::string where;
+    for (const auto& [key, value] : point) {
+      apply_bench_setting(b, key, value);
+      where += " " + key + "=" + value;
+    }
+    check_bench_point(b, where.empty() ? "" : " (--sweep" + where + ")");
   }
   return a;
+}
+
+// A point's model and sequence length, as llmt bench's own error: --sweep model=gpt2-tiny,bogus ran
+// the first point before refusing the second, and --seq_len past the context was "llmt plan: ...".
+void check_bench_point(const BenchArgs& a, const std::string& where) {
+  ModelConfig cfg;
+  try {
+    cfg = resolve_model_config(a.model);
+  } catch (const Error& e) {
+    fail("llmt bench --model %s%s: %s", a.model.c_str(), where.c_str(), e.what());
+  }
+  LLMT_CHECK(a.seq_len <= cfg.max_seq_len, "llmt bench: --seq_len %d%s exceeds the context of %s (%d tokens)",
+             a.seq_len, where.c_str(), a.model.c_str(), cfg.max_seq_len);
 }
 
 void apply_bench_setting(BenchArgs& a, const std::string& key, const std::string& value) {

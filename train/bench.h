@@ -34,7 +34,10 @@ void apply_bench_setting(BenchArgs& args, const std::string& key, const std::str
 // Every combination of the sweeps, as (key, value) lists in run order; one empty list without sweeps.
 std::vector<std::vector<std::pair<std::string, std::string>>> bench_points(const std::vector<std::string>& sweeps);
 
+// Reads and checks the flags, and every point of the sweeps (check_bench_point) before any runs.
 BenchArgs parse_bench_args(Flags& flags);
+// A point's model resolves and holds its sequence length; `where` names the sweep point in errors.
+void check_bench_point(const BenchArgs& args, const std::string& where);
 void run_bench(const BenchArgs& args, ControlComm& world, const LaunchInfo& launch);
 // --ops: every matmul of a block and the LM head (forward and both backward products) and attention
 // forward and backward at the model's shapes for --per_device_train_batch_size and --seq_len, each

@@ -4,7 +4,8 @@
 # untrained model and exited 0; --preprocessing_num_workers 100000 crashed in OpenMP; --threads -1
 # was silently 0; --block_size -1 was the default); an --output_dir with missing parents is created,
 # as the Hugging Face Trainer does; --per_device_eval_batch_size above the training batch is allowed
-# and gives the same eval_loss; an evaluation is timed on its own. Usage: flag_limits.sh path/to/llmt
+# and gives the same eval_loss; an evaluation is timed on its own; plan, bench, generate and netcheck
+# name their own bad values before any work. Usage: flag_limits.sh path/to/llmt
 set -uo pipefail
 llmt=$1
 work=$(mktemp -d)
@@ -66,4 +67,27 @@ window_s = 128 / step3["tokens_per_s"]
 assert window_s < ev[0]["eval_runtime"] / 2, f"step 3 took {window_s:.3f} s, the evaluation {ev[0]['eval_runtime']:.3f} s"
 print(f"evaluation timed on its own: {ev[0]['eval_runtime']:.3f} s, the step after it {1000 * window_s:.1f} ms")
 PY
+
+# the other commands' limits, each named before any work: llmt plan --world_size 0 said "0 ranks do
+# not fill nodes of 0"; bench --seq_len past the context said "llmt plan: ..."; bench --sweep with a
+# bad model ran the points before it; generate --threads -5 ran; netcheck --bench --max_bytes
+# 99999999999999 ended in "internal error: std::bad_alloc"
+other() {  # other <name> <expected message> command...
+  local name=$1 want=$2
+  shift 2
+  if "$llmt" "$@" > "$work/$name.log" 2>&1; then echo "FAIL: $name: exit 0"; tail -5 "$work/$name.log"; exit 1; fi
+  grep -qF -- "$want" "$work/$name.log" || { echo "FAIL: $name: no \"$want\""; tail -5 "$work/$name.log"; exit 1; }
+  ! grep -q "^step \|internal error\|MPI_ABORT" "$work/$name.log" || { echo "FAIL: $name"; cat "$work/$name.log"; exit 1; }
+  echo "refused: $name: $want"
+}
+other plan_world "llmt plan: --world_size 0: expected at least 1 rank" plan --model gpt2-tiny --world_size 0
+other plan_nodes "llmt plan: --world_size 6 does not fill nodes of --ranks_per_node 4" plan --model gpt2-tiny \
+  --world_size 6 --ranks_per_node 4
+other bench_seq "llmt bench: --seq_len 100000 exceeds the context of gpt2-tiny (256 tokens)" bench --model gpt2-tiny \
+  --seq_len 100000 --threads 1
+other bench_sweep "llmt bench --model bogus (--sweep model=bogus): unknown model preset" bench --threads 1 --steps 1 \
+  --warmup 0 --seq_len 16 --sweep model=gpt2-tiny,bogus
+other gen_threads "--threads -5: expected 0" generate --model_name_or_path "$work/evaltime" \
+  --tokenizer_name_or_path bytes --prompt x --threads -5
+other netcheck_bytes "llmt netcheck --bench: --max_bytes 99999999999999 needs" netcheck --bench --max_bytes 99999999999999
 echo PASS
