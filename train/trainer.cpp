@@ -643,11 +643,19 @@ void install_stop_handlers() {
     sigemptyset(&set);
     sigaddset(&set, SIGUSR1);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);  // Ctrl-C ended the run without the checkpoint the other two give
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
     std::thread([set] {
       for (;;) {
         int sig = 0;
-        if (sigwait(&set, &sig) == 0) set_stop_signal(sig);
+        if (sigwait(&set, &sig) != 0) continue;
+        if (sig == SIGINT && stop_signal() == SIGINT) {  // Ctrl-C again: the user does not want to wait
+          const char msg[] = "llmt: a second SIGINT: exiting now, without a checkpoint\n";
+          const ssize_t wr = ::write(2, msg, sizeof(msg) - 1);
+          (void)wr;  // nothing to do if stderr is gone
+          _exit(128 + SIGINT);
+        }
+        set_stop_signal(sig);
       }
     }).detach();
   });

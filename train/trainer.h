@@ -8,9 +8,10 @@
 
 namespace llmt {
 
-// SIGUSR1 (Slurm's --signal=USR1@N before the time limit) and SIGTERM (scancel, preemption) ask the
-// run to stop: after the step in progress, with a checkpoint; before the first step, without one.
-// `llmt train` installs the handlers before anything else, since the signal can come at any time.
+// SIGUSR1 (Slurm's --signal=USR1@N before the time limit), SIGTERM (scancel, preemption) and SIGINT
+// (Ctrl-C) ask the run to stop: after the step in progress, with a checkpoint; before the first
+// step, without one. A second SIGINT ends the process at once, saving nothing. `llmt train` installs
+// the handlers before anything else, since the signal can come at any time.
 void install_stop_handlers();
 
 // Runs the job on every rank of `world`.

@@ -1,4 +1,4 @@
-// The stop request a signal makes (SIGTERM, SIGUSR1: the trainer's signal thread records it), read
+// The stop request a signal makes (SIGTERM, SIGINT, SIGUSR1: the trainer's signal thread records it), read
 // by code that runs long before the training loop can look: hashing and tokenizing the data. A
 // SIGTERM while a 50 GB file was hashed (or /dev/zero was) was only seen after it.
 #pragma once

@@ -3,8 +3,9 @@
 # files are refused at once (hashing /dev/zero never ended); a SIGTERM or SIGINT while a large file is
 # hashed ends the process promptly; `llmt tokenize` bounds a line read from a stream; every output
 # llmt writes (standard output, metrics.jsonl) fails with an error naming it when the disk is full
-# (/dev/full stands in for one). Issue 33: tokenize takes bytes and refuses --bench of a device; a
-# single process's error is its one line; an unusable token cache is not reported as written.
+# (/dev/full stands in for one). Issue 33: SIGINT saves as SIGTERM does; tokenize takes bytes and
+# refuses --bench of a device; a single process's error is its one line; an unusable token cache is
+# not reported as written.
 # Usage: io_limits.sh path/to/llmt path/to/tokenizer_dir
 set -uo pipefail
 set -m  # background jobs keep SIGINT (a non-interactive shell would start them with it ignored)
@@ -87,6 +88,32 @@ fi
 grep -q "writing $work/m/metrics.jsonl failed: No space left on device" "$work/e8.log" \
   || { cat "$work/e8.log"; fail "metrics.jsonl on a full disk: no clear error"; }
 echo "tokenize, plan and metrics.jsonl on a full disk: errors naming the output"
+
+# 5. (issue 33) SIGINT (Ctrl-C) during training saves a checkpoint and exits 0, as SIGTERM and SIGUSR1
+# do (it ended the run with nothing saved); a second SIGINT exits at once
+long=(--model_config gpt2-tiny --tokenizer_name_or_path bytes --block_size 32 --max_steps 100000 --threads 1
+      --save_strategy no --per_device_train_batch_size 4 --cache_dir "$work/cache" --logging_steps 1
+      --train_file "$work/corpus.txt")
+"$llmt" train "${long[@]}" --output_dir "$work/int" > "$work/int.log" 2>&1 &
+job=$!
+for _ in $(seq 300); do grep -q "step .*10/" "$work/int.log" && break; sleep 0.1; done
+kill -INT $job
+wait $job
+rc=$?
+[ $rc -eq 0 ] || { tail -5 "$work/int.log"; fail "SIGINT during training: status $rc"; }
+ls "$work/int" | grep -q '^checkpoint-[0-9]*$' || { tail -5 "$work/int.log"; fail "SIGINT: no checkpoint"; }
+grep -q "stopped at step [0-9]* of 100000 by a signal" "$work/int.log" || fail "SIGINT: no stop line"
+"$llmt" train "${long[@]}" --output_dir "$work/int2" > "$work/int2.log" 2>&1 &
+job=$!
+for _ in $(seq 300); do grep -q "step .*10/" "$work/int2.log" && break; sleep 0.1; done
+kill -INT $job
+sleep 0.05
+kill -INT $job
+wait $job
+rc=$?
+[ $rc -eq 130 ] && grep -q "a second SIGINT: exiting now" "$work/int2.log" ||
+  { tail -5 "$work/int2.log"; fail "a second SIGINT: status $rc"; }
+echo "SIGINT during training: a checkpoint and status 0; a second SIGINT: status 130 at once"
 
 # 6. llmt tokenize takes bytes as train and generate do; --bench of a device is refused at once (it grew
 # to 3.5 GiB in 6 s from /dev/zero), naming it

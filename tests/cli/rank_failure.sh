@@ -50,6 +50,19 @@ echo "SIGUSR1: exit $rc"
 [ $rc -eq 0 ] || { echo "FAIL: a signalled run should stop cleanly"; tail -20 "$work/c.log"; exit 1; }
 ls "$work/c" | grep -q '^checkpoint-[0-9]*$' || { echo "FAIL: no checkpoint after SIGUSR1"; exit 1; }
 
+# 3b. SIGINT delivered to the ranks themselves (Ctrl-C reaching them; mpirun's own Ctrl-C is its abort,
+#     README "Stopping"): the same checkpoint and exit 0 (it killed them, nothing saved)
+timeout 120 "${mpi[@]}" "${train[@]}" --output_dir "$work/c2" > "$work/c2.log" 2>&1 &
+job=$!
+for _ in $(seq 300); do grep -q "step .*10/" "$work/c2.log" 2>/dev/null && break; sleep 0.3; done
+grep -q "step .*10/" "$work/c2.log" || { echo "FAIL: training did not start"; tail "$work/c2.log"; exit 1; }
+pkill -INT -f "^$llmt train.*$work/c2"
+wait $job
+rc=$?
+echo "SIGINT to the ranks: exit $rc"
+[ $rc -eq 0 ] || { echo "FAIL: SIGINT should stop the run cleanly"; tail -20 "$work/c2.log"; exit 1; }
+ls "$work/c2" | grep -q '^checkpoint-[0-9]*$' || { echo "FAIL: no checkpoint after SIGINT"; exit 1; }
+
 # 4. SIGUSR1 while the data is still being tokenized (Slurm's warning can come that early): it used to
 #    kill every rank by signal 10; now the run stops before the first step, exit 0, nothing saved
 for _ in $(seq 5); do cat "$work/corpus.txt"; done > "$work/part.txt"
