@@ -64,6 +64,7 @@ Watchdog::Watchdog(double timeout_s, int rank, FailFn on_fail, double poll_s, Pe
   if (!peers_.dir.empty()) {  // "began nothing yet", before any collective
     write_record(peers_, rank_, 0, -1);
     recorded_seq_ = 0;
+    recorded_step_ = -1;
     recorded_at_ = std::chrono::steady_clock::now();
   }
   started_ = std::chrono::steady_clock::now();
@@ -82,6 +83,7 @@ void Watchdog::set_peers(PeerRecords peers) {
   if (!peers_.dir.empty()) {
     write_record(peers_, rank_, seq_, step_);
     recorded_seq_ = seq_;
+    recorded_step_ = step_;
     recorded_at_ = std::chrono::steady_clock::now();
   }
 }
@@ -255,13 +257,18 @@ void Watchdog::run() {
       ++it;
     }
     if (reason.empty()) {
-      if (!peers_.dir.empty() && seq_ != recorded_seq_ &&
-          std::chrono::duration<double>(now - recorded_at_).count() >= record_every_s_) {
+      // A new step is written at once (at most once a poll), other progress at most every
+      // record_every_s_: a rank stopped during step 3's save was quoted from a record of before the
+      // first step, written before steps 1-3 ran within one record interval.
+      const bool new_step = step_ != recorded_step_;
+      if (!peers_.dir.empty() && (new_step || (seq_ != recorded_seq_ &&
+                                               std::chrono::duration<double>(now - recorded_at_).count() >= record_every_s_))) {
         const uint64_t seq = seq_;
         const int64_t step = step_;
         const PeerRecords peers = peers_;
         const int rank = rank_;
         recorded_seq_ = seq;
+        recorded_step_ = step;
         recorded_at_ = now;
         writing_ = true;
         lock.unlock();  // file I/O must not hold up begin() and end()

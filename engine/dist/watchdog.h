@@ -23,8 +23,9 @@
 // Which ranks did not arrive: a rank cannot ask a stopped peer anything, so each rank leaves a
 // record of its progress where the others can read it: one small file per rank under
 // <output_dir>/.llmt-progress/<run id> (the output directory is on a file system every node shares, as
-// checkpoints need). The watchdog's thread rewrites it, at most every few seconds and only when
-// something changed, with the sequence number of the last collective this rank began. Every rank
+// checkpoints need). The watchdog's thread rewrites it with the sequence number of the last collective
+// this rank began and its step: at its next poll when the step changed, else at most every few seconds
+// and only when something changed. Every rank
 // issues the same collectives in the same order, so on a timeout the ranks whose record is below the
 // stuck collective's number are the ones that never reached it; the message names them with their
 // host and pid. A finished run removes its records; a crashed one leaves its folder, ignored by later runs.
@@ -108,6 +109,7 @@ class Watchdog {
   std::chrono::steady_clock::time_point resumed_at_;
   std::chrono::steady_clock::time_point started_;  // when the watchdog was made
   uint64_t recorded_seq_ = ~0ull;  // what our record last said
+  int64_t recorded_step_ = -1;
   std::chrono::steady_clock::time_point recorded_at_;
   bool writing_ = false;  // the thread is writing a record with mu_ released
   std::condition_variable written_;

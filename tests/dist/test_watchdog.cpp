@@ -266,6 +266,30 @@ TEST(WatchdogRecords, ARecordSaysWhatTheRankBeganAndAFinishedRunRemovesIt) {
   EXPECT_NE(stat(dir.c_str(), &st), 0) << "the empty records folder was left behind";
 }
 
+// A new step is in the record at the next poll, however soon after the last write: steps 1-3 ran
+// within one record interval (5 s), the rank was stopped in step 3's save, and the timeout quoted its
+// record of before the first step.
+TEST(WatchdogRecords, ANewStepIsRecordedAtTheNextPoll) {
+  llmt_test::TempDir tmp("watchdog");
+  const std::string& dir = tmp.path;
+  Failures f;
+  Watchdog w(20.0, 1, f.fn(), 0.02, records(dir, 2));  // records at most every 5 s
+  run_collectives(w, 9);
+  for (int step = 1; step <= 3; step++) {
+    w.set_step(step);
+    run_collectives(w, 4);
+  }
+  sleep_s(0.4);  // 20 polls, far from 5 s
+  std::ifstream in(peer_record_path(dir, 1));
+  std::stringstream text;
+  text << in.rdbuf();
+  PeerRecord r;
+  ASSERT_TRUE(parse_peer_record(text.str(), &r)) << text.str();
+  EXPECT_EQ(r.step, 3) << text.str();
+  EXPECT_EQ(r.seq, 21u) << text.str();
+  EXPECT_EQ(f.count(), 0u);
+}
+
 TEST(WatchdogRecords, RecordsAddedAfterTheStartSayWhatWasBegunAndGoWhenCleared) {
   // init_launch starts the watchdog before MPI_Init; the trainer adds the records later
   llmt_test::TempDir tmp("watchdog");
