@@ -50,6 +50,11 @@ done
 # plain: Open MPI itself fails on a CRLF line end or a UTF-8 byte-order mark.
 hosts=() host_slots=() host_lines=() normal=""
 declare -A host_line=()  # lower-cased name -> its line: host names ignore case, as Open MPI's do
+# This node's own names: mpirun takes localhost, 127.x.x.x, the host's names and its addresses for one
+# node, and two lines naming it failed in mpirun with "multiple definitions of the slot count".
+local_names=" localhost localhost.localdomain $(hostname 2> /dev/null) $(hostname -s 2> /dev/null) \
+$(timeout 2 hostname -f 2> /dev/null) $(hostname -I 2> /dev/null) "
+local_names=${local_names,,}
 needs_copy=0
 decimal() { [[ $2 =~ ^[0-9]{1,6}$ ]] || die "$where: $1=$2 is not a number of slots (decimal, at most 999999)"; }
 lineno=0
@@ -88,6 +93,12 @@ while IFS= read -r raw || [ -n "$raw" ]; do
     [ "$max_slots" -ge "$slots" ] || die "$where: max_slots=$max_slots is below slots=$slots"
   fi
   key=${host,,}
+  if [[ $key == 127.* || $local_names == *" $key "* ]]; then
+    [ -z "${host_line[@this-node]:-}" ] ||
+      die "$where: $host is this node, already on line ${host_line[@this-node]} as ${local_host}" \
+          "(localhost, 127.x.x.x and this host's names and addresses are one node to mpirun)"
+    key=@this-node local_host=$host
+  fi
   [ -z "${host_line[$key]:-}" ] ||
     die "$where: $host is already on line ${host_line[$key]} (one line per node; host names ignore case)"
   host_line[$key]=$lineno

@@ -121,6 +121,14 @@ expect_error "underscore in a host name" "underscore line 1: host 'n_1' has a ch
   -- run bash "$launch" --hostfile underscore --check
 printf 'n1 slots=2\nn2 slots=2\nN1 slots=2\n' > case
 expect_error "host names ignore case" "case line 3: N1 is already on line 1" -- run bash "$launch" --hostfile case --check
+# this node under two names (localhost and its host name, or 127.0.0.1): mpirun failed with "multiple
+# definitions of the slot count"
+printf 'localhost slots=2\n%s slots=2\n' "$(hostname)" > local2
+expect_error "this node twice" "local2 line 2: $(hostname) is this node, already on line 1 as localhost" \
+  -- run bash "$launch" --hostfile local2 --check
+printf 'n1 slots=2\nlocalhost slots=2\n127.0.0.1 slots=2\n' > loopback
+expect_error "localhost and 127.0.0.1" "loopback line 3: 127.0.0.1 is this node, already on line 2 as localhost" \
+  -- run bash "$launch" --hostfile loopback --check
 printf '\xef\xbb\xbfn1 slots=2\r\nn2 slots=2\r\n' > bom
 expect "UTF-8 BOM and CRLF" "bom: 2 host(s) x 2 slots = 4 ranks" -- run bash "$launch" --hostfile bom --check
 expect "a normalised copy goes to mpirun" \
