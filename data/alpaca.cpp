@@ -48,6 +48,13 @@ std::string alpaca_prompt(const AlpacaRecord& r) {
   return fill(r.input.empty() ? kAlpacaPromptNoInput : kAlpacaPromptInput, r);
 }
 
+// alpaca_prompt(r).size(), without making it
+static size_t alpaca_prompt_size(const AlpacaRecord& r) {
+  if (r.input.empty()) return std::strlen(kAlpacaPromptNoInput) - std::strlen("{instruction}") + r.instruction.size();
+  return std::strlen(kAlpacaPromptInput) - std::strlen("{instruction}") - std::strlen("{input}") + r.instruction.size() +
+         r.input.size();
+}
+
 // A short, one-line view of a record for error messages.
 static std::string snippet(const json& j) {
   std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -55,30 +62,32 @@ static std::string snippet(const json& j) {
   return s;
 }
 
-// `where` is "record 12" or "line 40 (record 39)".
-static AlpacaRecord to_record(const json& j, const DataArgs& f, const std::string& what, const std::string& where) {
+// `where` is "record 12" or "line 40 (record 39)". Once every field checked out, the strings are
+// moved out of j: a 50 MB field is not held twice.
+static AlpacaRecord to_record(json& j, const DataArgs& f, const std::string& what, const std::string& where) {
   LLMT_CHECK(j.is_object(), "%s: %s is a JSON %s, expected an object with \"%s\" and \"%s\" fields: %s", what.c_str(),
              where.c_str(), j.type_name(), f.instruction_field.c_str(), f.output_field.c_str(), snippet(j).c_str());
-  // The field's string; "" with *found = false when absent; null counts as absent only where allowed.
-  auto field = [&](const std::string& name, bool null_ok, bool* found) -> std::string {
+  // The field's string, or nullptr when absent; null counts as absent only where allowed.
+  auto field = [&](const std::string& name, bool null_ok) -> std::string* {
     auto it = j.find(name);
-    *found = it != j.end() && !(null_ok && it->is_null());
-    if (!*found) return "";
+    if (it == j.end() || (null_ok && it->is_null())) return nullptr;
     LLMT_CHECK(it->is_string(), "%s: %s: field \"%s\" is a JSON %s, expected a string: %s", what.c_str(),
                where.c_str(), name.c_str(), it->type_name(), snippet(j).c_str());
-    return it->get<std::string>();
+    return &it->get_ref<std::string&>();
   };
-  AlpacaRecord r;
-  bool found;
-  r.instruction = field(f.instruction_field, false, &found);
-  LLMT_CHECK(found, "%s: %s has no \"%s\" field: %s", what.c_str(), where.c_str(), f.instruction_field.c_str(),
+  std::string* instruction = field(f.instruction_field, false);
+  LLMT_CHECK(instruction, "%s: %s has no \"%s\" field: %s", what.c_str(), where.c_str(), f.instruction_field.c_str(),
              snippet(j).c_str());
-  r.input = field(f.input_field, true, &found);
-  if (!found && f.input_field == "input") r.input = field("context", true, &found);  // Dolly
-  r.output = field(f.output_field, false, &found);
-  if (!found && f.output_field == "output") r.output = field("response", false, &found);  // GPTeacher, Dolly
-  LLMT_CHECK(found, "%s: %s has no \"%s\" field%s: %s", what.c_str(), where.c_str(), f.output_field.c_str(),
+  std::string* input = field(f.input_field, true);
+  if (!input && f.input_field == "input") input = field("context", true);  // Dolly
+  std::string* output = field(f.output_field, false);
+  if (!output && f.output_field == "output") output = field("response", false);  // GPTeacher, Dolly
+  LLMT_CHECK(output, "%s: %s has no \"%s\" field%s: %s", what.c_str(), where.c_str(), f.output_field.c_str(),
              f.output_field == "output" ? " (nor \"response\")" : "", snippet(j).c_str());
+  AlpacaRecord r;
+  r.instruction = std::move(*instruction);
+  if (input) r.input = std::move(*input);
+  r.output = std::move(*output);
   return r;
 }
 
@@ -170,6 +179,14 @@ TokenDataset tokenize_alpaca(const std::vector<AlpacaRecord>& recs, const Tokeni
       const size_t M = (size_t)model_max_length;
       std::vector<int32_t>& p = prompt[(size_t)i];
       if (tok.adds_bos()) p.push_back(tok.bos_id());
+      // A prompt whose length alone makes it fill model_max_length (min_ids_for_bytes) is dropped
+      // below whatever its ids: it is neither made nor tokenized (a 50 MB instruction without spaces
+      // is one pre-tokenizer piece, merged whole: 1.3 GB). Its ids are never read.
+      if (p.size() + tok.min_ids_for_bytes(alpaca_prompt_size(recs[(size_t)i])) >= M) {
+        p.assign(M, -1);
+        target[(size_t)i] = {eos};
+        continue;
+      }
       std::vector<int32_t> body = tok.encode_prefix(alpaca_prompt(recs[(size_t)i]), M - std::min(M, p.size()));
       p.insert(p.end(), body.begin(), body.end());
       // t = the first M - |p| ids of the output, then EOS: when the output fills them the EOS is one

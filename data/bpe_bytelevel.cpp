@@ -131,6 +131,7 @@ class BpeTokenizer : public Tokenizer {
   explicit BpeTokenizer(BpeSpec spec);
   std::vector<int32_t> encode(std::string_view text) const override;
   std::vector<int32_t> encode_prefix(std::string_view text, size_t max_tokens) const override;
+  size_t min_ids_for_bytes(size_t bytes) const override { return bytes_per_id_ ? bytes / bytes_per_id_ : 0; }
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override;
   int vocab_size() const override { return (int)spec_.tokens.size(); }
   int bos_id() const override { return spec_.bos_id; }
@@ -173,6 +174,11 @@ class BpeTokenizer : public Tokenizer {
 
   BpeSpec spec_;
   uint64_t serial_;
+  // the most text bytes one id stands for (min_ids_for_bytes), 0 when unbounded: ids partition the
+  // (normalized) text into tokens, so the longest token bounds it; NFC shrinks text at most 3x (three
+  // Hangul jamo, 9 bytes, to one syllable of 3; 4 is used); an added token that strips whitespace
+  // around it, or a byte with no token and no unk (dropped), stands for any number of bytes
+  size_t bytes_per_id_ = 0;
   int32_t byte_id_[256];
   std::vector<PairSlot> pairs_;
   size_t pair_mask_ = 0;
@@ -232,6 +238,15 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec) : spec_(std::move(spec)), serial_(g_ser
     set.first[(uint8_t)a.content[0]] = true;
     set.by_len.push_back((int)k);
   }
+  size_t longest = 1;
+  bool unbounded = false;
+  for (const std::string& t : spec_.tokens) longest = std::max(longest, t.size());
+  for (const BpeAddedToken& a : spec_.added) {
+    longest = std::max(longest, a.content.size());
+    unbounded = unbounded || a.lstrip || a.rstrip;
+  }
+  for (int b = 0; b < 256; b++) unbounded = unbounded || (byte_id_[b] < 0 && spec_.unk_id < 0);
+  bytes_per_id_ = unbounded ? 0 : longest * (spec_.nfc ? 4 : 1);
   for (AddedSet& set : added_) {
     for (int b = 0; b < 256; b++)
       if (set.first[b]) set.only_first = set.only_first == -1 ? b : -2;

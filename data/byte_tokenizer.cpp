@@ -21,6 +21,7 @@ class ByteTokenizer : public Tokenizer {
     }
     return s;
   }
+  size_t min_ids_for_bytes(size_t bytes) const override { return bytes; }
   int vocab_size() const override { return 256; }
   int bos_id() const override { return -1; }
   int eos_id() const override { return -1; }

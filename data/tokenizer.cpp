@@ -179,6 +179,7 @@ class ConfiguredTokenizer : public Tokenizer {
   std::vector<int32_t> encode_prefix(std::string_view text, size_t max_tokens) const override {
     return inner_->encode_prefix(text, max_tokens);
   }
+  size_t min_ids_for_bytes(size_t bytes) const override { return inner_->min_ids_for_bytes(bytes); }
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
     return inner_->decode(ids, skip_special);
   }

@@ -32,6 +32,11 @@ class Tokenizer {
   // independently, so the ids before are the same), bounding the work and memory of a 50 MB text
   // that is cut at model_max_length anyway; other kinds encode the whole text and cut it.
   virtual std::vector<int32_t> encode_prefix(std::string_view text, size_t max_tokens) const;
+  // A lower bound on encode(text).size() for any text of `bytes` bytes (0 when none is known): the most
+  // bytes one id can stand for bounds it. A 50 MB instruction is then known to fill model_max_length
+  // without being tokenized. Byte-level BPE and bytes give one; SentencePiece (whose normalizer may
+  // fold a run of spaces into one piece) does not.
+  virtual size_t min_ids_for_bytes(size_t /*bytes*/) const { return 0; }
   // encode() plus the special tokens the tokenizer adds by default (add_special_tokens=True).
   std::vector<int32_t> encode_with_specials(std::string_view text) const;
 };
