@@ -393,6 +393,34 @@ TEST(ModelConfig, FieldsThatChangeTheModelAreReadOrRefusedByName) {
   EXPECT_NO_THROW(config_from_json_file(dir + "/mistral_ok.json"));
 }
 
+// Weight decay skips every bias and every norm weight, for every family, by what the tensor is: as
+// transformers' Trainer does since it matched norms by name (4.49, PR 35927). transformers 4.44
+// decided by the norm's class, and its list lacked Qwen2RMSNorm and MistralRMSNorm, so it decayed
+// those two families' norm weights (README, Status).
+TEST(ModelConfig, WeightDecaySkipsBiasesAndNormWeightsOfEveryFamily) {
+  for (const char* type : {"gpt2", "llama", "mistral", "qwen2"}) {
+    nlohmann::json j = std::string(type) == "gpt2"
+                           ? nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", 16}, {"n_layer", 2}, {"n_head", 2},
+                                            {"n_embd", 8}, {"n_positions", 16}, {"tie_word_embeddings", false}}
+                           : nlohmann::json{{"model_type", type}, {"vocab_size", 16}, {"hidden_size", 8},
+                                            {"intermediate_size", 12}, {"num_hidden_layers", 2},
+                                            {"num_attention_heads", 2}, {"num_key_value_heads", 1}};
+    if (std::string(type) == "llama") j["attention_bias"] = j["mlp_bias"] = true;
+    const ModelLayout L = make_layout(config_from_json(j, type));
+    int decayed = 0, kept = 0;
+    for (const UnitLayout& u : L.units)
+      for (const ParamSpec& p : u.params) {
+        const std::string& n = p.hf_name;
+        const bool norm_or_bias = n.find("norm") != std::string::npos || n.find("ln_") != std::string::npos ||
+                                  (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0);
+        EXPECT_EQ(p.decay, !norm_or_bias) << type << " " << n;
+        (p.decay ? decayed : kept)++;
+      }
+    EXPECT_GT(decayed, 0) << type;
+    EXPECT_GT(kept, 0) << type;
+  }
+}
+
 TEST(ModelConfig, PresetsMatchPublishedParameterCounts) {
   // Published sizes: GPT-2 124M / 355M / 774M / 1.5B (tied head), LLaMA-7B 6.74B, LLaMA-13B 13.0B.
   auto count = [](const char* name) { return (double)make_layout(config_from_preset(name)).total_numel; };
