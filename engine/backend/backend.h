@@ -140,6 +140,14 @@ class Backend {
     return false;
   }
 
+  // ---- parameters held unchanged ----
+  // A store says that `params` (a unit's parameters in the compute dtype) will not change until
+  // params_released(params.data): meanwhile a backend may keep what it derives from them. The CPU
+  // keeps the fp32 copy of each bf16 weight that its widened matmuls make (bf16_matmul_choice.h), so
+  // a weight is widened once per gathered unit, not at every matmul. Nothing, by default.
+  virtual void params_held(const Tensor& params) { (void)params; }
+  virtual void params_released(const void* data) { (void)data; }
+
   // ---- counters and op profiling (llmt bench) ----
   virtual BackendCounters counters() const { return counters_; }
   // While on, every op waits for the stream before and after it and adds its milliseconds to its

@@ -97,8 +97,10 @@ FsdpStore::FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, 
 }
 
 FsdpStore::~FsdpStore() {
-  for (auto& u : units_)
+  for (auto& u : units_) {
+    unhold(u);
     if (u.pending) u.pending->wait_host();
+  }
   if (pending_reduce_) pending_reduce_->wait_host();
   be_.synchronize();
   for (auto& u : units_) {
@@ -143,6 +145,19 @@ double FsdpStore::comm_bytes() const {
   return shard_comm_->stats().total() + (replica_comm_ ? replica_comm_->stats().total() : 0.0);
 }
 
+void FsdpStore::hold(Unit& u, const Tensor& params) {
+  if (u.held == params.data) return;
+  unhold(u);
+  be_.params_held(params);
+  u.held = params.data;
+}
+
+void FsdpStore::unhold(Unit& u) {
+  if (!u.held) return;
+  be_.params_released(u.held);
+  u.held = nullptr;
+}
+
 void FsdpStore::start_gather(Unit& u) {
   u.gathered = take_buffer(compute_, u.padded);
   u.pending = shard_comm_->all_gather_async(u.compute.data, u.gathered.data, u.shard, compute_);
@@ -150,12 +165,16 @@ void FsdpStore::start_gather(Unit& u) {
 
 Tensor FsdpStore::acquire(int unit) {
   Unit& u = units_[unit];
-  if (groups_.shard_size == 1) return u.compute;  // the shard is the whole unit
+  if (groups_.shard_size == 1) {  // the shard is the whole unit
+    hold(u, u.compute);
+    return u.compute;
+  }
   if (!u.gathered.data) start_gather(u);
   if (u.pending) {
     u.pending->wait();
     u.pending.reset();
   }
+  hold(u, u.gathered);
   return u.gathered;
 }
 
@@ -171,6 +190,7 @@ void FsdpStore::release(int unit) {
   Unit& u = units_[unit];
   if (!u.gathered.data) return;
   if (u.pending) u.pending->wait(), u.pending.reset();
+  unhold(u);
   give_buffer(u.gathered);
 }
 
@@ -187,7 +207,10 @@ Tensor FsdpStore::grads(int unit) {
 void FsdpStore::grads_done(int unit) {
   finish_reduce();
   Unit& u = units_[unit];
-  if (strategy_ == Strategy::shard_grad_op && u.gathered.data) give_buffer(u.gathered);  // backward is done with them
+  if (strategy_ == Strategy::shard_grad_op && u.gathered.data) {  // backward is done with them
+    unhold(u);
+    give_buffer(u.gathered);
+  }
   Tensor full = u.full_grad;
   u.full_grad = Tensor();  // a later backward of this unit (next micro-batch) gets a fresh buffer
   if (!full.data || full.data == u.grad.data) return;
@@ -240,6 +263,7 @@ void FsdpStore::optimizer_step(float lr, const AdamWConfig& cfg, float grad_scal
   t_++;
   for (size_t i = 0; i < units_.size(); i++) {
     Unit& u = units_[i];
+    unhold(u);  // the compute copy changes
     if (u.hi <= u.lo) continue;  // this rank's shard is all padding
     Tensor compute = u.compute.data != u.master.data ? u.compute : Tensor();
     adamw_step_range(be_, layout_.units[i], u.lo, u.hi, u.master, compute, u.grad, u.m, u.v, lr, cfg, t_, grad_scale);
@@ -248,14 +272,17 @@ void FsdpStore::optimizer_step(float lr, const AdamWConfig& cfg, float grad_scal
 
 void FsdpStore::set_unit(int unit, const float* full_host) {
   Unit& u = units_[unit];
+  unhold(u);
   be_.zero(u.master.data, u.master.nbytes());
   if (u.hi > u.lo) be_.copy_from_host(u.master.data, full_host + u.lo, sizeof(float) * (size_t)(u.hi - u.lo));
   if (u.compute.data != u.master.data) be_.convert(u.compute, u.master, u.shard);
 }
 
 void FsdpStore::masters_changed() {
-  for (auto& u : units_)
+  for (auto& u : units_) {
+    unhold(u);
     if (u.compute.data != u.master.data) be_.convert(u.compute, u.master, u.shard);
+  }
 }
 
 void FsdpStore::get_unit(int unit, float* full_host) {

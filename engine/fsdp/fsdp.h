@@ -109,6 +109,7 @@ class FsdpStore : public UnitStore {
     Tensor gathered;                       // [padded] compute dtype, full parameters while in use
     std::unique_ptr<CommRequest> pending;  // a prefetch in flight into `gathered`
     Tensor full_grad;                      // [padded] f32, the full gradient during backward
+    const void* held = nullptr;            // the parameters the backend was told are unchanged (hold)
   };
   // A pooled buffer: reused by size, never before the event of its last use.
   struct Pooled {
@@ -120,6 +121,10 @@ class FsdpStore : public UnitStore {
   void give_buffer(Tensor& buf);
   void start_gather(Unit& u);
   void finish_reduce();
+  // Backend::params_held from acquire until the gathered buffer goes back to the pool, or, where the
+  // unit is the compute copy itself (a shard group of one), until the optimizer or a load writes it.
+  void hold(Unit& u, const Tensor& params);
+  void unhold(Unit& u);
 
   Backend& be_;
   const ParamLayout& layout_;

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <vector>
@@ -195,38 +196,94 @@ class CpuBackend : public Backend {
     stream_.wait();
   }
   // bf16 a, b (and bias) widened to fp32, the fp32 matmul, a bf16 out rounded once: the bf16
-  // primitive's arithmetic (exact products, fp32 sums), in another order
+  // primitive's arithmetic (exact products, fp32 sums), in another order. An operand inside parameters
+  // a store holds (a weight) is widened once, at its first use, and its copy kept until they are
+  // released: widened again at every use (forward, backward, recompute, each micro-batch), GPT-2's
+  // weights made --bf16 slower than fp32 on a CPU without bf16 instructions.
   void matmul_widened(Tensor out, Tensor a, Tensor b, Tensor bias, int64_t M, int64_t N, int64_t K, bool trans_a,
                       bool trans_b, bool accumulate) {
     const bool round_out = out.dtype == DType::bf16;
-    wa_.resize((size_t)(M * K));
-    wb_.resize((size_t)(K * N));
-    wbias_.resize(bias.data ? (size_t)N : 0);
-    wout_.resize(round_out ? (size_t)(M * N) : 0);
-    // every operand in one parallel region: a region's start and end cost more than a small conversion
-    const uint16_t *pa = (const uint16_t*)a.data, *pb = (const uint16_t*)b.data, *pbias = (const uint16_t*)bias.data,
-                   *pout = (const uint16_t*)out.data;
-#pragma omp parallel num_threads(nthreads_)
-    {
-#pragma omp for nowait
-      for (int64_t i = 0; i < M * K; i++) wa_[(size_t)i] = bf16_to_f32(pa[i]);
-#pragma omp for nowait
-      for (int64_t i = 0; i < K * N; i++) wb_[(size_t)i] = bf16_to_f32(pb[i]);
-      if (pbias) {
-#pragma omp for nowait
-        for (int64_t i = 0; i < N; i++) wbias_[(size_t)i] = bf16_to_f32(pbias[i]);
+    struct Widen {
+      const uint16_t* src;
+      float* dst;
+      int64_t n;
+    } todo[4];
+    int count = 0;
+    // t's fp32 copy: a held weight's own (to be made when new), else this call's scratch
+    auto place = [&](const Tensor& t, int64_t n, std::vector<float>& scratch) -> float* {
+      if (!t.data) return nullptr;
+      bool made = false;
+      float* w = held_copy(t.data, n, &made);
+      if (!w) {
+        scratch.resize((size_t)n);
+        w = scratch.data();
+        made = true;
       }
-      if (round_out && accumulate) {
-#pragma omp for nowait
-        for (int64_t i = 0; i < M * N; i++) wout_[(size_t)i] = bf16_to_f32(pout[i]);
-      }
+      if (made) todo[count++] = {(const uint16_t*)t.data, w, n};
+      return w;
+    };
+    float* wa = place(a, M * K, wa_);
+    float* wb = place(b, K * N, wb_);
+    float* wbias = place(bias, N, wbias_);
+    float* wout = nullptr;
+    if (round_out) {
+      wout_.resize((size_t)(M * N));
+      wout = wout_.data();
+      if (accumulate) todo[count++] = {(const uint16_t*)out.data, wout, M * N};
     }
-    Tensor wa(wa_.data(), DType::f32, {M * K}), wb(wb_.data(), DType::f32, {K * N});
-    Tensor wbias = bias.data ? Tensor(wbias_.data(), DType::f32, {N}) : Tensor();
-    if (!round_out) return matmul_native(out, wa, wb, wbias, M, N, K, trans_a, trans_b, accumulate);
-    Tensor wout(wout_.data(), DType::f32, {M * N});
-    matmul_native(wout, wa, wb, wbias, M, N, K, trans_a, trans_b, accumulate);
-    convert_impl(out, wout, M * N);
+    // every conversion in one parallel region: a region's start and end cost more than a small one
+#pragma omp parallel num_threads(nthreads_) if (count > 0)
+    for (int k = 0; k < count; k++) {
+#pragma omp for nowait
+      for (int64_t i = 0; i < todo[k].n; i++) todo[k].dst[i] = bf16_to_f32(todo[k].src[i]);
+    }
+    Tensor ta(wa, DType::f32, {M * K}), tb(wb, DType::f32, {K * N});
+    Tensor tbias = wbias ? Tensor(wbias, DType::f32, {N}) : Tensor();
+    if (!round_out) return matmul_native(out, ta, tb, tbias, M, N, K, trans_a, trans_b, accumulate);
+    Tensor tout(wout, DType::f32, {M * N});
+    matmul_native(tout, ta, tb, tbias, M, N, K, trans_a, trans_b, accumulate);
+    convert_impl(out, tout, M * N);
+  }
+  // Parameters a store holds unchanged (params_held .. params_released), bf16 only, with the fp32
+  // copies widened matmuls made of the tensors inside them, by address and length. A released copy's
+  // memory is kept for the next one of its length (the same weight after the next optimizer step):
+  // fresh pages every step cost more than the widening saved.
+  struct HeldParams {
+    const char* begin = nullptr;
+    size_t bytes = 0;
+    std::map<std::pair<const void*, int64_t>, std::unique_ptr<float[]>> widened;
+  };
+  void params_held(const Tensor& params) override {
+    if (params.dtype == DType::bf16 && params.data) held_.push_back({(const char*)params.data, params.nbytes(), {}});
+  }
+  void params_released(const void* data) override {
+    for (size_t i = 0; i < held_.size(); i++) {
+      if (held_[i].begin != data) continue;
+      for (auto& [key, copy] : held_[i].widened) spare_.emplace(key.second, std::move(copy));
+      held_.erase(held_.begin() + (long)i);
+      return;
+    }
+  }
+  // The fp32 copy of the n bf16 values at p when they lie inside held parameters (*made: new, to be
+  // filled by the caller), else nullptr.
+  float* held_copy(const void* p, int64_t n, bool* made) {
+    const char* c = (const char*)p;
+    for (HeldParams& h : held_) {
+      if (c < h.begin || c + 2 * n > h.begin + h.bytes) continue;
+      std::unique_ptr<float[]>& w = h.widened[{p, n}];
+      *made = !w;
+      if (!w) {
+        auto spare = spare_.find(n);
+        if (spare == spare_.end()) {
+          w.reset(new float[(size_t)n]);
+        } else {
+          w = std::move(spare->second);
+          spare_.erase(spare);
+        }
+      }
+      return w.get();
+    }
+    return nullptr;
   }
   // The kernel for a bf16 matmul (kernels/cpu/bf16_matmul_choice.h): timed per shape class on
   // first sight, or cached, or forced; fp32 where oneDNN has no bf16 kernel for this CPU.
@@ -1046,6 +1103,8 @@ class CpuBackend : public Backend {
   dnnl::stream stream_;
   std::map<MatmulKey, Matmul> matmuls_;
   std::vector<float> wa_, wb_, wbias_, wout_;  // fp32 copies of bf16 operands when widened
+  std::vector<HeldParams> held_;               // and of the weights in held parameters
+  std::multimap<int64_t, std::unique_ptr<float[]>> spare_;  // released copies' memory, by length
   bool has_bf16_kernel_ = false;
   std::unique_ptr<Bf16MatmulChoice> bf16_choice_;  // bf16 compute only
 };
