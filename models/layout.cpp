@@ -47,21 +47,21 @@ ModelLayout make_layout(const ModelConfig& c) {
       std::string p = "model.layers." + std::to_string(l) + ".";
       b.ln1_w = u.add(p + "input_layernorm.weight", {C}, false);
       b.qkv_w = u.add(p + "self_attn.q_proj.weight", {q_dim, C}, true);
-      u.add(p + "self_attn.k_proj.weight", {kv_dim, C}, true);  // follows q: one fused [q|k|v] matrix
-      u.add(p + "self_attn.v_proj.weight", {kv_dim, C}, true);
+      u.extend(p + "self_attn.k_proj.weight", {kv_dim, C}, true);  // follows q: one fused [q|k|v] matrix
+      u.extend(p + "self_attn.v_proj.weight", {kv_dim, C}, true);
       if (c.qkv_bias) {  // likewise one fused [q|k|v] bias
         b.qkv_b = u.add(p + "self_attn.q_proj.bias", {q_dim}, false);
-        u.add(p + "self_attn.k_proj.bias", {kv_dim}, false);
-        u.add(p + "self_attn.v_proj.bias", {kv_dim}, false);
+        u.extend(p + "self_attn.k_proj.bias", {kv_dim}, false);
+        u.extend(p + "self_attn.v_proj.bias", {kv_dim}, false);
       }
       b.attn_proj_w = u.add(p + "self_attn.o_proj.weight", {C, q_dim}, true);
       if (c.o_bias) b.attn_proj_b = u.add(p + "self_attn.o_proj.bias", {C}, false);
       b.ln2_w = u.add(p + "post_attention_layernorm.weight", {C}, false);
       b.mlp_in_w = u.add(p + "mlp.gate_proj.weight", {F, C}, true);
-      u.add(p + "mlp.up_proj.weight", {F, C}, true);  // follows gate: one fused [gate|up] matrix
+      u.extend(p + "mlp.up_proj.weight", {F, C}, true);  // follows gate: one fused [gate|up] matrix
       if (c.mlp_bias) {
         b.mlp_in_b = u.add(p + "mlp.gate_proj.bias", {F}, false);
-        u.add(p + "mlp.up_proj.bias", {F}, false);
+        u.extend(p + "mlp.up_proj.bias", {F}, false);
       }
       b.mlp_out_w = u.add(p + "mlp.down_proj.weight", {C, F}, true);
       if (c.mlp_bias) b.mlp_out_b = u.add(p + "mlp.down_proj.bias", {C}, false);
@@ -70,7 +70,8 @@ ModelLayout make_layout(const ModelConfig& c) {
     L.units.push_back(u);
   }
 
-  for (auto& u : L.units) L.total_numel += u.numel;
+  for (auto& u : L.units)
+    for (auto& p : u.params) L.total_numel += p.numel();
   // Matmul weights: every block matrix, plus the LM head once (the embedding lookup is no matmul).
   for (size_t i = 1; i < L.units.size(); i++)
     for (auto& p : L.units[i].params)

@@ -7,8 +7,10 @@ namespace llmt {
 void adamw_step_range(Backend& be, const UnitLayout& unit, int64_t lo, int64_t hi, Tensor p, Tensor p_compute, Tensor g,
                       Tensor m, Tensor v, float lr, const AdamWConfig& cfg, int t, float grad_scale) {
   // One call for the tensors overlapping the range, their decay as spans (one launch per shard on a
-  // GPU, where a call per tensor was ~150 launches a GPT-2 step); a new call where the tensors leave a
-  // gap or the spans would overflow a call's.
+  // GPU, where a call per tensor was ~150 launches a GPT-2 step); a new call where the spans would
+  // overflow a call's. The alignment gaps between a unit's tensors (kParamAlign) ride along: they
+  // hold zeros with zero gradients, which AdamW leaves zero, decayed or not, so a decaying tensor's
+  // span runs on over the gap to the next decaying one.
   int64_t first = -1, last = -1;  // the current call's elements, relative to lo
   DecaySpans spans;
   auto flush = [&] {
@@ -24,8 +26,8 @@ void adamw_step_range(Backend& be, const UnitLayout& unit, int64_t lo, int64_t h
   for (const ParamSpec& s : unit.params) {
     const int64_t a = std::max(lo, s.offset) - lo, b = std::min(hi, s.offset + s.numel()) - lo;
     if (a >= b) continue;
-    bool extends_span = s.decay && spans.count > 0 && spans.end[spans.count - 1] == a;
-    if (first >= 0 && (a != last || (s.decay && !extends_span && spans.count == DecaySpans::kMax))) {
+    bool extends_span = s.decay && spans.count > 0 && spans.end[spans.count - 1] == last;
+    if (first >= 0 && s.decay && !extends_span && spans.count == DecaySpans::kMax) {
       flush();
       extends_span = false;
     }

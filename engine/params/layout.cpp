@@ -14,6 +14,11 @@ std::vector<int64_t> ParamSpec::hf_shape() const {
 }
 
 int64_t UnitLayout::add(const std::string& hf_name, std::vector<int64_t> shape, bool decay, bool hf_transposed) {
+  numel = (numel + kParamAlign - 1) / kParamAlign * kParamAlign;
+  return extend(hf_name, std::move(shape), decay, hf_transposed);
+}
+
+int64_t UnitLayout::extend(const std::string& hf_name, std::vector<int64_t> shape, bool decay, bool hf_transposed) {
   ParamSpec p;
   p.hf_name = hf_name;
   p.offset = numel;

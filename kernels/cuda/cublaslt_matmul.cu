@@ -99,6 +99,17 @@ LtMatmul::Plan* LtMatmul::plan_for(const Key& key) {
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab_t, trans_a ? M : K, trans_a ? K : M, ld_a));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, out_t, N, M, ld_out));
 
+  // The search reads the bias and aux pointers for their alignment (cublasLt.h), and one left unset
+  // counts as fully aligned: the algorithm it then picks fails at launch on a misaligned buffer. Every
+  // call through this plan has each pointer at least `align`-aligned (the key), so the search is shown
+  // addresses of exactly that alignment; launch() sets the real ones.
+  const void* at_align = reinterpret_cast<const void*>((uintptr_t)align);
+  if (has_bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &at_align,
+                                                sizeof(at_align)));
+  if ((LtEpilogue)epilogue != LtEpilogue::none)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &at_align,
+                                                sizeof(at_align)));
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const uint32_t al = (uint32_t)align;

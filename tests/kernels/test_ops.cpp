@@ -370,6 +370,34 @@ TEST_P(Ops, MatmulGeluEqualsMatmulThenGelu) {
     }
 }
 
+// Operands, a bias and GELU's aux buffer one element past their buffers' starts (off 16-byte
+// alignment): every backend computes them, and cuBLASLt must choose its algorithm for the alignment it
+// is given (cublaslt_matmul.cu shows the search the bias and aux pointers' alignment), not fail at
+// launch, as its stand-in does when an algorithm assumed more alignment than a pointer has.
+TEST_P(Ops, MatmulWithOperandsOffAlignment) {
+  std::mt19937 rng(19);
+  const int64_t M = 6, N = 16, K = 8;
+  FV a = rand_act(rng, M * K + 1), b = rand_act(rng, N * K + 1), bias = rand_act(rng, N + 1);
+  BufP A = Buf::act(a), Bm = Buf::act(b), Bias = Buf::act(bias), Out = Buf::act_bytes(M * N + 1),
+       Pre = Buf::act_bytes(M * N + 1);
+  auto off = [](const Buf& buf, std::initializer_list<int64_t> dims) {  // a view one element in
+    Tensor t = buf.a(dims);
+    t.data = (char*)t.data + llmt::dtype_size(t.dtype);
+    return t;
+  };
+  const FV a1(a.begin() + 1, a.end()), b1(b.begin() + 1, b.end()), bias1(bias.begin() + 1, bias.end());
+  DV want, bd = to_d(bias1);
+  llmt_ref::matmul(want, to_d(a1), to_d(b1), &bd, M, N, K, false, true, false);
+  be().matmul(off(*Out, {M, N}), off(*A, {M, K}), off(*Bm, {N, K}), off(*Bias, {N}), M, N, K, false, true, false);
+  FV got = Out->rf();
+  EXPECT_TRUE(Close(FV(got.begin() + 1, got.end()), want, fwd_tol())) << "matmul with a bias";
+  be().matmul_gelu(off(*Out, {M, N}), off(*Pre, {M, N}), off(*A, {M, K}), off(*Bm, {N, K}), off(*Bias, {N}), M, N, K);
+  got = Pre->rf();
+  EXPECT_TRUE(Close(FV(got.begin() + 1, got.end()), want, fwd_tol())) << "matmul_gelu's pre";
+  got = Out->rf();
+  EXPECT_TRUE(Close(FV(got.begin() + 1, got.end()), llmt_ref::gelu(want), fwd_tol())) << "matmul_gelu's out";
+}
+
 // dpre = (dout b) * gelu'(pre), with gelu' by central differences of the double GELU.
 TEST_P(Ops, MatmulDgeluEqualsMatmulThenGeluBackward) {
   std::mt19937 rng(15);

@@ -421,6 +421,41 @@ TEST(ModelConfig, WeightDecaySkipsBiasesAndNormWeightsOfEveryFamily) {
   }
 }
 
+// Every tensor of a unit starts 16-byte aligned (kParamAlign elements), but for the parts of one
+// fused matrix, which follow each other with no gap; the gaps hold no parameter, so total_numel is
+// the parameters alone. Shapes whose sizes are not multiples of 8 (7 heads of 6, vocabulary 17, GQA
+// with biases) so that gaps appear.
+TEST(ModelConfig, EveryTensorStartsAlignedAndTheFusedPartsFollowEachOther) {
+  for (const char* type : {"gpt2", "llama"}) {
+    nlohmann::json j = std::string(type) == "gpt2"
+                           ? nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", 17}, {"n_layer", 2}, {"n_head", 7},
+                                            {"n_embd", 42}, {"n_positions", 9}, {"tie_word_embeddings", false}}
+                           : nlohmann::json{{"model_type", type}, {"vocab_size", 17}, {"hidden_size", 42},
+                                            {"intermediate_size", 13}, {"num_hidden_layers", 2},
+                                            {"num_attention_heads", 7}, {"num_key_value_heads", 1},
+                                            {"attention_bias", true}, {"mlp_bias", true}};
+    const ModelLayout L = make_layout(config_from_json(j, type));
+    int64_t params = 0, gaps = 0;
+    for (const UnitLayout& u : L.units) {
+      int64_t end = 0;
+      for (const ParamSpec& p : u.params) {
+        const std::string& n = p.hf_name;
+        const bool fused_part = n.find("k_proj") != std::string::npos || n.find("v_proj") != std::string::npos ||
+                                n.find("up_proj") != std::string::npos;
+        if (fused_part) EXPECT_EQ(p.offset, end) << type << " " << n << " follows the part before it";
+        else EXPECT_EQ(p.offset % kParamAlign, 0) << type << " " << n << " at " << p.offset;
+        EXPECT_GE(p.offset, end) << type << " " << n << " overlaps";
+        gaps += p.offset - end;
+        end = p.offset + p.numel();
+        params += p.numel();
+      }
+      EXPECT_EQ(u.numel, end) << type << " " << u.name;
+    }
+    EXPECT_EQ(L.total_numel, params) << type;
+    EXPECT_GT(gaps, 0) << type << ": the shape was meant to leave gaps";
+  }
+}
+
 TEST(ModelConfig, PresetsMatchPublishedParameterCounts) {
   // Published sizes: GPT-2 124M / 355M / 774M / 1.5B (tied head), LLaMA-7B 6.74B, LLaMA-13B 13.0B.
   auto count = [](const char* name) { return (double)make_layout(config_from_preset(name)).total_numel; };

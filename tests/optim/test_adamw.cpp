@@ -30,12 +30,15 @@ struct State {
   std::vector<float> p, g, m, v;
 };
 
-State random_state(int64_t n, uint32_t seed) {
+// Random values in every tensor of u; the alignment gaps between them zero, as a store keeps them.
+State random_state(const UnitLayout& u, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(-1.f, 1.f);
+  const int64_t n = u.numel;
   State s{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
-  for (int64_t i = 0; i < n; i++)
-    s.p[i] = d(rng), s.g[i] = d(rng), s.m[i] = 0.1f * d(rng), s.v[i] = 0.01f * (1 + d(rng));
+  for (const ParamSpec& p : u.params)
+    for (int64_t i = p.offset; i < p.offset + p.numel(); i++)
+      s.p[i] = d(rng), s.g[i] = d(rng), s.m[i] = 0.1f * d(rng), s.v[i] = 0.01f * (1 + d(rng));
   return s;
 }
 
@@ -61,7 +64,7 @@ TEST(AdamWStepRange, OneCallPerShardEqualsACallPerTensorBitForBit) {
       {0, u.numel}, {0, u.numel / 2}, {u.numel / 2, u.numel}, {u.numel / 3, 2 * u.numel / 3}, {20, 30}};
   for (auto [lo, hi] : ranges) {
     SCOPED_TRACE(::testing::Message() << "range [" << lo << ", " << hi << ")");
-    State want = random_state(u.numel, 5), got = want;
+    State want = random_state(u, 5), got = want;
     for (int t = 1; t <= 3; t++) {
       per_tensor(*be, u, lo, hi, want, c, t);
       const int64_t ops = be->counters().ops;
@@ -85,12 +88,15 @@ TEST(AdamWStepRange, MoreDecaySpansThanACallTakesAreSplitIntoCalls) {
   auto be = make_cpu_backend(1);
   AdamWConfig c;
   c.weight_decay = 0.5f;
-  State want = random_state(u.numel, 6), got = want;
+  State want = random_state(u, 6), got = want;
   per_tensor(*be, u, 0, u.numel, want, c, 1);
   const int64_t ops = be->counters().ops;
   adamw_step_range(*be, u, 0, u.numel, f32(got.p, 0, u.numel), Tensor(), f32(got.g, 0, u.numel),
                    f32(got.m, 0, u.numel), f32(got.v, 0, u.numel), 1e-2f, c, 1, 0.5f);
   EXPECT_EQ(be->counters().ops - ops, 2) << "16 spans, then 4";
+  ASSERT_EQ(u.params[1].offset + 4 + 4, u.params[2].offset) << "a 4-element gap after each bias, inside the calls";
+  for (int i = 0; i < 19; i++)
+    for (int k = 4; k < 8; k++) EXPECT_EQ(got.p[(size_t)(u.params[2 * i + 1].offset + k)], 0.0f) << "a gap stays zero";
   EXPECT_EQ(got.p, want.p);
   EXPECT_EQ(got.m, want.m);
   EXPECT_EQ(got.v, want.v);

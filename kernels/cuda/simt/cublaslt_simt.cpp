@@ -2,6 +2,7 @@
 // semantics it implements and what it cannot show).
 #include "kernels/cuda/simt/cublaslt_simt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -31,6 +32,7 @@ struct cublasLtMatrixLayoutOpaque_t {
 
 struct cublasLtMatmulPreferenceOpaque_t {
   size_t max_workspace = 0;
+  uint32_t min_alignment[4] = {256, 256, 256, 256};  // A, B, C, D: cuBLASLt's default, full alignment
 };
 
 namespace {
@@ -44,6 +46,14 @@ cublasStatus_t refuse(cublasStatus_t st, const char* why) {
 }
 
 bool known_type(int t) { return t == CUDA_R_32F || t == CUDA_R_16BF; }
+
+// The largest power of two up to 256 dividing the address (nullptr: 256, "full alignment").
+int alignment_of(const void* p) {
+  const uintptr_t u = (uintptr_t)p;
+  int a = 256;
+  while (u && a > 1 && u % a) a /= 2;
+  return a;
+}
 
 float load(const void* p, int type, int64_t i) {
   return type == CUDA_R_32F ? ((const float*)p)[i] : llmt::bf16_to_f32(((const uint16_t*)p)[i]);
@@ -193,7 +203,14 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     return CUBLAS_STATUS_SUCCESS;
   }
   if (bytes != sizeof(uint32_t)) return refuse(CUBLAS_STATUS_INVALID_VALUE, "an alignment is a uint32_t");
-  return CUBLAS_STATUS_SUCCESS;  // any alignment: the stand-in's one algorithm needs none
+  const int which = attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES   ? 0
+                    : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES ? 1
+                    : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES ? 2
+                    : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES ? 3
+                                                                         : -1;
+  if (which < 0) return refuse(CUBLAS_STATUS_INVALID_VALUE, "PreferenceSetAttribute: an attribute the stand-in lacks");
+  std::memcpy(&pref->min_alignment[which], buf, bytes);
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
@@ -210,6 +227,12 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   t_quiet = false;
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   std::memset(&results[0], 0, sizeof(results[0]));
+  // The algorithm assumes the alignments it was asked for: A-D from the preference, the bias and aux
+  // buffers from their pointers' values in the descriptor (cublasLt.h: the search reads those
+  // pointers for their alignment; unset, full alignment). A kernel needs at most 16 bytes of it.
+  for (int i = 0; i < 4; i++) results[0].algo.data[i] = std::min<uint32_t>(pref->min_alignment[i], 16);
+  results[0].algo.data[4] = std::min(alignment_of(desc->bias), 16);
+  results[0].algo.data[5] = std::min(alignment_of(desc->aux), 16);
   results[0].state = CUBLAS_STATUS_SUCCESS;
   results[0].wavesCount = 1.0f;
   *returned = 1;
@@ -233,6 +256,18 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const bool bias = has_bias(e), aux_out = writes_aux(e), gelu_out = applies_gelu(e), dgelu = e == CUBLASLT_EPILOGUE_DGELU;
   if (bias && !desc->bias) return refuse(CUBLAS_STATUS_INVALID_VALUE, "Matmul: a bias epilogue with no BIAS_POINTER");
   if ((aux_out || dgelu) && !desc->aux) return refuse(CUBLAS_STATUS_INVALID_VALUE, "Matmul: a GELU aux epilogue with no AUX_POINTER");
+  // the pointers must be as aligned as the algorithm assumed (cuBLASLt's kernels use vector loads):
+  // on a GPU a misaligned one fails the launch rather than falling back to a slower algorithm
+  const void* given[6] = {A, B, C ? C : D, D, bias ? desc->bias : nullptr, aux_out || dgelu ? desc->aux : nullptr};
+  const char* names[6] = {"A", "B", "C", "D", "the bias", "the GELU aux buffer"};
+  for (int i = 0; i < 6; i++)
+    if (given[i] && (uint64_t)alignment_of(given[i]) < algo->data[i]) {
+      char why[200];
+      std::snprintf(why, sizeof(why), "Matmul: %s at %p is %d-byte aligned; the algorithm was chosen for %d (set its "
+                    "pointer or alignment before the heuristic)", names[i], given[i], alignment_of(given[i]),
+                    (int)algo->data[i]);
+      return refuse(CUBLAS_STATUS_NOT_SUPPORTED, why);
+    }
   const int bias_type = desc->bias_type >= 0 ? desc->bias_type : d->type;
   const int aux_type = desc->aux_type >= 0 ? desc->aux_type : d->type;
   if (!known_type(bias_type) || !known_type(aux_type)) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "Matmul: a bias or aux type other than f32 and bf16");
