@@ -210,12 +210,15 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
 
   std::vector<double> ms;
   double comm_per_step = 0.0;
+  int64_t step_syncs = 0;  // host syncs inside train_step itself, not the timing's synchronize below
   auto timed_step = [&](int it) {
     world.barrier();
     double comm0 = store.comm_bytes() + data->stats().total();
     auto t0 = std::chrono::steady_clock::now();
     ss.step = it;
+    const int64_t syncs0 = be.counters().host_syncs;
     StepResult r = train_step(model, store, world, *data, scalars, micro, ss);
+    if (it >= a.warmup) step_syncs += be.counters().host_syncs - syncs0;
     be.synchronize();
     double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     comm_per_step = store.comm_bytes() + data->stats().total() - comm0;
@@ -233,6 +236,7 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
   // one more step with every op timed on its own: where the step's time goes (the time outside the
   // ops is communication and host work)
   const BackendCounters after = be.counters();
+  const int64_t measured_step_syncs = step_syncs;
   be.profile_ops(true);
   double profiled_ms = timed_step(a.warmup + a.steps).first;
   be.profile_ops(false);
@@ -298,7 +302,7 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
                       {"achieved_gflops", flops_per_token * global_tokens / (median / 1000.0) / 1e9},
                       {"comm_bytes_per_step_per_rank", comm_per_step},
                       {"launches_per_step", (double)(after.launches - counted.launches) / a.steps},
-                      {"host_syncs_per_step", (double)(after.host_syncs - counted.host_syncs) / a.steps},
+                      {"host_syncs_per_step", (double)measured_step_syncs / a.steps},
                       {"allocs_per_step", (double)(after.allocs - counted.allocs) / a.steps},
                       {"compute_dtype", dtype_name(be.compute_dtype())},
                       {"profiled_step_ms", profiled_ms},

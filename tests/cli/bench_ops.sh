@@ -40,7 +40,9 @@ OMP_NUM_THREADS=1 "$simt" bench --model gpt2-tiny --seq_len 16 --per_device_trai
 python3 - "$work/step.jsonl" << 'PY' || exit 1
 import json, sys
 p = json.loads(open(sys.argv[1]).readline())
-assert p["device"] == "cuda" and p["launches_per_step"] > 50 and p["host_syncs_per_step"] >= 1, f"FAIL: counters {p}"
+assert p["device"] == "cuda" and p["launches_per_step"] > 50, f"FAIL: counters {p}"
+# a step that logs nothing waits for the device once: the read of its loss and gradient norm
+assert p["host_syncs_per_step"] == 1, f"FAIL: {p['host_syncs_per_step']} host syncs a step, expected 1"
 assert p["allocs_per_step"] == 0, f"FAIL: a step allocates device memory (a device-wide wait): {p['allocs_per_step']}"
 assert {"matmul", "attention", "norms", "loss", "adamw"} <= set(p["breakdown_ms"]), f"FAIL: {p['breakdown_ms']}"
 print(f"cuda step: {p['launches_per_step']:.0f} launches, {p['host_syncs_per_step']:.0f} host syncs, no allocation")
