@@ -272,7 +272,7 @@ void Transformer::block_forward(int l, Tensor w) {
   } else {
     if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
     be_.attention_forward(attn_out, lse, qkv, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
-                          packed_tensor(doc_start_));
+                          packed_docs());
   }
   if (out_drop_attn.active()) {
     Tensor branch = rows(dropped_, C);
@@ -347,7 +347,7 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   if (o.attn_proj_b >= 0) be_.bias_backward(P(g, o.attn_proj_b, {C}), dbranch, N, C);
   be_.matmul(dattn, dbranch, P(w, o.attn_proj_w, {C, Q}), Tensor(), N, Q, C, false, false, false);
   be_.attention_backward(dqkv, dattn, qkv, attn_out, lse, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
-                         packed_tensor(doc_start_));
+                         packed_docs());
   if (!gpt2) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
   be_.matmul(P(g, o.qkv_w, {QKV, C}), dqkv, ln1, Tensor(), QKV, C, N, true, false, true);
   if (o.qkv_b >= 0) be_.bias_backward(P(g, o.qkv_b, {QKV}), dqkv, N, QKV);  // after RoPE's inverse: the bias came before RoPE
@@ -371,12 +371,14 @@ void Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t
   packed_ = doc_start != nullptr;
   if (packed_) {  // positions restart at each document
     std::vector<int32_t> pos((size_t)N);
+    doc_count_ = 0;
     for (int64_t i = 0; i < N; i++) {
       const int t = (int)(i % T), d = doc_start[i];
       LLMT_CHECK(d >= 0 && d <= t && (t == 0 ? d == 0 : d == t || d == doc_start[i - 1]),
                  "forward: token %lld (position %d of its row) has document start %d: documents must be contiguous "
                  "runs starting at or before the token", (long long)i, t, d);
       pos[(size_t)i] = t - d;
+      doc_count_ += d == t;
     }
     be_.copy_from_host(doc_start_.data, doc_start, sizeof(int32_t) * N);
     be_.copy_from_host(positions_.data, pos.data(), sizeof(int32_t) * N);

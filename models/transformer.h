@@ -124,6 +124,8 @@ class Transformer {
   void release_kv_cache();
   // t as an i32 [B*T] tensor of the current batch while documents are packed, else no tensor
   Tensor packed_tensor(const Tensor& t) const;
+  // the current batch's documents while packed, else none
+  PackedDocs packed_docs() const { return packed_ ? PackedDocs{packed_tensor(doc_start_), doc_count_} : PackedDocs(); }
   void block_backward(int l, Tensor w, Tensor g);
   int act(int l) const { return checkpointing_ ? 0 : l; }  // which set of block activations layer l uses
   // Tensor [rows, cols] at the start of buffer t for the current batch (T rows per sequence).
@@ -156,6 +158,7 @@ class Transformer {
   // packed documents (the last forward's): positions_ and doc_start_ hold each token's
   bool packed_ = false;
   Tensor positions_, doc_start_;  // i32 [B*T]
+  int64_t doc_count_ = 0;         // the documents that begin in the batch
   // generation: while kv_on_, attention reads and extends the cache and positions_ places each row
   bool kv_on_ = false;
   int kv_cap_ = 0, kv_len_ = 0;

@@ -5,7 +5,8 @@
 # finished. OUT defaults to . ; the files (at most 8 come back from a lease):
 #   gpu_selftest.log   everything, as it happens
 #   gpu_bench.jsonl    llmt bench: one JSON line per training-step point
-#   gpu_ops.jsonl      llmt bench --ops: one JSON line per op (each matmul shape, attention)
+#   gpu_ops.jsonl      llmt bench --ops: one JSON line per op (attention whole and packed, the
+#                      memory-bound kernels with GB/s, each matmul shape)
 #
 #   scripts/gpu_selftest.sh --plan      print the steps with their limits, run nothing
 #   scripts/gpu_selftest.sh --bundle    use .gpu/bundle.tar.xz from scripts/gpu_bundle.sh (a bare GPU
@@ -34,7 +35,7 @@ STEPS=(
   "determinism: one bf16 training run twice, bitwise|25|step_determinism"
   "bench: GPT-2 124M, bf16, B=16 T=1024, no dropout|55|step_bench_gpt2"
   "bench: LLaMA 1.2B, bf16, B=4 T=2048|105|step_bench_llama"
-  "ops: attention (cuDNN, flash) and each matmul shape alone, both models|50|step_ops_bench"
+  "ops: attention (cuDNN, flash; whole rows and packed), memory-bound kernels, matmul shapes; both models|60|step_ops_bench"
 )
 MAX_TOTAL_S=420  # 7 minutes: a 540 s run leaves two for the machine's start-up work and the unpacking
 

@@ -74,6 +74,7 @@ void run_op_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& laun
   const int threads = a.threads > 0 ? a.threads : default_threads_per_rank(launch);
   std::unique_ptr<Backend> be = cuda ? make_cuda_backend(gpu, act, a.tf32) : make_cpu_backend(threads, act);
   const double peak_tflops = cuda ? cuda_peak_tflops(gpu, act, a.tf32) : measured_matmul_peak_gflops(*be, world) / 1e3;
+  const double peak_gbs = cuda ? cuda_peak_bandwidth_gbs(gpu) : 0.0;  // 0: unknown (the CPU, an unknown GPU)
   const char* peak_source = cuda ? "the datasheet's dense figure for this GPU (0: unknown)"
                                  : "measured: the matmul library's 2048^3 product on this rank's threads";
   const int B = a.batch, T = a.seq_len, NH = cfg.n_head, NKV = cfg.n_kv_head, hs = cfg.head_size();
@@ -125,6 +126,109 @@ void run_op_bench(const BenchArgs& a, ControlComm& world, const LaunchInfo& laun
     });
     j["name"] = "attention.backward";
     emit(j, 2.5 * fwd, ms);
+    // the same over packed documents (--packing): each row four documents of a quarter of T, the
+    // last taking the rest; FLOPs as above, per document
+    const int quarter = std::max(1, T / 4);
+    std::vector<int32_t> starts((size_t)N);
+    int64_t docs = 0;
+    for (int64_t i = 0; i < N; i++) {
+      const int t = (int)(i % T), d0 = std::min(t / quarter, 3) * quarter;
+      starts[(size_t)i] = d0;
+      docs += d0 == t;
+    }
+    double packed_fwd = 0;
+    for (int t = 0; t < T; t++) {  // row 0's documents, every row alike
+      if (starts[(size_t)t] != t) continue;
+      int L = 1;
+      while (t + L < T && starts[(size_t)(t + L)] == t) L++;
+      packed_fwd += 2.0 * B * NH * (double)L * L * hs;
+    }
+    BackendBuffer doc_start(*be, DType::i32, {N});
+    be->copy_from_host(doc_start.tensor().data, starts.data(), starts.size() * sizeof(int32_t));
+    const PackedDocs packed{doc_start.tensor(), docs};
+    j["implementation"] = cuda ? cuda_attention_kernels(act, hs, false, true) : std::string("cpu");
+    j["documents"] = docs;
+    ms = time_ms(*be, warmup, reps, [&] {
+      be->attention_forward(out.tensor(), lse.tensor(), qkv.tensor(), B, T, NH, NKV, hs, none, packed);
+    });
+    j["name"] = "attention.forward.packed";
+    emit(j, packed_fwd, ms);
+    ms = time_ms(*be, warmup, reps, [&] {
+      be->attention_backward(dqkv.tensor(), dout.tensor(), qkv.tensor(), out.tensor(), lse.tensor(), B, T, NH, NKV,
+                             hs, none, packed);
+    });
+    j["name"] = "attention.backward.packed";
+    emit(j, 2.5 * packed_fwd, ms);
+  }
+
+  // the memory-bound kernels at the step's shapes, with the bytes each call moves (each tensor read
+  // or written once: what a kernel at the memory's speed would move), so a GPU's figure is GB/s
+  // against its HBM peak: the norm (forward, and backward with its weight gradients), GPT-2's bias
+  // gradient, the loss over the logits, AdamW over one block's parameters
+  {
+    const int64_t V = cfg.vocab_size, act_bytes = (int64_t)dtype_size(act), block_params = C * cfg.qkv_dim() +
+                                                                                    Q * C + C * cfg.mlp_in_dim() + cfg.d_ff * C;
+    BackendBuffer x(*be, act, {N, C}), y(*be, act, {N, C}), dy(*be, act, {N, C}), dx(*be, act, {N, C}),
+        w(*be, act, {C}), b(*be, act, {C}), mean(*be, DType::f32, {N}), rstd(*be, DType::f32, {N}),
+        dw(*be, DType::f32, {C}), db(*be, DType::f32, {C});
+    fill_random(*be, x.tensor(), 6);
+    fill_random(*be, dy.tensor(), 7);
+    fill_random(*be, w.tensor(), 8);
+    const bool ln = cfg.arch == Arch::gpt2;
+    auto emit_bytes = [&](const std::string& name, double bytes, double ms) {
+      nlohmann::json j = {{"op", "memory"}, {"name", name}, {"ms_median", ms}, {"bytes", bytes},
+                          {"gb_per_s", bytes / (ms / 1e3) / 1e9}, {"peak_gb_per_s", peak_gbs},
+                          {"fraction_of_bandwidth", peak_gbs > 0 ? nlohmann::json(bytes / (ms / 1e3) / 1e9 / peak_gbs)
+                                                                 : nlohmann::json()}};
+      j.update(common);
+      if (world.rank() == 0) {
+        std::printf("%s\n", j.dump().c_str());
+        std::fflush(stdout);
+      }
+    };
+    if (world.rank() == 0) std::fprintf(stderr, "bench  ops: memory-bound kernels on %lld rows of %lld\n", (long long)N,
+                                        (long long)C);
+    // x read, out written, the statistics written
+    double ms = time_ms(*be, warmup, reps, [&] {
+      if (ln) be->layernorm_forward(y.tensor(), mean.tensor(), rstd.tensor(), x.tensor(), w.tensor(), b.tensor(), N,
+                                    (int)C, 1e-5f);
+      else be->rmsnorm_forward(y.tensor(), rstd.tensor(), x.tensor(), w.tensor(), N, (int)C, 1e-6f);
+    });
+    emit_bytes(ln ? "layernorm.forward" : "rmsnorm.forward", (double)N * C * 2 * act_bytes + N * (ln ? 8.0 : 4.0), ms);
+    // x and dout read, dx read and written (+=); the weight gradients read x and dout again
+    ms = time_ms(*be, warmup, reps, [&] {
+      if (ln) be->layernorm_backward(dx.tensor(), dw.tensor(), db.tensor(), dy.tensor(), x.tensor(), w.tensor(),
+                                     mean.tensor(), rstd.tensor(), N, (int)C);
+      else be->rmsnorm_backward(dx.tensor(), dw.tensor(), dy.tensor(), x.tensor(), w.tensor(), rstd.tensor(), N, (int)C);
+    });
+    emit_bytes(ln ? "layernorm.backward" : "rmsnorm.backward", (double)N * C * 6 * act_bytes, ms);
+    if (ln) {
+      ms = time_ms(*be, warmup, reps, [&] { be->bias_backward(db.tensor(), dy.tensor(), N, C); });
+      emit_bytes("bias.backward", (double)N * C * act_bytes, ms);
+    }
+    {  // the loss: the logits read twice (max and sum, then dlogits) and dlogits written in place
+      BackendBuffer logits(*be, act, {N, V}), targets(*be, DType::i32, {N}), loss(*be, DType::f64, {1});
+      fill_random(*be, logits.tensor(), 9);
+      std::vector<int32_t> t((size_t)N);
+      for (int64_t i = 0; i < N; i++) t[(size_t)i] = (int32_t)(i * 7919 % V);
+      be->copy_from_host(targets.tensor().data, t.data(), t.size() * sizeof(int32_t));
+      ms = time_ms(*be, warmup, reps, [&] {
+        be->cross_entropy(loss.tensor(), logits.tensor(), logits.tensor(), targets.tensor(), N, (int)V, 1.0f);
+      });
+      emit_bytes("cross_entropy", (double)N * V * 3 * act_bytes, ms);
+    }
+    {  // AdamW over one block's parameters: p, g, m, v read, p, m, v written, and the compute copy in bf16
+      BackendBuffer p(*be, DType::f32, {block_params}), g(*be, DType::f32, {block_params}),
+          m(*be, DType::f32, {block_params}), v(*be, DType::f32, {block_params}), pc(*be, act, {block_params});
+      fill_random(*be, g.tensor(), 10);
+      const DecaySpans decay = DecaySpans::all(block_params);
+      int t = 0;
+      ms = time_ms(*be, warmup, reps, [&] {
+        be->adamw(p.tensor(), act == DType::bf16 ? pc.tensor() : Tensor(), g.tensor(), m.tensor(), v.tensor(),
+                  block_params, 1e-4f, 0.9f, 0.999f, 1e-8f, 0.1f, decay, ++t, 1.0f);
+      });
+      emit_bytes("adamw.block", (double)block_params * (28.0 + (act == DType::bf16 ? 2.0 : 0.0)), ms);
+    }
   }
 
   // the matmuls of one block and the head, as models/transformer.cpp calls them

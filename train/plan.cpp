@@ -74,6 +74,12 @@ Plan plan_run(const ModelConfig& cfg, const PlanArgs& a) {
     activations += (double)b.bytes();
     by_buffer[b.name] += (double)b.bytes();
   }
+  if (a.vocab_pad > 1) {  // a GPU (the only place logits rows are padded): the attention backward's scratch
+    const double scratch = (double)cuda_attention_scratch_bytes(a.batch, a.seq_len, cfg.n_head, cfg.n_kv_head,
+                                                                cfg.head_size(), compute);
+    activations += scratch;
+    by_buffer["attention backward scratch (GPU)"] += scratch;
+  }
   const double persistent = 4 * shard_total * f + (a.bf16 ? shard_total * P : 0.0);
   const double gib = 1024.0 * 1024.0 * 1024.0;
   Plan p;

@@ -303,6 +303,18 @@ void need_heads(const Backend& be, const char* op, int B, int T, int NH, int NKV
              be.name().c_str(), op, NH, NKV);
 }
 
+// a packed batch's document count in range: at least one document a row, at most one a token
+void need_doc_count(const Backend& be, const char* op, const PackedDocs& docs, int B, int T) {
+  if (!docs.active()) {
+    LLMT_CHECK(docs.count == 0, "%s %s: %lld documents but no doc_start", be.name().c_str(), op,
+               (long long)docs.count);
+    return;
+  }
+  LLMT_CHECK(docs.count >= B && docs.count <= (int64_t)B * T,
+             "%s %s: %lld packed documents in %d rows of %d tokens, expected %d to %lld", be.name().c_str(), op,
+             (long long)docs.count, B, T, B, (long long)B * T);
+}
+
 }  // namespace
 
 void Backend::rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
@@ -326,7 +338,7 @@ void Backend::rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, 
 }
 
 void Backend::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                                const Dropout& drop, Tensor doc_start) {
+                                const Dropout& drop, const PackedDocs& docs) {
   const char* op = "attention_forward";
   need_heads(*this, op, B, T, NH, NKV, hs);
   LLMT_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "%s attention_forward: dropout p = %g, expected 0 <= p < 1",
@@ -335,8 +347,9 @@ void Backend::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T
   need_act(op, "out", out, BT * NH * hs);
   need(op, "lse", lse, DType::f32, BT * NH);
   need_act(op, "qkv", qkv, BT * (NH + 2 * NKV) * hs);
-  if (doc_start.data) need(op, "doc_start", doc_start, DType::i32, BT);
-  run("attention", [&] { attention_forward_impl(out, lse, qkv, B, T, NH, NKV, hs, drop, doc_start); });
+  if (docs.active()) need(op, "doc_start", docs.start, DType::i32, BT);
+  need_doc_count(*this, op, docs, B, T);
+  run("attention", [&] { attention_forward_impl(out, lse, qkv, B, T, NH, NKV, hs, drop, docs); });
 }
 
 void Backend::attention_kv(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn,
@@ -355,7 +368,7 @@ void Backend::attention_kv(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qk
 }
 
 void Backend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                                 int NKV, int hs, const Dropout& drop, Tensor doc_start) {
+                                 int NKV, int hs, const Dropout& drop, const PackedDocs& docs) {
   const char* op = "attention_backward";
   need_heads(*this, op, B, T, NH, NKV, hs);
   LLMT_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "%s attention_backward: dropout p = %g, expected 0 <= p < 1",
@@ -366,8 +379,9 @@ void Backend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor ou
   need_act(op, "qkv", qkv, BT * (NH + 2 * NKV) * hs);
   need_act(op, "out", out, BT * NH * hs);
   need(op, "lse", lse, DType::f32, BT * NH);
-  if (doc_start.data) need(op, "doc_start", doc_start, DType::i32, BT);
-  run("attention", [&] { attention_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs, drop, doc_start); });
+  if (docs.active()) need(op, "doc_start", docs.start, DType::i32, BT);
+  need_doc_count(*this, op, docs, B, T);
+  run("attention", [&] { attention_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs, drop, docs); });
 }
 
 // ---- elementwise ----

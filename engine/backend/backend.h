@@ -54,6 +54,17 @@ struct Dropout {
   bool active() const { return p > 0.0f; }
 };
 
+// Packed documents (--packing). start (i32 [B*T]): token (b, t) belongs to the document that begins
+// at position start[b*T + t] <= t of its row (documents are contiguous: start[t] is t or start[t-1]).
+// count: how many documents begin in the batch (the tokens with start[b*T + t] == t, at least one a
+// row): the host knows it when it packs, and a library launched from the host needs it without
+// reading the device (cuDNN's batch of documents). No start data: one document a row.
+struct PackedDocs {
+  Tensor start;
+  int64_t count = 0;
+  bool active() const { return start.data != nullptr; }
+};
+
 // RoPE's frequencies: inv_freq[i] = theta^(-2i/hs), then rope_scaling as transformers computes it
 // (modeling_rope_utils): linear divides every frequency by factor; llama3 divides the low
 // frequencies (wavelength above original_max / low_freq_factor) by factor, keeps the high ones
@@ -225,14 +236,13 @@ class Backend {
   // scale 1/sqrt(hs), dropout on the probabilities as `drop` says (its row index counts sequences).
   // out[B*T, NH*hs] (=); lse[B,NH,T] (=) keeps each query row's log-sum-exp of the scaled scores: all
   // that backward needs to recompute the probabilities, so no T x T buffer exists.
-  // doc_start (i32 [B*T], or no data): packed documents. Token (b, t) belongs to the document that
-  // begins at position doc_start[b*T + t] <= t of its row (documents are contiguous: doc_start[t] is
-  // t or doc_start[t-1]), and attends only keys from there to t, never across a boundary.
+  // docs (PackedDocs, or none): a token attends only keys of its own document, from the document's
+  // start to itself, never across a boundary.
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                         const Dropout& drop, Tensor doc_start = Tensor());
+                         const Dropout& drop, const PackedDocs& docs = PackedDocs());
   // dqkv (=) from dout, given the forward's qkv, out and lse (FlashAttention-2's backward).
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH, int NKV,
-                          int hs, const Dropout& drop, Tensor doc_start = Tensor());
+                          int hs, const Dropout& drop, const PackedDocs& docs = PackedDocs());
 
   // ---- generation: a KV cache (llmt generate; nothing here goes backward) ----
   // Tn new tokens of each of B sequences against a KV cache k_cache, v_cache (act, [B, NKV, cap, hs]),
@@ -304,9 +314,9 @@ class Backend {
   virtual void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
                                   Tensor positions) = 0;
   virtual void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                                      const Dropout& drop, Tensor doc_start) = 0;
+                                      const Dropout& drop, const PackedDocs& docs) = 0;
   virtual void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
-                                       int NH, int NKV, int hs, const Dropout& drop, Tensor doc_start) = 0;
+                                       int NH, int NKV, int hs, const Dropout& drop, const PackedDocs& docs) = 0;
   virtual void attention_kv_impl(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B,
                                  int Tn, int p0, int cap, int NH, int NKV, int hs) = 0;
   virtual void add_impl(Tensor out, Tensor a, Tensor b, int64_t n) = 0;

@@ -722,8 +722,8 @@ class CpuBackend : public Backend {
   // weighted sum of values. Only lse is kept; the probabilities live in a row of scratch. Keys are
   // held transposed ([hs][T]) so that a row's scores accumulate over t2 in vector lanes.
   void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                              const Dropout& drop, Tensor doc_start) override {
-    const int32_t* doc = doc_start.data ? doc_start.i32() : nullptr;
+                              const Dropout& drop, const PackedDocs& docs) override {
+    const int32_t* doc = docs.active() ? docs.start.i32() : nullptr;
     float* L = lse.f32();
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
     const int group = NH / NKV;
@@ -786,8 +786,8 @@ class CpuBackend : public Backend {
   // row sums. dk and dv accumulate in fp32 scratch and are stored once. Rows of scores and their
   // gradients run over t2 in vector lanes (keys and values held both ways).
   void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                               int NKV, int hs, const Dropout& drop, Tensor doc_start) override {
-    const int32_t* doc = doc_start.data ? doc_start.i32() : nullptr;
+                               int NKV, int hs, const Dropout& drop, const PackedDocs& docs) override {
+    const int32_t* doc = docs.active() ? docs.start.i32() : nullptr;
     const float* L = lse.f32();
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
     const int group = NH / NKV;

@@ -48,8 +48,7 @@ bool uses_cublaslt() {
 // not take. Unset, a GPU build takes cuDNN where the library loads; the emulator takes flash (its
 // cuDNN is a stand-in, run under LLMT_ATTENTION=cudnn).
 enum class AttnKernel { cudnn, flash, plain };
-AttnKernel pick_attention(cuda::AttentionImpl asked, DType dt, int hs, bool dropout, bool packed,
-                          std::string* why = nullptr) {
+AttnKernel pick_attention(cuda::AttentionImpl asked, DType dt, int hs, bool dropout, std::string* why = nullptr) {
   using cuda::AttentionImpl;
   auto no = [&](const char* kernel, const char* reason) {
     if (why) *why += std::string(why->empty() ? "" : "; ") + kernel + " not used: " + reason;
@@ -60,7 +59,6 @@ AttnKernel pick_attention(cuda::AttentionImpl asked, DType dt, int hs, bool drop
     const std::string& missing = cuda::cudnn_attention_unavailable();
     if (!missing.empty()) no("cuDNN", missing.c_str());
     else if (dropout) no("cuDNN", "attention dropout (llmt's masks are not cuDNN's)");
-    else if (packed) no("cuDNN", "packed documents");
     else if (cuda::cudnn_attention_fits(hs)) return AttnKernel::cudnn;
     else if (why) no("cuDNN", strformat("head size %d", hs).c_str());
   }
@@ -120,7 +118,7 @@ class CudaBackend : public Backend {
     (void)cudaStreamSynchronize(stream_);
     lt_.reset();
     dnn_.reset();
-    for (Scratch* s : {&row_losses_, &attn_d_, &partials_, &columns_}) (void)cudaFree(s->p);
+    for (Scratch* s : {&row_losses_, &attn_d_, &attn_dq_, &partials_, &columns_}) (void)cudaFree(s->p);
     (void)cudaFree(err_);
     (void)cudaStreamDestroy(stream_);
     (void)cudaGetLastError();
@@ -334,23 +332,31 @@ class CudaBackend : public Backend {
     return *dnn_;
   }
   // The kernel for this call; an explicit LLMT_ATTENTION that does not take it says so once.
-  AttnKernel attention_kernel(DType dt, int hs, const Dropout& drop, bool packed) {
+  AttnKernel attention_kernel(DType dt, int hs, const Dropout& drop, bool packed, int B, int T, int NH, int NKV) {
     // the reasons are words only while a warning may still be given: nothing is built on every call
     const bool may_warn = attention_ != cuda::AttentionImpl::automatic && !attention_warned_;
     std::string why;
-    const AttnKernel k = pick_attention(attention_, dt, hs, drop.active(), packed, may_warn ? &why : nullptr);
+    AttnKernel k = pick_attention(attention_, dt, hs, drop.active(), may_warn ? &why : nullptr);
     if (!why.empty()) {
       attention_warned_ = true;
       log_warn("LLMT_ATTENTION=%s: %s", cuda::attention_impl_name(attention_), why.c_str());
     }
+    if (k == AttnKernel::cudnn && packed && !cuda::cudnn_attention_packs(B, T, NH, NKV, hs)) {
+      if (!packed_warned_)
+        log_warn("cuDNN attention: %d rows of %d tokens of %d values are past its int32 ragged offsets; packed "
+                 "documents run llmt's own kernel", B, T, (NH + 2 * NKV) * hs);
+      packed_warned_ = true;
+      k = AttnKernel::flash;
+    }
     return k;
   }
   void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                              const Dropout& drop, Tensor doc_start) override {
-    const int32_t* doc = i32_or_null(doc_start);
-    const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, doc != nullptr);
+                              const Dropout& drop, const PackedDocs& docs) override {
+    const int32_t* doc = i32_or_null(docs.start);
+    const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, doc != nullptr, B, T, NH, NKV);
     // cuDNN without an engine for this shape (it warned, naming it) passes the call on
-    if (k == AttnKernel::cudnn && cudnn().forward(out.bf16(), lse.f32(), qkv.bf16(), B, T, NH, NKV, hs, stream_))
+    if (k == AttnKernel::cudnn &&
+        cudnn().forward(out.bf16(), lse.f32(), qkv.bf16(), doc, docs.count, B, T, NH, NKV, hs, stream_))
       return;
     if (k != AttnKernel::plain && cuda::flash_attention_fits(hs))
       return cuda::flash_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), doc, B, T, NH, NKV, hs, drop, stream_);
@@ -360,18 +366,19 @@ class CudaBackend : public Backend {
     });
   }
   void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                               int NKV, int hs, const Dropout& drop, Tensor doc_start) override {
-    const int32_t* doc = i32_or_null(doc_start);
-    const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, doc != nullptr);
+                               int NKV, int hs, const Dropout& drop, const PackedDocs& docs) override {
+    const int32_t* doc = i32_or_null(docs.start);
+    const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, doc != nullptr, B, T, NH, NKV);
     // cuDNN's lse is llmt's, so whichever kernel ran the forward, any of them can run the backward
-    if (k == AttnKernel::cudnn &&
-        cudnn().backward(dqkv.bf16(), dout.bf16(), qkv.bf16(), out.bf16(), lse.f32(), B, T, NH, NKV, hs, stream_))
+    if (k == AttnKernel::cudnn && cudnn().backward(dqkv.bf16(), dout.bf16(), qkv.bf16(), out.bf16(), lse.f32(), doc,
+                                                   docs.count, B, T, NH, NKV, hs, stream_))
       return;
     float* d = (float*)scratch(attn_d_, (size_t)B * T * NH * sizeof(float));
     if (k != AttnKernel::plain && cuda::flash_attention_fits(hs)) {
       cuda::attention_row_dots(d, dout.bf16(), out.bf16(), (int64_t)B * T * NH, hs, stream_);
-      return cuda::flash_attention_backward(dqkv.bf16(), dout.bf16(), qkv.bf16(), lse.f32(), d, doc, B, T, NH, NKV, hs,
-                                            drop, stream_);
+      float* partial = (float*)scratch(attn_dq_, cuda::flash_backward_scratch_bytes(B, T, NH, NKV, hs));
+      return cuda::flash_attention_backward(dqkv.bf16(), partial, dout.bf16(), qkv.bf16(), lse.f32(), d, doc, B, T, NH,
+                                            NKV, hs, drop, stream_);
     }
     by_dtype(qkv.dtype, "attention_backward", [&](auto tag) {
       using A = decltype(tag);
@@ -483,12 +490,13 @@ class CudaBackend : public Backend {
   const int64_t launches0_ = cuda::launch_count().load();
   cudaStream_t stream_ = nullptr;
   int* err_ = nullptr;
-  Scratch row_losses_, attn_d_, partials_, columns_;
+  Scratch row_losses_, attn_d_, attn_dq_, partials_, columns_;
   // the column sums' partials for N rows of C columns (bias and norm-weight gradients)
   float* columns(int64_t N, int64_t C) { return (float*)scratch(columns_, cuda::column_partials_bytes(N, C)); }
   std::unique_ptr<cuda::LtMatmul> lt_;  // nullptr: the plain kernel
   cuda::AttentionImpl attention_;        // LLMT_ATTENTION when the backend was made
   bool attention_warned_ = false;
+  bool packed_warned_ = false;  // packed documents too large for cuDNN's offsets, said once
   std::unique_ptr<cuda::CudnnAttention> dnn_;  // made at the first cuDNN attention call
   std::set<std::tuple<bool, int64_t, int64_t, int64_t>> gelu_unfused_;  // shapes warned about
 };
@@ -540,8 +548,9 @@ std::string cuda_device_description(int device) {
 
 std::string cuda_attention_kernels(DType compute, int head_size, bool dropout, bool packed) {
   std::string why;
-  const AttnKernel k = pick_attention(cuda::attention_impl(), compute, head_size, dropout, packed, &why);
-  std::string s = k == AttnKernel::cudnn   ? "cuDNN " + cuda::cudnn_attention_version() + ", deterministic backward"
+  const AttnKernel k = pick_attention(cuda::attention_impl(), compute, head_size, dropout, &why);
+  std::string s = k == AttnKernel::cudnn   ? "cuDNN " + cuda::cudnn_attention_version() + ", deterministic backward" +
+                                              (packed ? ", packed documents as a ragged batch" : "")
                   : k == AttnKernel::flash ? "flash (tensor cores, forward and backward)"
                                            : "plain";
   return why.empty() ? s : s + " (" + why + ")";
@@ -581,6 +590,27 @@ double cuda_peak_tflops(int device, DType compute, bool tf32) {
   if (prop.major == 8 && prop.minor == 0) per_clock = bf16 ? 2048 : tf32 ? 1024 : 128;
   if (prop.major == 9 && prop.minor == 0) per_clock = bf16 ? 4096 : tf32 ? 2048 : 256;
   return per_clock * prop.multiProcessorCount * clock_khz * 1e3 / 1e12;
+}
+
+double cuda_peak_bandwidth_gbs(int device) {
+  if (std::string(cuda_build_kind()) != "gpu" || device < 0 || device >= cuda_device_count()) return 0.0;
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0.0;
+  }
+  // NVIDIA's datasheets: H200 141 GB HBM3e, H100 SXM 80 GB HBM3, H100 PCIe 80 GB HBM2e, A100 80 GB
+  // SXM HBM2e, A100 40 GB
+  struct Known {
+    const char* name;
+    double gbs;
+  };
+  const Known known[] = {{"H200", 4800.0}, {"H100 80GB HBM3", 3350.0}, {"H100 PCIe", 2000.0},
+                         {"A100-SXM4-80GB", 2039.0}, {"A100 80GB PCIe", 1935.0}, {"A100", 1555.0}};
+  const std::string name = prop.name;
+  for (const Known& k : known)
+    if (name.find(k.name) != std::string::npos) return k.gbs;
+  return 0.0;
 }
 
 }  // namespace llmt

@@ -43,6 +43,7 @@ std::string cuda_device_description(int device = 0);
 // figure for the GPUs llmt targets, found by name, else SMs x clock x the architecture's rate per SM
 // per clock. 0 when unknown (an unlisted architecture, the emulator, no device). Never throws.
 double cuda_peak_tflops(int device, DType compute, bool tf32);
+double cuda_peak_bandwidth_gbs(int device);  // the datasheet's memory bandwidth, GB/s; 0 where unknown
 
 // Which attention kernels the CUDA backend runs for `compute`, head size `head_size`, with or without
 // attention dropout and packed documents, for the layout line and llmt bench: "cuDNN 9.19.0 (frontend
@@ -50,6 +51,25 @@ double cuda_peak_tflops(int device, DType compute, bool tf32);
 // parentheses what was not used and why (LLMT_ATTENTION, kernels/cuda/flash_attention.h). Throws for a
 // bad LLMT_ATTENTION.
 std::string cuda_attention_kernels(DType compute, int head_size, bool dropout = false, bool packed = false);
+
+// The tensor-core attention backward (kernels/cuda/flash_attention.cu) splits each kv head's key
+// tiles of 64 over `splits` blocks, each adding its part of dQ into f32 partial sums of its own that
+// a second kernel then adds in split order: ceil(256 / (B * kv heads)) splits, at most the tiles. A
+// function of the shape alone, so the order of additions, and the result, is the same on every GPU.
+inline int cuda_flash_backward_splits(int B, int T, int NKV) {
+  const int tiles = (T + 63) / 64, per = B * NKV;
+  const int s = per > 0 ? (256 + per - 1) / per : 1;
+  return s < 1 ? 1 : s > tiles ? tiles : s;
+}
+// Device scratch the CUDA backend's attention backward holds for a micro-batch, bytes: D = rowsum(dO
+// O) (f32, B T NH), and in bf16 at head size 64 or 128 the tensor-core kernel's partial sums of dQ
+// (f32, splits x B T NH hs). `llmt plan` counts it for a GPU.
+inline size_t cuda_attention_scratch_bytes(int B, int T, int NH, int NKV, int hs, DType compute) {
+  size_t bytes = (size_t)B * T * NH * sizeof(float);
+  if (compute == DType::bf16 && (hs == 64 || hs == 128))
+    bytes += (size_t)cuda_flash_backward_splits(B, T, NKV) * B * T * NH * hs * sizeof(float);
+  return bytes;
+}
 // Which matmul the CUDA backend runs (LLMT_MATMUL), for the layout line: cuBLASLt with the bias and
 // GPT-2's GELU in its epilogues, its CPU stand-in under the emulator, or the plain kernel. Throws for
 // a bad LLMT_MATMUL.

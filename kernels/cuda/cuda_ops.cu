@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_ops.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.h"
@@ -114,31 +115,45 @@ __global__ void __launch_bounds__(kMmThreads) matmul_kernel(Tout* out, const Ta*
 // fills the GPU where a thread per column looping over every row did not. ----
 enum ColumnSum { kBiasGrad = 0, kLayerNormGrads = 1, kRmsNormGrad = 2 };
 
-template <typename T, int KIND>
+// V: columns a thread sums, 16 bytes of dout a load where V > 1 (C a multiple of V, rows aligned).
+template <typename T, int KIND, int V>
 __global__ void column_partials_kernel(float* partials, const T* dout, const T* x, const float* mean,
                                        const float* rstd, int64_t N, int C, int64_t rows_per_chunk) {
-  LLMT_SHARED(float, s0, [kColumnLanes][33]);
-  LLMT_SHARED(float, s1, [kColumnLanes][33]);
+  LLMT_SHARED(float, s0, [kColumnLanes][32 * V + 1]);
+  LLMT_SHARED(float, s1, [kColumnLanes][32 * V + 1]);
   const int cx = (int)threadIdx.x % 32, ry = (int)threadIdx.x / 32, chunk = (int)blockIdx.y;
-  const int c = (int)blockIdx.x * 32 + cx;
+  const int c = ((int)blockIdx.x * 32 + cx) * V;  // this thread's first column
   const int64_t r0 = chunk * rows_per_chunk, r1 = r0 + rows_per_chunk < N ? r0 + rows_per_chunk : N;
-  float a0 = 0.0f, a1 = 0.0f;
+  float a0[V], a1[V];
+#pragma unroll
+  for (int e = 0; e < V; e++) a0[e] = a1[e] = 0.0f;
   if (c < C)
     for (int64_t r = r0 + ry; r < r1; r += kColumnLanes) {
-      const float d = to_f32(dout[r * C + c]);
-      if (KIND == kBiasGrad) a0 += d;
-      if (KIND == kLayerNormGrads) a0 += d * (to_f32(x[r * C + c]) - mean[r]) * rstd[r], a1 += d;
-      if (KIND == kRmsNormGrad) a0 += d * to_f32(x[r * C + c]) * rstd[r];
+      float d[V], xv[V];
+      const Vec<T, V> dv = load_vec<T, V>(dout + r * C + c);
+      Vec<T, V> xr;
+      if (KIND != kBiasGrad) xr = load_vec<T, V>(x + r * C + c);
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        d[e] = to_f32(dv.v[e]);
+        xv[e] = KIND != kBiasGrad ? to_f32(xr.v[e]) : 0.0f;
+        if (KIND == kBiasGrad) a0[e] += d[e];
+        if (KIND == kLayerNormGrads) a0[e] += d[e] * (xv[e] - mean[r]) * rstd[r], a1[e] += d[e];
+        if (KIND == kRmsNormGrad) a0[e] += d[e] * xv[e] * rstd[r];
+      }
     }
-  s0[ry][cx] = a0;
-  s1[ry][cx] = a1;
+#pragma unroll
+  for (int e = 0; e < V; e++) s0[ry][cx * V + e] = a0[e], s1[ry][cx * V + e] = a1[e];
   __syncthreads();
   if (ry != 0 || c >= C) return;
-  float t0 = 0.0f, t1 = 0.0f;
-  for (int k = 0; k < kColumnLanes; k++) t0 += s0[k][cx], t1 += s1[k][cx];
   const int chunks = (int)gridDim.y;
-  partials[(int64_t)chunk * C + c] = t0;
-  if (KIND == kLayerNormGrads) partials[(int64_t)(chunks + chunk) * C + c] = t1;
+#pragma unroll
+  for (int e = 0; e < V; e++) {
+    float t0 = 0.0f, t1 = 0.0f;
+    for (int k = 0; k < kColumnLanes; k++) t0 += s0[k][cx * V + e], t1 += s1[k][cx * V + e];
+    partials[(int64_t)chunk * C + c + e] = t0;
+    if (KIND == kLayerNormGrads) partials[(int64_t)(chunks + chunk) * C + c + e] = t1;
+  }
 }
 
 __global__ void column_finish_kernel(float* out0, float* out1, const float* partials, int chunks, int C) {
@@ -158,8 +173,13 @@ void column_sums(float* out0, float* out1, const T* dout, const T* x, const floa
   if (N == 0 || C == 0) return;
   const int chunks = column_chunks(N);
   const int64_t rows_per_chunk = (N + chunks - 1) / chunks;
-  LLMT_LAUNCH((column_partials_kernel<T, KIND>), dim3(blocks_for(C, 32), (unsigned)chunks), 32 * kColumnLanes, 0, stream,
-              partials, dout, x, mean, rstd, N, C, rows_per_chunk);
+  constexpr int V = 16 / sizeof(T);  // 16-byte loads where every row starts aligned
+  if (C % V == 0 && aligned(dout, 16) && aligned(x, 16))
+    LLMT_LAUNCH((column_partials_kernel<T, KIND, V>), dim3(blocks_for(C, 32 * V), (unsigned)chunks),
+                32 * kColumnLanes, 0, stream, partials, dout, x, mean, rstd, N, C, rows_per_chunk);
+  else
+    LLMT_LAUNCH((column_partials_kernel<T, KIND, 1>), dim3(blocks_for(C, 32), (unsigned)chunks), 32 * kColumnLanes, 0,
+                stream, partials, dout, x, mean, rstd, N, C, rows_per_chunk);
   CUDA_CHECK_LAUNCH();
   LLMT_LAUNCH(column_finish_kernel, blocks_for(C, kBlock), kBlock, 0, stream, out0, out1, partials, chunks, C);
   CUDA_CHECK_LAUNCH();
@@ -280,6 +300,160 @@ __global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dout, const T* x, con
   for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x) {
     const int64_t i = row * C + c;
     dx[i] = from_f32<T>(to_f32(dx[i]) + (to_f32(dout[i]) * to_f32(w[c]) - to_f32(x[i]) * r * mean_dnn) * r);
+  }
+}
+
+// ---- the norms vectorised: a block per row, 16 bytes a load, the row held in registers between its
+// passes (one read of x, and of dout, per row). K: 16-byte chunks a thread holds, at most
+// kNormMaxChunks; rows whose C is no multiple of the vector, whose rows are not 16-byte aligned, or
+// longer than kBlock * kNormMaxChunks chunks take the scalar kernels above. The same sums as those,
+// each thread's chunks in order, then block_sum_all: deterministic. ----
+constexpr int kNormMaxChunks = 8;
+
+// Chunk k of this thread's share of a row: its values widened to f32 (zeros past the row).
+template <typename T, int V>
+__device__ __forceinline__ bool load_chunk(float (&v)[V], const T* row, int chunk, int chunks) {
+  if (chunk >= chunks) {
+#pragma unroll
+    for (int e = 0; e < V; e++) v[e] = 0.0f;
+    return false;
+  }
+  const Vec<T, V> raw = load_vec<T, V>(row + (int64_t)chunk * V);
+#pragma unroll
+  for (int e = 0; e < V; e++) v[e] = to_f32(raw.v[e]);
+  return true;
+}
+template <typename T, int V>
+__device__ __forceinline__ void store_chunk(T* row, int chunk, const float (&v)[V]) {
+  Vec<T, V> raw;
+#pragma unroll
+  for (int e = 0; e < V; e++) raw.v[e] = from_f32<T>(v[e]);
+  store_vec<T, V>(row + (int64_t)chunk * V, raw);
+}
+
+template <typename T, int K>
+__global__ void layernorm_forward_vec_kernel(T* out, float* mean, float* rstd, const T* x, const T* w, const T* b, int C,
+                                             float eps) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t row = blockIdx.x;
+  const int chunks = C / V, t = (int)threadIdx.x, step = (int)blockDim.x;
+  float xv[K][V], s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    load_chunk<T, V>(xv[k], x + row * C, t + k * step, chunks);
+#pragma unroll
+    for (int e = 0; e < V; e++) s += xv[k][e];
+  }
+  const float m = block_sum_all(s) / C;
+  float var = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; k++)
+    if (t + k * step < chunks)
+#pragma unroll
+      for (int e = 0; e < V; e++) var += (xv[k][e] - m) * (xv[k][e] - m);
+  const float r = 1.0f / sqrtf(block_sum_all(var) / C + eps);
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    const int ch = t + k * step;
+    float wv[V], bv[V];
+    if (!load_chunk<T, V>(wv, w, ch, chunks)) continue;
+    load_chunk<T, V>(bv, b, ch, chunks);
+#pragma unroll
+    for (int e = 0; e < V; e++) xv[k][e] = (xv[k][e] - m) * r * wv[e] + bv[e];
+    store_chunk<T, V>(out + row * C, ch, xv[k]);
+  }
+  if (t == 0) mean[row] = m, rstd[row] = r;
+}
+
+template <typename T, int K>
+__global__ void layernorm_backward_dx_vec_kernel(T* dx, const T* dout, const T* x, const T* w, const float* mean,
+                                                 const float* rstd, int C) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t row = blockIdx.x;
+  const int chunks = C / V, t = (int)threadIdx.x, step = (int)blockDim.x;
+  const float m = mean[row], r = rstd[row];
+  float nv[K][V], dn[K][V], s_dn = 0.0f, s_dnn = 0.0f;  // the normalised x, dout * w
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    const int ch = t + k * step;
+    float wv[V];
+    load_chunk<T, V>(nv[k], x + row * C, ch, chunks);
+    load_chunk<T, V>(dn[k], dout + row * C, ch, chunks);
+    load_chunk<T, V>(wv, w, ch, chunks);
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      nv[k][e] = (nv[k][e] - m) * r;
+      dn[k][e] *= wv[e];
+      s_dn += dn[k][e];
+      s_dnn += dn[k][e] * nv[k][e];
+    }
+  }
+  const float mean_dn = block_sum_all(s_dn) / C, mean_dnn = block_sum_all(s_dnn) / C;
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    const int ch = t + k * step;
+    float dv[V];
+    if (!load_chunk<T, V>(dv, dx + row * C, ch, chunks)) continue;
+#pragma unroll
+    for (int e = 0; e < V; e++) dv[e] += (dn[k][e] - mean_dn - nv[k][e] * mean_dnn) * r;
+    store_chunk<T, V>(dx + row * C, ch, dv);
+  }
+}
+
+template <typename T, int K>
+__global__ void rmsnorm_forward_vec_kernel(T* out, float* rstd, const T* x, const T* w, int C, float eps) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t row = blockIdx.x;
+  const int chunks = C / V, t = (int)threadIdx.x, step = (int)blockDim.x;
+  float xv[K][V], s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    load_chunk<T, V>(xv[k], x + row * C, t + k * step, chunks);
+#pragma unroll
+    for (int e = 0; e < V; e++) s += xv[k][e] * xv[k][e];
+  }
+  const float r = 1.0f / sqrtf(block_sum_all(s) / C + eps);
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    const int ch = t + k * step;
+    float wv[V];
+    if (!load_chunk<T, V>(wv, w, ch, chunks)) continue;
+#pragma unroll
+    for (int e = 0; e < V; e++) xv[k][e] = xv[k][e] * r * wv[e];
+    store_chunk<T, V>(out + row * C, ch, xv[k]);
+  }
+  if (t == 0) rstd[row] = r;
+}
+
+template <typename T, int K>
+__global__ void rmsnorm_backward_dx_vec_kernel(T* dx, const T* dout, const T* x, const T* w, const float* rstd, int C) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t row = blockIdx.x;
+  const int chunks = C / V, t = (int)threadIdx.x, step = (int)blockDim.x;
+  const float r = rstd[row];
+  float xv[K][V], dn[K][V], s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    const int ch = t + k * step;
+    float wv[V];
+    load_chunk<T, V>(xv[k], x + row * C, ch, chunks);
+    load_chunk<T, V>(dn[k], dout + row * C, ch, chunks);
+    load_chunk<T, V>(wv, w, ch, chunks);
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      dn[k][e] *= wv[e];
+      s += dn[k][e] * xv[k][e] * r;
+    }
+  }
+  const float mean_dnn = block_sum_all(s) / C;
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    const int ch = t + k * step;
+    float dv[V];
+    if (!load_chunk<T, V>(dv, dx + row * C, ch, chunks)) continue;
+#pragma unroll
+    for (int e = 0; e < V; e++) dv[e] += (dn[k][e] - xv[k][e] * r * mean_dnn) * r;
+    store_chunk<T, V>(dx + row * C, ch, dv);
   }
 }
 
@@ -598,11 +772,43 @@ void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* 
   }
 }
 
+// The vectorised norms' launch for rows of C elements of T: threads per block and K (16-byte chunks a
+// thread holds: 1, 2, 4 or 8), or K = 0 where the scalar kernels take the call (C no multiple of the
+// vector, a pointer off 16 bytes, or a row over kBlock * kNormMaxChunks chunks).
+struct NormVec {
+  int threads = 0, K = 0;
+};
+template <typename T>
+NormVec norm_vec(int C, std::initializer_list<const void*> ptrs) {
+  constexpr int V = 16 / sizeof(T);
+  NormVec nv;
+  if (C % V) return nv;
+  for (const void* p : ptrs)
+    if (!aligned(p, 16)) return nv;
+  const int chunks = C / V;
+  nv.threads = std::min(kBlock, (chunks + WARP_SIZE - 1) / WARP_SIZE * WARP_SIZE);
+  const int per = (chunks + nv.threads - 1) / nv.threads;
+  nv.K = per <= 1 ? 1 : per <= 2 ? 2 : per <= 4 ? 4 : per <= kNormMaxChunks ? 8 : 0;
+  return nv;
+}
+// Launches kernel<T, K> for the K asked for.
+#define LLMT_NORM_VEC_LAUNCH(kernel, nv, N, stream, ...)                                                      \
+  do {                                                                                                     \
+    if ((nv).K == 1) LLMT_LAUNCH((kernel<T, 1>), (unsigned)(N), (nv).threads, 0, stream, __VA_ARGS__);    \
+    else if ((nv).K == 2) LLMT_LAUNCH((kernel<T, 2>), (unsigned)(N), (nv).threads, 0, stream, __VA_ARGS__); \
+    else if ((nv).K == 4) LLMT_LAUNCH((kernel<T, 4>), (unsigned)(N), (nv).threads, 0, stream, __VA_ARGS__); \
+    else LLMT_LAUNCH((kernel<T, 8>), (unsigned)(N), (nv).threads, 0, stream, __VA_ARGS__);                \
+  } while (0)
+
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* x, const T* w, const T* b, int64_t N, int C, float eps,
                        Stream stream) {
   if (N == 0) return;
-  LLMT_LAUNCH(layernorm_forward_kernel, (unsigned)N, row_threads(C), 0, stream, out, mean, rstd, x, w, b, C, eps);
+  const NormVec nv = norm_vec<T>(C, {out, x, w, b});
+  if (nv.K)
+    LLMT_NORM_VEC_LAUNCH(layernorm_forward_vec_kernel, nv, N, stream, out, mean, rstd, x, w, b, C, eps);
+  else
+    LLMT_LAUNCH(layernorm_forward_kernel, (unsigned)N, row_threads(C), 0, stream, out, mean, rstd, x, w, b, C, eps);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -610,7 +816,11 @@ template <typename T>
 void layernorm_backward(T* dx, float* dw, float* db, const T* dout, const T* x, const T* w, const float* mean,
                         const float* rstd, int64_t N, int C, float* partials, Stream stream) {
   if (N == 0) return;
-  LLMT_LAUNCH(layernorm_backward_dx_kernel, (unsigned)N, row_threads(C), 0, stream, dx, dout, x, w, mean, rstd, C);
+  const NormVec nv = norm_vec<T>(C, {dx, dout, x, w});
+  if (nv.K)
+    LLMT_NORM_VEC_LAUNCH(layernorm_backward_dx_vec_kernel, nv, N, stream, dx, dout, x, w, mean, rstd, C);
+  else
+    LLMT_LAUNCH(layernorm_backward_dx_kernel, (unsigned)N, row_threads(C), 0, stream, dx, dout, x, w, mean, rstd, C);
   CUDA_CHECK_LAUNCH();
   column_sums<T, kLayerNormGrads>(dw, db, dout, x, mean, rstd, N, C, partials, stream);
 }
@@ -618,7 +828,11 @@ void layernorm_backward(T* dx, float* dw, float* db, const T* dout, const T* x, 
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int C, float eps, Stream stream) {
   if (N == 0) return;
-  LLMT_LAUNCH(rmsnorm_forward_kernel, (unsigned)N, row_threads(C), 0, stream, out, rstd, x, w, C, eps);
+  const NormVec nv = norm_vec<T>(C, {out, x, w});
+  if (nv.K)
+    LLMT_NORM_VEC_LAUNCH(rmsnorm_forward_vec_kernel, nv, N, stream, out, rstd, x, w, C, eps);
+  else
+    LLMT_LAUNCH(rmsnorm_forward_kernel, (unsigned)N, row_threads(C), 0, stream, out, rstd, x, w, C, eps);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -626,7 +840,11 @@ template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t N, int C,
                       float* partials, Stream stream) {
   if (N == 0) return;
-  LLMT_LAUNCH(rmsnorm_backward_dx_kernel, (unsigned)N, row_threads(C), 0, stream, dx, dout, x, w, rstd, C);
+  const NormVec nv = norm_vec<T>(C, {dx, dout, x, w});
+  if (nv.K)
+    LLMT_NORM_VEC_LAUNCH(rmsnorm_backward_dx_vec_kernel, nv, N, stream, dx, dout, x, w, rstd, C);
+  else
+    LLMT_LAUNCH(rmsnorm_backward_dx_kernel, (unsigned)N, row_threads(C), 0, stream, dx, dout, x, w, rstd, C);
   CUDA_CHECK_LAUNCH();
   column_sums<T, kRmsNormGrad>(dw, nullptr, dout, x, (const float*)nullptr, rstd, N, C, partials, stream);
 }
@@ -727,6 +945,83 @@ void accumulate_mixed(Td* dst, const Ts* src, int64_t n, Stream stream) {
 
 // the instantiations the backend uses
 #define LLMT_ACT_TYPES(X) X(float) X(uint16_t)
+// ---- packed documents as cuDNN's ragged batch (cudnn_attention.cpp) ----
+constexpr int kDocThreads = 1024;
+
+// One block. Each thread counts the document starts in its chunk of the N = B T tokens, the block
+// scans the counts, then each thread writes the documents that begin in its chunk, in order:
+// offsets in elements (the document's first token times the row stride of qkv, of out and of the
+// token-major stats) and, where a document ends in its chunk, its length. Slots past the last
+// document are length 0 with offsets at the end. Nothing is written past `slots`.
+__global__ void document_batch_kernel(int32_t* seq_len, int32_t* qkv_off, int32_t* out_off, int32_t* stats_off,
+                                      const int32_t* doc, int T_, int64_t N, int slots, int R, int C, int NH) {
+  LLMT_SHARED(int, before, [kDocThreads + 1]);  // the starts before each thread's chunk; [blockDim]: all
+  const int tid = threadIdx.x, threads = blockDim.x;
+  const int64_t per = (N + threads - 1) / threads, lo = tid * per < N ? tid * per : N, hi = lo + per < N ? lo + per : N;
+  int mine = 0;
+  for (int64_t g = lo; g < hi; g++) mine += doc[g] == (int)(g % T_);
+  before[tid + 1] = mine;
+  __syncthreads();
+  if (tid == 0) {
+    before[0] = 0;
+    for (int i = 1; i <= threads; i++) before[i] += before[i - 1];
+  }
+  __syncthreads();
+  int k = before[tid] - 1;  // the document the token before this chunk is in
+  for (int64_t g = lo; g < hi; g++) {
+    const int t = (int)(g % T_), d = doc[g];
+    if (d == t && ++k < slots) {
+      qkv_off[k] = (int32_t)(g * R);
+      out_off[k] = (int32_t)(g * C);
+      stats_off[k] = (int32_t)(g * NH);
+    }
+    const bool last = g + 1 == N || t + 1 == T_ || doc[g + 1] == t + 1;
+    if (last && k >= 0 && k < slots) seq_len[k] = t - d + 1;
+  }
+  for (int j = before[threads] + tid; j <= slots; j += threads) {
+    if (j < slots) seq_len[j] = 0;
+    qkv_off[j] = (int32_t)(N * R);
+    out_off[j] = (int32_t)(N * C);
+    stats_off[j] = (int32_t)(N * NH);
+  }
+}
+
+void document_batch(int32_t* seq_len, int32_t* qkv_off, int32_t* out_off, int32_t* stats_off, const int32_t* doc, int B,
+                    int T_, int slots, int R, int C, int NH, Stream stream) {
+  const int64_t N = (int64_t)B * T_;
+  LLMT_CHECK(N * R < INT32_MAX && slots >= 1, "document_batch: %lld tokens of %d values overflow int32 offsets",
+             (long long)N, R);
+  LLMT_LAUNCH(document_batch_kernel, 1, kDocThreads, 0, stream, seq_len, qkv_off, out_off, stats_off, doc, T_, N, slots,
+              R, C, NH);
+  CUDA_CHECK_LAUNCH();
+}
+
+// lse [B, NH, T] from token-major stats [B*T, NH] (to_lse), or the other way
+__global__ void stats_layout_kernel(float* dst, const float* src, int T_, int NH, int64_t n, bool to_lse) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t b = i / ((int64_t)NH * T_);
+    const int h = (int)(i / T_ % NH), t = (int)(i % T_);
+    const int64_t tok = ((b * T_ + t) * NH + h);
+    if (to_lse) dst[i] = src[tok];
+    else dst[tok] = src[i];
+  }
+}
+
+void stats_to_lse(float* lse, const float* stats, int B, int T_, int NH, Stream stream) {
+  const int64_t n = (int64_t)B * NH * T_;
+  if (n == 0) return;
+  LLMT_LAUNCH(stats_layout_kernel, grid_stride_blocks(n), kBlock, 0, stream, lse, stats, T_, NH, n, true);
+  CUDA_CHECK_LAUNCH();
+}
+
+void lse_to_stats(float* stats, const float* lse, int B, int T_, int NH, Stream stream) {
+  const int64_t n = (int64_t)B * NH * T_;
+  if (n == 0) return;
+  LLMT_LAUNCH(stats_layout_kernel, grid_stride_blocks(n), kBlock, 0, stream, stats, lse, T_, NH, n, false);
+  CUDA_CHECK_LAUNCH();
+}
+
 #define LLMT_INSTANTIATE(T)                                                                                          \
   template void matmul<T, T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool, bool, bool, int64_t, \
                              int64_t, Stream);                                                                       \

@@ -70,6 +70,15 @@ void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int
                        const Dropout& drop, Stream stream);
 // D[o] = rowsum(dout * out) for each of the `rows` rows (b, t, h) of attention's output: the term
 // every attention backward subtracts (FlashAttention-2's D).
+// cuDNN's ragged batch for packed documents (doc: the i32 [B*T] starts of PackedDocs): for each of
+// the `slots` sequences cuDNN's graph was built for, seq_len[slots] and the ragged offsets
+// [slots + 1], in elements, of the qkv rows (R values a token), the out rows (C) and token-major
+// stats (NH); the documents in order, then empty slots. slots must be at least the document count.
+void document_batch(int32_t* seq_len, int32_t* qkv_off, int32_t* out_off, int32_t* stats_off, const int32_t* doc, int B,
+                    int T, int slots, int R, int C, int NH, Stream stream);
+// lse [B, NH, T] (llmt's) from cuDNN's token-major ragged stats [B*T, NH], and back.
+void stats_to_lse(float* lse, const float* stats, int B, int T, int NH, Stream stream);
+void lse_to_stats(float* stats, const float* lse, int B, int T, int NH, Stream stream);
 template <typename T>
 void attention_row_dots(float* D, const T* dout, const T* out, int64_t rows, int hs, Stream stream);
 template <typename T>

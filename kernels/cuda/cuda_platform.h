@@ -1,8 +1,9 @@
 // CUDA for the project's kernels: the real toolkit under nvcc, the SIMT emulator (simt/simt.h) when
 // LLMT_SIMT is defined. Kernels launch only through LLMT_LAUNCH, declare static shared memory only
 // through LLMT_SHARED(type, name, dims) (`LLMT_SHARED(float, tile, [64][65]);`, `LLMT_SHARED(int,
-// count, );` for a scalar) and take dynamic shared memory only through LLMT_DYNAMIC_SHARED, so the
-// same source runs on both (docs/design.md, kernel rules).
+// count, );` for a scalar) and take dynamic shared memory only through LLMT_DYNAMIC_SHARED (over 48 KiB
+// allowed first by LLMT_MAX_DYNAMIC_SHARED(kernel, bytes), the kernel spelled as in its LLMT_LAUNCH;
+// a cudaError_t), so the same source runs on both (docs/design.md, kernel rules).
 #pragma once
 #ifdef LLMT_SIMT
 #include "kernels/cuda/simt/simt.h"
@@ -15,6 +16,7 @@
         return &declaration;                                                                            \
       }(),                                                                                              \
       sizeof(type dims)))
+#define LLMT_MAX_DYNAMIC_SHARED(kernel, bytes) ::llmt::simt::set_max_dynamic_shared(#kernel, (int)(bytes))
 #else
 #include <cuda_runtime.h>
 // kernel<<<grid, block, shared bytes, stream>>>(args...)
@@ -23,6 +25,8 @@
 extern __shared__ __align__(16) unsigned char llmt_dynamic_shared[];
 #define LLMT_DYNAMIC_SHARED(type) ((type*)llmt_dynamic_shared)
 #define LLMT_SHARED(type, name, dims) __shared__ __align__(16) type name dims
+#define LLMT_MAX_DYNAMIC_SHARED(kernel, bytes) \
+  cudaFuncSetAttribute((kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes))
 #endif
 
 // Threads per warp on every NVIDIA GPU llmt targets; kernels use this, never warpSize.

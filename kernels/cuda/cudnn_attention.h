@@ -5,8 +5,11 @@
 // scores (cuDNN's softmax stats), so the other kernels' backward can follow a cuDNN forward.
 //
 // What it takes: bf16, head size a multiple of 8 up to 128, no dropout (cuDNN's dropout masks are not
-// llmt's counter-based ones, which the CPU and the other kernels share) and no packed documents. The
-// backward asks cuDNN for its deterministic algorithm, so a run repeats bit for bit.
+// llmt's counter-based ones, which the CPU and the other kernels share). Packed documents go to cuDNN
+// as a ragged batch: each document one sequence (its length through the padding mask, its place in
+// the rows through ragged offsets), top-left causal inside it, the batch padded with empty sequences
+// to a power of two so that a handful of graphs serve every packing. The backward asks cuDNN for
+// its deterministic algorithm, so a run repeats bit for bit.
 //
 // cuDNN is loaded when first used (dlopen libcudnn.so.9), so a machine without it runs llmt with the
 // other kernels. In the emulated build the same code calls a CPU stand-in of the frontend's graph API
@@ -28,6 +31,10 @@ const std::string& cudnn_attention_unavailable();
 // Whether cuDNN attention takes head size hs (dropout and packing are the caller's to rule out); it
 // says nothing of the library.
 bool cudnn_attention_fits(int hs);
+// Whether cuDNN can take packed documents of this shape (its ragged offsets are int32).
+bool cudnn_attention_packs(int B, int T, int NH, int NKV, int hs);
+// The sequences of the ragged batch for `docs` packed documents: the next power of two.
+int cudnn_packed_slots(int64_t docs);
 // "9.19.0 (frontend 1.32.0)", or the emulated build's stand-in.
 std::string cudnn_attention_version();
 
@@ -40,14 +47,16 @@ class CudnnAttention {
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
-  // As attention_forward (cuda_ops.h) for bf16, with no dropout and no packed documents. False,
-  // having done nothing, when cuDNN's heuristics find no engine for this shape (the caller runs
-  // another kernel); throws llmt::Error, with cuDNN's message, when the library fails.
-  bool forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH, int NKV, int hs, Stream stream);
+  // As attention_forward (cuda_ops.h) for bf16, with no dropout; doc_start (or null) and docs as
+  // PackedDocs (engine/backend/backend.h). False, having done nothing, when cuDNN's heuristics find no
+  // engine for this shape (the caller runs another kernel); throws llmt::Error, with cuDNN's message,
+  // when the library fails.
+  bool forward(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc_start, int64_t docs, int B, int T,
+               int NH, int NKV, int hs, Stream stream);
   // As attention_backward (cuda_ops.h): dqkv (=) from dout and the forward's qkv, out and lse. False
   // as above.
-  bool backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out, const float* lse, int B,
-                int T, int NH, int NKV, int hs, Stream stream);
+  bool backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out, const float* lse,
+                const int32_t* doc_start, int64_t docs, int B, int T, int NH, int NKV, int hs, Stream stream);
 
   struct Plans;  // the frontend's types stay in cudnn_attention.cpp
 

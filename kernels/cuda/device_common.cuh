@@ -30,6 +30,30 @@ __device__ __forceinline__ uint16_t bf16_bits(float f) {
   return (uint16_t)(u >> 16);
 }
 
+// Two floats rounded to bf16 (nearest even) in one register, `lo` in the low half: one
+// cvt.rn.bf16x2.f32 on a GPU. A NaN becomes the canonical 0x7fff there (bf16_bits keeps its payload),
+// so this is for values that are never NaN (attention's probabilities and their gradients).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return (uint32_t)bf16_bits(lo) | (uint32_t)bf16_bits(hi) << 16;
+#endif
+}
+
+// 2^x, one MUFU.EX2 on a GPU (ex2.approx.ftz: about 2 ulp, 2^-inf = 0); exp2f under the emulator.
+__device__ __forceinline__ float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ T from_f32(float x);
 template <>

@@ -1,18 +1,31 @@
 // Causal self-attention on tensor cores, forward and backward, in the manner of FlashAttention-2
-// (Dao, 2023): bf16 in, f32 accumulation, head size 64 or 128, grouped-query heads, dropout on the
-// probabilities with the counter-based masks every backend draws, the log-sum-exp kept for the
-// backward.
+// (Dao, 2023): bf16 in, f32 accumulation, head sizes 64 and 128, grouped-query heads, dropout on the
+// probabilities with the counter-based masks every backend draws, packed documents, the log-sum-exp
+// kept for the backward, and a backward without atomics, so a run repeats bit for bit.
 //
-// Forward:
-// A block of 4 warps takes 64 query rows of one head of one sequence (grid: query tiles x heads x
-// batch, so a single long sequence fills the GPU); each warp owns 16 rows. The block walks the key
-// tiles of 64 up to its diagonal: K and V tiles go to shared memory (rows padded by 8 elements, so
-// ldmatrix's eight row addresses fall in different banks), S = Q K^T comes from mma.sync with Q's
-// fragments held in registers for the whole walk and K's by ldmatrix, the running row maximum
-// rescales the running sums and the output, and P (rounded to bf16) times V goes through mma.sync
-// again with P's accumulator fragment reused as the A fragment and V's by ldmatrix.trans. The row
-// sums stay per lane until the end and are then added over the row's four lanes in a fixed order,
-// so a run repeats bit for bit.
+// Forward, a block of 4 warps per 64 query rows of one head of one sequence (grid: query tiles
+// x heads x batch, the longest walks first); each warp owns 16 rows:
+//   Q's tile -> shared memory (cp.async, 16 bytes a copy) -> A fragments, in registers for the walk;
+//   for each 64-key tile up to the block's diagonal, K and V double-buffered: the next tile's
+//   cp.async is in flight while this one computes;
+//     S = Q K^T (mma.sync, K by ldmatrix x4); the causal and document masks on the tiles that need
+//     them only; the running row maximum in log2 units (the softmax scale times log2(e) folded in,
+//     so each probability is one FFMA and one ex2); P rounded to bf16 by cvt.rn.bf16x2;
+//     O += P V (P's accumulators reused as A fragments, V by ldmatrix x4 .trans);
+//   O / rowsum through shared memory to 16-byte stores; lse = (m + log2 rowsum) ln 2.
+// Row sums stay per lane until the end and are added over the row's four lanes in a fixed order.
+//
+// Backward, 5 matrix products per pair of tiles as FlashAttention-2 (S and dP computed once):
+//   S^T = K Q^T, dP^T = V dO^T, P = exp(S scale - lse), dS = P (dP - D) scale (D = rowsum(dO O),
+//   attention_row_dots), dV += P_drop^T dO, dK += dS^T Q, dQ += dS K.
+// A block of 4 warps per (split, kv head, sequence) walks key tiles split, split + splits, ...; for
+// each it holds K and V in shared memory, each warp 16 keys' dK and dV in registers, and walks the
+// query tiles at and past the diagonal for every head of the group, Q and dO double-buffered by
+// cp.async (at head size 64). dS goes through shared memory to form dQ's A fragments, and each
+// warp adds its 16 rows of dQ into the split's own f32 partial sums in global memory: a split's
+// key tiles add in increasing order, and no two blocks write one element. flash_dq_reduce_kernel
+// then adds the splits' partials in split order and rounds dQ to bf16 once. The number of splits
+// follows from the shape alone (cuda_flash_backward_splits), so the result does not depend on the GPU.
 #include "kernels/cuda/flash_attention.h"
 
 #include <cmath>
@@ -20,6 +33,8 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/cuda/async_copy.cuh"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -28,32 +43,25 @@ namespace llmt {
 namespace cuda {
 namespace {
 
-constexpr int kFlashRows = 64;  // query rows per block: 4 warps x 16
-constexpr int kFlashKeys = 64;  // keys per tile
-constexpr int kFlashThreads = 128;
+constexpr int kTile = 64;      // query rows and keys per tile
+constexpr int kThreads = 128;  // 4 warps, 16 rows (forward) or 16 keys (backward) each
+constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  return (uint32_t)bf16_bits(lo) | (uint32_t)bf16_bits(hi) << 16;
-}
-
-// Two adjacent bf16 of row `row` (zeros past the sequence) as one register.
-__device__ __forceinline__ uint32_t load_pair(const uint16_t* base, int64_t row_len, int row, int T_, int64_t col) {
-  if (row >= T_) return 0u;
-  const uint16_t* p = base + (int64_t)row * row_len + col;
-  return (uint32_t)p[0] | (uint32_t)p[1] << 16;
-}
-
-// A tile of 64 rows of one head (`col0` its first element in each row) into shared memory, zeros
-// past the sequence: a block's threads two elements at a time.
+// A tile of 64 rows of one head into shared memory (row stride HS + 8 elements: 16-byte aligned, and
+// ldmatrix's eight row addresses fall in different banks), 16 bytes a cp.async, zeros past the
+// sequence (their copies read nothing, from the sequence's first row). `src` is the sequence's first
+// row, `col0` the head's first element in a row.
 template <int HS>
-__device__ __forceinline__ void load_tile(uint16_t* dst, const uint16_t* src, int64_t row_len, int64_t col0, int r0,
-                                          int T_) {
-  constexpr int LD = HS + 8;
-  for (int i = (int)threadIdx.x; i < kFlashKeys * HS / 2; i += kFlashThreads) {
-    const int r = i / (HS / 2), c = (i % (HS / 2)) * 2;
-    const uint32_t w = load_pair(src, row_len, r0 + r, T_, col0 + c);
-    dst[r * LD + c] = (uint16_t)w;
-    dst[r * LD + c + 1] = (uint16_t)(w >> 16);
+__device__ __forceinline__ void load_tile_async(uint16_t* dst, const uint16_t* src, int row_len, int col0, int r0,
+                                                int T_) {
+  constexpr int LD = HS + 8, CHUNKS = HS / 8, ROWS = kThreads / CHUNKS;  // rows a pass of the block covers
+  const int r = (int)threadIdx.x / CHUNKS, cc = (int)threadIdx.x % CHUNKS;
+  uint16_t* to = dst + r * LD + cc * 8;  // a base and constant offsets: no address kept per pass
+  const uint16_t* from = src + (int64_t)(r0 + r) * row_len + col0 + cc * 8;
+#pragma unroll
+  for (int k = 0; k < kTile / ROWS; k++) {
+    const bool valid = r0 + r + k * ROWS < T_;
+    cp_async_16(to + k * ROWS * LD, valid ? from + (int64_t)k * ROWS * row_len : src, valid);
   }
 }
 
@@ -63,341 +71,455 @@ __device__ __forceinline__ int doc_start_of(const int32_t* doc, int b, int T_, i
   return doc && t < T_ ? doc[(int64_t)b * T_ + t] : 0;
 }
 
+// A's fragment (16 rows x 16 columns) of a row-major tile in shared memory: one ldmatrix x4.
+__device__ __forceinline__ void load_a(uint32_t a[4], const uint16_t* tile, int ld, int row0, int col0) {
+  const int l = (int)threadIdx.x % WARP_SIZE;
+  ldmatrix<4, false>(a, &tile[(row0 + l % 8 + (l / 8) % 2 * 8) * ld + col0 + l / 16 * 8]);
+}
+// B's fragments of two n-tiles (16 columns of B) and one k-step, where B = M^T and M (rows = B's
+// columns, 16 of them from row0) is stored row-major: one ldmatrix x4. b[0..1] n-tile 0, b[2..3] 1.
+__device__ __forceinline__ void load_b_rows(uint32_t b[4], const uint16_t* tile, int ld, int row0, int col0) {
+  const int l = (int)threadIdx.x % WARP_SIZE;
+  ldmatrix<4, false>(b, &tile[(row0 + l / 16 * 8 + l % 8) * ld + col0 + (l / 8) % 2 * 8]);
+}
+// The same where B itself (16 k-rows from row0, 16 columns from col0) is stored row-major (k-major):
+// one ldmatrix x4 .trans.
+__device__ __forceinline__ void load_b_trans(uint32_t b[4], const uint16_t* tile, int ld, int row0, int col0) {
+  const int l = (int)threadIdx.x % WARP_SIZE;
+  ldmatrix<4, true>(b, &tile[(row0 + (l / 8) % 2 * 8 + l % 8) * ld + col0 + l / 16 * 8]);
+}
+__device__ __forceinline__ void mma2(float d0[4], float d1[4], const uint32_t a[4], const uint32_t b[4]) {
+  const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+  mma_m16n8k16_bf16(d0, a, b0, d0);
+  mma_m16n8k16_bf16(d1, a, b1, d1);
+}
+// The A fragments of a 16 x 16 step from two n-tiles of f32 accumulators (rows as the accumulators').
+__device__ __forceinline__ void accumulators_as_a(uint32_t a[4], const float c0[4], const float c1[4]) {
+  a[0] = pack_bf16x2(c0[0], c0[1]);
+  a[1] = pack_bf16x2(c0[2], c0[3]);
+  a[2] = pack_bf16x2(c1[0], c1[1]);
+  a[3] = pack_bf16x2(c1[2], c1[3]);
+}
+
+// ---- forward ----
+
 template <int HS>
-__global__ void __launch_bounds__(kFlashThreads)
+constexpr size_t forward_shared_bytes() {
+  return (size_t)2 * 2 * kTile * (HS + 8) * sizeof(uint16_t);  // K and V in two stages; Q in stage 1's K first
+}
+
+template <int HS, bool DROPOUT>
+__global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc, int T_, int NH, int NKV,
                          Dropout drop) {
-  constexpr int LD = HS + 8;  // shared row stride in elements: 16-byte aligned, conflict-free for ldmatrix
-  LLMT_SHARED(uint16_t, sk, [kFlashKeys * LD]);
-  LLMT_SHARED(uint16_t, sv, [kFlashKeys * LD]);
-  const int qt = (int)blockIdx.x, h = (int)blockIdx.y, b = (int)blockIdx.z, kvh = h / (NH / NKV);
+  constexpr int LD = HS + 8, KS = HS / 16, NS = HS / 8;  // k-steps over the head, 8-wide n-tiles of it
+  uint16_t* skv = LLMT_DYNAMIC_SHARED(uint16_t);  // [stage][K, V][kTile][LD]
+  uint16_t* sq = skv + 2 * kTile * LD;             // Q's tile, in stage 1's K until Q is in registers
+  const int qt = (int)(gridDim.x - 1 - blockIdx.x), h = (int)blockIdx.y, b = (int)blockIdx.z, kvh = h / (NH / NKV);
   const int tid = (int)threadIdx.x, warp = tid / WARP_SIZE, l = tid % WARP_SIZE, g = l / 4, t4 = l % 4;
-  const int64_t row_len = (int64_t)(NH + 2 * NKV) * HS;
+  const int row_len = (NH + 2 * NKV) * HS;  // elements per row
   const uint16_t* base = qkv + (int64_t)b * T_ * row_len;
-  const float scale = 1.0f / sqrtf((float)HS), keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
-  const int q0 = qt * kFlashRows + warp * 16;  // this warp's first row; the lane's rows are q0+g, q0+g+8
+  const float c = kLog2e / sqrtf((float)HS), keep_scale = DROPOUT ? 1.0f / (1.0f - drop.p) : 1.0f;
+  const int q_first = qt * kTile, q0 = q_first + warp * 16;  // the lane's rows: q0 + g, q0 + g + 8
+  const int q_last = (q_first + kTile < T_ ? q_first + kTile : T_) - 1;
 
-  // Q's A fragments for every 16-column step of the head, for the whole walk
-  uint32_t qf[HS / 16][4];
-  for (int kk = 0; kk < HS / 16; kk++) {
-    const int64_t col = (int64_t)h * HS + kk * 16 + 2 * t4;
-    qf[kk][0] = load_pair(base, row_len, q0 + g, T_, col);
-    qf[kk][1] = load_pair(base, row_len, q0 + g + 8, T_, col);
-    qf[kk][2] = load_pair(base, row_len, q0 + g, T_, col + 8);
-    qf[kk][3] = load_pair(base, row_len, q0 + g + 8, T_, col + 8);
-  }
-  float o[HS / 8][4];
-  for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};  // rows g and g+8: max, this lane's sum
+  load_tile_async<HS>(sq, base, row_len, h * HS, q_first, T_);
+  cp_async_commit();
+  // from the tile holding the block's first row's document start: no row sees a key before it
+  const int kt0 = doc_start_of(doc, b, T_, q_first) / kTile, kt1 = q_last / kTile;
+  auto load_kv = [&](int kt, int stage) {
+    uint16_t* sk = skv + stage * 2 * kTile * LD;
+    load_tile_async<HS>(sk, base, row_len, (NH + kvh) * HS, kt * kTile, T_);
+    load_tile_async<HS>(sk + kTile * LD, base, row_len, (NH + NKV + kvh) * HS, kt * kTile, T_);
+    cp_async_commit();
+  };
+  load_kv(kt0, 0);
+  cp_async_wait<1>();  // Q has landed
+  __syncthreads();
+  uint32_t qf[KS][4];
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) load_a(qf[kk], sq, LD, warp * 16, kk * 16);
+  __syncthreads();  // every warp has Q before stage 1 is loaded over it
+
+  float o[NS][4];
+#pragma unroll
+  for (int n = 0; n < NS; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};  // rows g and g+8: max (log2 units), this lane's sum
   int first[2];  // the first key of each row's document (packed documents), else 0
   for (int r = 0; r < 2; r++) first[r] = doc_start_of(doc, b, T_, q0 + g + 8 * r);
+  // documents start in row order, so the warp's last row has the latest start
+  const int doc_last = doc_start_of(doc, b, T_, q0 + 15 < T_ ? q0 + 15 : T_ - 1);
 
-  const int block_end = (qt + 1) * kFlashRows < T_ ? (qt + 1) * kFlashRows : T_;
-  const int block_last = block_end - 1;  // the last key any row of the block sees
-  // from the tile holding the block's first row's document start: no row sees a key before it
-  for (int k0 = doc_start_of(doc, b, T_, qt * kFlashRows) / kFlashKeys * kFlashKeys; k0 <= block_last;
-       k0 += kFlashKeys) {
-    __syncthreads();  // every warp is done with the previous tile
-    load_tile<HS>(sk, base, row_len, (int64_t)(NH + kvh) * HS, k0, T_);
-    load_tile<HS>(sv, base, row_len, (int64_t)(NH + NKV + kvh) * HS, k0, T_);
-    __syncthreads();
-
-    // S = Q K^T: 8 column tiles of 8 keys; K's rows are B's columns (ldmatrix without .trans)
-    float s[kFlashKeys / 8][4];
-    for (int n = 0; n < kFlashKeys / 8; n++) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-      for (int kk = 0; kk < HS / 16; kk++) {
-        uint32_t kb[2];
-        ldmatrix<2, false>(kb, &sk[(n * 8 + l % 8) * LD + kk * 16 + (l / 8) % 2 * 8]);
-        mma_m16n8k16_bf16(s[n], qf[kk], kb, s[n]);
-      }
+  for (int kt = kt0; kt <= kt1; kt++) {
+    const int stage = (kt - kt0) & 1;
+    if (kt < kt1) {
+      load_kv(kt + 1, stage ^ 1);  // in flight while this tile computes
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
-    // scale, the causal and document masks, the new row maxima (over the row's four lanes)
-    float mx[2] = {-INFINITY, -INFINITY};
-    for (int n = 0; n < kFlashKeys / 8; n++)
-      for (int i = 0; i < 4; i++) {
-        const int row = q0 + g + (i >= 2 ? 8 : 0), key = k0 + n * 8 + 2 * t4 + (i & 1);
-        const float v = key > row || key >= T_ || key < first[i / 2] ? -INFINITY : s[n][i] * scale;
-        s[n][i] = v;
-        mx[i / 2] = fmaxf(mx[i / 2], v);
-      }
-    float alpha[2], m_exp[2];
-    for (int r = 0; r < 2; r++) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);
-      // -inf while a row has seen only masked keys (a later document's row in an earlier tile): its
-      // sums stay 0, and exponents are taken from 0 so that none is exp(-inf + inf)
-      m_exp[r] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = expf(m[r] - m_exp[r]);
-      m[r] = m_new;
-      lsum[r] *= alpha[r];
-    }
-    for (int n = 0; n < HS / 8; n++) {
-      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    }
-    // P = exp(S - m): the sums take every probability, the product with V the kept ones, scaled
-    for (int n = 0; n < kFlashKeys / 8; n++)
-      for (int i = 0; i < 4; i++) {
-        const float e = expf(s[n][i] - m_exp[i / 2]);
-        lsum[i / 2] += e;
-        float w = e;
-        if (drop.p > 0.0f) {
-          const int row = q0 + g + (i >= 2 ? 8 : 0), key = k0 + n * 8 + 2 * t4 + (i & 1);
-          w = row < T_ && key < T_ && dropout_keep(drop.key, dropout_row(drop.row0 + b, row),
-                                                   ((int64_t)h << kDropoutPosBits) + key, drop.p)
-                  ? e * keep_scale
-                  : 0.0f;
+    __syncthreads();  // this tile, from every thread's copies
+    const uint16_t* sk = skv + stage * 2 * kTile * LD;
+    const uint16_t* sv = sk + kTile * LD;
+    const int k0 = kt * kTile;
+    if (k0 <= q0 + 15) {  // a tile wholly after the warp's rows adds nothing to them
+      // S = Q K^T: 8 n-tiles of 8 keys
+      float s[kTile / 8][4];
+#pragma unroll
+      for (int n = 0; n < kTile / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+      for (int np = 0; np < kTile / 16; np++)
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+          uint32_t kb[4];
+          load_b_rows(kb, sk, LD, np * 16, kk * 16);
+          mma2(s[2 * np], s[2 * np + 1], qf[kk], kb);
         }
-        s[n][i] = w;
+      // the causal and document masks, only where a key may lie after a row or before its document
+      if (k0 + kTile - 1 > q0 || k0 < doc_last) {
+#pragma unroll
+        for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            const int row = q0 + g + (i >= 2 ? 8 : 0), key = k0 + n * 8 + 2 * t4 + (i & 1);
+            if (key > row || key < first[i / 2]) s[n][i] = -INFINITY;
+          }
       }
-    // O += P V: P's accumulators are the A fragments of 16-key steps; V (k-major) by ldmatrix.trans
-    for (int kk = 0; kk < kFlashKeys / 16; kk++) {
-      const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      for (int n = 0; n < HS / 8; n++) {
-        uint32_t vb[2];
-        ldmatrix<2, true>(vb, &sv[(kk * 16 + (l / 8) % 2 * 8 + l % 8) * LD + n * 8]);
-        mma_m16n8k16_bf16(o[n], pa, vb, o[n]);
+      // the new row maxima (over the row's four lanes), in log2 units
+      float mx[2] = {-INFINITY, -INFINITY}, m_use[2];
+#pragma unroll
+      for (int n = 0; n < kTile / 8; n++) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+      }
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m[r], mx[r] * c);
+        // -inf while a row has seen only masked keys (a later document's row in an earlier tile):
+        // its sums stay 0, and exponents are taken from 0 so that none is exp2(-inf + inf)
+        m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = fast_exp2(m[r] - m_use[r]);
+        m[r] = m_new;
+        lsum[r] *= alpha;
+#pragma unroll
+        for (int n = 0; n < NS; n++) o[n][2 * r] *= alpha, o[n][2 * r + 1] *= alpha;
+      }
+      // P = 2^(S c - m): the sums take every probability, the product with V the kept ones, scaled
+#pragma unroll
+      for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const float e = fast_exp2(fmaf(s[n][i], c, -m_use[i / 2]));
+          lsum[i / 2] += e;
+          float w = e;
+          if (DROPOUT) {
+            const int row = q0 + g + (i >= 2 ? 8 : 0), key = k0 + n * 8 + 2 * t4 + (i & 1);
+            w = row < T_ && key < T_ &&
+                        dropout_keep(drop.key, dropout_row(drop.row0 + b, row), ((int64_t)h << kDropoutPosBits) + key,
+                                     drop.p)
+                    ? e * keep_scale
+                    : 0.0f;
+          }
+          s[n][i] = w;
+        }
+      // O += P V: 4 steps of 16 keys
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; kk++) {
+        uint32_t pa[4];
+        accumulators_as_a(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int np = 0; np < NS / 2; np++) {
+          uint32_t vb[4];
+          load_b_trans(vb, sv, LD, kk * 16, np * 16);
+          mma2(o[2 * np], o[2 * np + 1], pa, vb);
+        }
       }
     }
+    __syncthreads();  // every warp is done with this stage before it is loaded again
   }
 
   // the row sums over the row's four lanes, in one order; then out = O / sum, lse = m + log(sum)
+#pragma unroll
   for (int r = 0; r < 2; r++) {
     const float s1 = __shfl_xor_sync(0xffffffffu, lsum[r], 1);
     const float pair = (t4 & 1) ? s1 + lsum[r] : lsum[r] + s1;  // lanes (0,1) and (2,3): one order for both
     const float s2 = __shfl_xor_sync(0xffffffffu, pair, 2);
     lsum[r] = (t4 & 2) ? s2 + pair : pair + s2;
   }
+  // the warp's 16 rows through its own rows of stage 0's K (free after the walk's last barrier) to
+  // 16-byte stores
+  uint16_t* stage_rows = skv + warp * 16 * LD;
+#pragma unroll
   for (int r = 0; r < 2; r++) {
-    const int row = q0 + g + 8 * r;
-    if (row >= T_) continue;
     const float inv = 1.0f / lsum[r];
-    uint16_t* orow = out + ((int64_t)b * T_ + row) * NH * HS + (int64_t)h * HS;
-    for (int n = 0; n < HS / 8; n++) {
-      orow[n * 8 + 2 * t4] = bf16_bits(o[n][2 * r] * inv);
-      orow[n * 8 + 2 * t4 + 1] = bf16_bits(o[n][2 * r + 1] * inv);
-    }
-    if (t4 == 0) lse[((int64_t)b * NH + h) * T_ + row] = m[r] + logf(lsum[r]);
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+      *reinterpret_cast<uint32_t*>(&stage_rows[(g + 8 * r) * LD + n * 8 + 2 * t4]) =
+          pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    const int row = q0 + g + 8 * r;
+    if (t4 == 0 && row < T_) lse[((int64_t)b * NH + h) * T_ + row] = (m[r] + log2f(lsum[r])) / kLog2e;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = l; i < 16 * NS; i += WARP_SIZE) {
+    const int r = i / NS, cc = i % NS, row = q0 + r;
+    if (row < T_)
+      store_vec<uint16_t, 8>(out + ((int64_t)b * T_ + row) * NH * HS + (int64_t)h * HS + cc * 8,
+                             load_vec<uint16_t, 8>(&stage_rows[r * LD + cc * 8]));
   }
 }
 
+// ---- backward ----
 
-// The backward, FlashAttention-2's way in two kernels, each output element written by one warp (no
-// atomics, so a run repeats bit for bit). Both recompute P = exp(S * scale - lse) from the forward's
-// lse and take D = rowsum(dO * O) (attention_row_dots) as given:
-//   dV = P_drop^T dO,  dP = dO V^T (times the dropout mask),  dS = P * (dP - D) * scale,
-//   dK = dS^T Q,       dQ = dS K.
-// flash_dkv_kernel: a block per (64-key tile, kv head, sequence); each warp keeps 16 keys' K and V
-// as A fragments and walks the query tiles at and past its diagonal for every head of the group,
-// with Q and dO in shared memory: S^T = K Q^T and dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q
-// with the accumulators of P^T and dS^T reused as A fragments (as P in the forward).
+// Q and dO stages: double-buffered at head size 64; at 128 one, so that two blocks fit an SM.
 template <int HS>
-__global__ void __launch_bounds__(kFlashThreads)
-    flash_dkv_kernel(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D,
-                     const int32_t* doc, int T_, int NH, int NKV, Dropout drop) {
-  constexpr int LD = HS + 8;
-  LLMT_SHARED(uint16_t, sq, [kFlashRows * LD]);
-  LLMT_SHARED(uint16_t, sdo, [kFlashRows * LD]);
-  LLMT_SHARED(float, slse, [kFlashRows]);
-  LLMT_SHARED(float, sd, [kFlashRows]);
-  LLMT_SHARED(int, sdoc, [kFlashRows]);
-  const int kt = (int)blockIdx.x, kvh = (int)blockIdx.y, b = (int)blockIdx.z, group = NH / NKV;
+constexpr int kBackwardStages = HS <= 64 ? 2 : 1;
+constexpr int kLdS = kTile + 8;  // dS's shared row stride
+template <int HS>
+constexpr size_t backward_shared_bytes() {
+  return (size_t)(2 + 2 * kBackwardStages<HS>) * kTile * (HS + 8) * sizeof(uint16_t)  // K, V; Q, dO per stage
+         + (size_t)kTile * kLdS * sizeof(uint16_t)                                      // dS^T
+         + (size_t)kBackwardStages<HS> * kTile * (2 * sizeof(float) + sizeof(int));  // lse, D, document starts
+}
+
+template <int HS, bool DROPOUT>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_kernel(uint16_t* dqkv, float* dq_partial, const uint16_t* dout, const uint16_t* qkv,
+                          const float* lse, const float* D, const int32_t* doc, int B, int T_, int NH, int NKV,
+                          Dropout drop) {
+  constexpr int LD = HS + 8, KS = HS / 16, NS = HS / 8, STAGES = kBackwardStages<HS>;
+  constexpr int QH = HS > 64 ? 4 : 1, QW = kTile / QH;  // passes over a query tile, and their queries
+  uint16_t* sk = LLMT_DYNAMIC_SHARED(uint16_t);
+  uint16_t* sv = sk + kTile * LD;
+  uint16_t* sqdo = sv + kTile * LD;                  // [stage][Q, dO][kTile][LD]
+  uint16_t* sds = sqdo + STAGES * 2 * kTile * LD;    // dS^T: [key][query]
+  float* slse = reinterpret_cast<float*>(sds + kTile * kLdS);  // [stage][kTile]: lse in log2 units
+  float* sd = slse + STAGES * kTile;                            // [stage][kTile]: D
+  int* sdoc = reinterpret_cast<int*>(sd + STAGES * kTile);      // [stage][kTile]: document starts
+  const int split = (int)blockIdx.x, splits = (int)gridDim.x, kvh = (int)blockIdx.y, b = (int)blockIdx.z;
+  const int group = NH / NKV;
   const int tid = (int)threadIdx.x, warp = tid / WARP_SIZE, l = tid % WARP_SIZE, g = l / 4, t4 = l % 4;
-  const int64_t row_len = (int64_t)(NH + 2 * NKV) * HS, out_len = (int64_t)NH * HS;
+  const int row_len = (NH + 2 * NKV) * HS, out_len = NH * HS;  // elements per row: small, 32 bits each
   const uint16_t* base = qkv + (int64_t)b * T_ * row_len;
   const uint16_t* dbase = dout + (int64_t)b * T_ * out_len;
-  const float scale = 1.0f / sqrtf((float)HS), keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
-  const int k0 = kt * kFlashKeys + warp * 16;  // this warp's first key; the lane's keys are k0+g, k0+g+8
+  const float scale = 1.0f / sqrtf((float)HS), c = scale * kLog2e;
+  const float keep_scale = DROPOUT ? 1.0f / (1.0f - drop.p) : 1.0f;
+  const int tiles = (T_ + kTile - 1) / kTile;
+  float* partial = dq_partial + ((int64_t)split * B + b) * T_ * out_len;  // this split's dQ sums, sequence b
 
-  uint32_t kf[HS / 16][4], vf[HS / 16][4];
-  for (int kk = 0; kk < HS / 16; kk++) {
-    const int64_t kcol = (int64_t)(NH + kvh) * HS + kk * 16 + 2 * t4, vcol = kcol + (int64_t)NKV * HS;
-    for (int i = 0; i < 4; i++) {
-      const int row = k0 + g + (i & 1) * 8;
-      const int64_t off = (i & 2) ? 8 : 0;
-      kf[kk][i] = load_pair(base, row_len, row, T_, kcol + off);
-      vf[kk][i] = load_pair(base, row_len, row, T_, vcol + off);
-    }
-  }
-  float dk[HS / 8][4], dv[HS / 8][4];
-  for (int n = 0; n < HS / 8; n++)
-    for (int i = 0; i < 4; i++) dk[n][i] = dv[n][i] = 0.0f;
-
-  for (int h = kvh * group; h < (kvh + 1) * group; h++)
-    for (int qs = kt * kFlashKeys; qs < T_; qs += kFlashRows) {
-      // this tile's queries and every later one belong to documents after the block's last key
-      if (doc_start_of(doc, b, T_, qs) > kt * kFlashKeys + kFlashKeys - 1) break;
-      __syncthreads();  // every warp is done with the previous tiles
-      load_tile<HS>(sq, base, row_len, (int64_t)h * HS, qs, T_);
-      load_tile<HS>(sdo, dbase, out_len, (int64_t)h * HS, qs, T_);
-      if (tid < kFlashRows) {
+  for (int kt = split; kt < tiles; kt += splits) {
+    const int k_first = kt * kTile, kw = k_first + warp * 16;  // the lane's keys: kw + g, kw + g + 8
+    // query tiles from the diagonal while their first row's document may still see this tile
+    int it_end = kt;
+    while (it_end < tiles && doc_start_of(doc, b, T_, it_end * kTile) <= k_first + kTile - 1) it_end++;
+    const int per_head = it_end - kt, items = group * per_head;
+    // item j: head kvh * group + j / per_head, query tile kt + j % per_head
+    auto load_item = [&](int j, int stage) {
+      const int h = kvh * group + j / per_head, qs = (kt + j % per_head) * kTile;
+      uint16_t* sq = sqdo + stage * 2 * kTile * LD;
+      load_tile_async<HS>(sq, base, row_len, h * HS, qs, T_);
+      load_tile_async<HS>(sq + kTile * LD, dbase, out_len, h * HS, qs, T_);
+      cp_async_commit();
+      if (tid < kTile) {
         const int t = qs + tid;
-        slse[tid] = t < T_ ? lse[((int64_t)b * NH + h) * T_ + t] : 0.0f;
-        sd[tid] = t < T_ ? D[((int64_t)b * T_ + t) * NH + h] : 0.0f;
-        sdoc[tid] = doc_start_of(doc, b, T_, t);
+        slse[stage * kTile + tid] = t < T_ ? lse[((int64_t)b * NH + h) * T_ + t] * kLog2e : 0.0f;
+        sd[stage * kTile + tid] = t < T_ ? D[((int64_t)b * T_ + t) * NH + h] : 0.0f;
+        sdoc[stage * kTile + tid] = doc_start_of(doc, b, T_, t);
+      }
+    };
+    __syncthreads();  // every warp is done with the previous key tile's K, V and staging
+    load_tile_async<HS>(sk, base, row_len, (NH + kvh) * HS, k_first, T_);
+    load_tile_async<HS>(sv, base, row_len, (NH + NKV + kvh) * HS, k_first, T_);
+    cp_async_commit();
+    if (items > 0) load_item(0, 0);
+
+    float dk[NS][4], dv[NS][4];
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) dk[n][i] = dv[n][i] = 0.0f;
+
+    for (int j = 0; j < items; j++) {
+      const int stage = STAGES == 2 ? j & 1 : 0;
+      if (STAGES == 2 && j + 1 < items) {  // the next item in flight while this one computes
+        load_item(j + 1, stage ^ 1);
+        cp_async_wait<1>();
+      } else {
+        if (STAGES == 1 && j > 0) load_item(j, 0);  // one stage: loaded after the last item's barrier
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // this item's tiles (and, for the first, K and V) from every thread's copies
+      const int h = kvh * group + j / per_head, qs = (kt + j % per_head) * kTile;
+      const uint16_t* sq = sqdo + stage * 2 * kTile * LD;
+      const uint16_t* sdo = sq + kTile * LD;
+      const float* lse2 = slse + stage * kTile;
+      const float* dd = sd + stage * kTile;
+      const int* first = sdoc + stage * kTile;
+
+      // in QH passes of QW queries (two at head size 128, to keep the registers within bounds):
+      // masks where a key may lie after a query, a query past the sequence, or (documents start in
+      // row order, so the tile's last query has the latest start) a key before a query's document
+      const int q_last = qs + kTile - 1 < T_ ? qs + kTile - 1 : T_ - 1;
+      const bool docs = kw < first[q_last - qs];
+      const bool masked = kw + 15 > qs || qs + kTile > T_ || docs;
+#pragma unroll 1
+      for (int qh = 0; qh < QH; qh++) {
+        // S^T = K Q^T and dP^T = V dO^T: the warp's 16 keys x QW queries, n-tiles of 8 queries
+        float s[QW / 8][4], dp[QW / 8][4];
+#pragma unroll
+        for (int n = 0; n < QW / 8; n++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) s[n][i] = dp[n][i] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+          uint32_t ka[4];
+          load_a(ka, sk, LD, warp * 16, kk * 16);
+#pragma unroll
+          for (int np = 0; np < QW / 16; np++) {
+            uint32_t qb[4];
+            load_b_rows(qb, sq, LD, qh * QW + np * 16, kk * 16);
+            mma2(s[2 * np], s[2 * np + 1], ka, qb);
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+          uint32_t va[4];
+          load_a(va, sv, LD, warp * 16, kk * 16);
+#pragma unroll
+          for (int np = 0; np < QW / 16; np++) {
+            uint32_t ob[4];
+            load_b_rows(ob, sdo, LD, qh * QW + np * 16, kk * 16);
+            mma2(dp[2 * np], dp[2 * np + 1], va, ob);
+          }
+        }
+        // P (masked: a key after its query, before the query's document, or a query past the
+        // sequence), the dropped P in dp's place once dS is known, dS in s's place
+        const int q_lane = qh * QW + 2 * t4;            // element (n, i)'s query: qs + q_lane + n * 8 + (i & 1)
+        const int key_minus_q = kw + g - qs - q_lane;   // for i < 2; 8 more for i >= 2
+        const int q_room = T_ - qs - q_lane;            // the query is in the sequence below this
+#pragma unroll
+        for (int n = 0; n < QW / 8; n++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            const int off = n * 8 + (i & 1), qc = q_lane + off, key = kw + g + (i >= 2 ? 8 : 0), query = qs + qc;
+            bool out = false;
+            if (masked) {
+              out = key_minus_q + (i >= 2 ? 8 : 0) > off || off >= q_room;
+              if (docs) out = out || key < first[qc];
+            }
+            const float pr = out ? 0.0f : fast_exp2(fmaf(s[n][i], c, -lse2[qc]));
+            float keep = 1.0f;
+            if (DROPOUT)
+              keep = query < T_ && key < T_ &&
+                             dropout_keep(drop.key, dropout_row(drop.row0 + b, query),
+                                          ((int64_t)h << kDropoutPosBits) + key, drop.p)
+                         ? keep_scale
+                         : 0.0f;
+            s[n][i] = pr * (dp[n][i] * keep - dd[qc]) * scale;
+            dp[n][i] = pr * keep;
+          }
+        // dV += P_drop^T dO and dK += dS^T Q: steps of 16 queries; dO and Q (query-major) by .trans
+#pragma unroll
+        for (int kk = 0; kk < QW / 16; kk++) {
+          uint32_t pa[4], sa[4];
+          accumulators_as_a(pa, dp[2 * kk], dp[2 * kk + 1]);
+          accumulators_as_a(sa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+          for (int np = 0; np < NS / 2; np++) {
+            uint32_t ob[4], qb[4];
+            load_b_trans(ob, sdo, LD, qh * QW + kk * 16, np * 16);
+            load_b_trans(qb, sq, LD, qh * QW + kk * 16, np * 16);
+            mma2(dv[2 * np], dv[2 * np + 1], pa, ob);
+            mma2(dk[2 * np], dk[2 * np + 1], sa, qb);
+          }
+        }
+        // dS^T to shared memory, the warp's 16 key rows, for dQ's A fragments
+#pragma unroll
+        for (int n = 0; n < QW / 8; n++) {
+          const int col = qh * QW + n * 8 + 2 * t4;
+          *reinterpret_cast<uint32_t*>(&sds[(warp * 16 + g) * kLdS + col]) = pack_bf16x2(s[n][0], s[n][1]);
+          *reinterpret_cast<uint32_t*>(&sds[(warp * 16 + g + 8) * kLdS + col]) = pack_bf16x2(s[n][2], s[n][3]);
+        }
       }
       __syncthreads();
-
-      // S^T = K Q^T and dP^T = V dO^T: 8 column tiles of 8 queries; Q's and dO's rows are B's columns
-      float p[kFlashRows / 8][4], dp[kFlashRows / 8][4];
-      for (int n = 0; n < kFlashRows / 8; n++) {
-        for (int i = 0; i < 4; i++) p[n][i] = dp[n][i] = 0.0f;
-        for (int kk = 0; kk < HS / 16; kk++) {
-          const int at = (n * 8 + l % 8) * LD + kk * 16 + (l / 8) % 2 * 8;
-          uint32_t qb[2], ob[2];
-          ldmatrix<2, false>(qb, &sq[at]);
-          ldmatrix<2, false>(ob, &sdo[at]);
-          mma_m16n8k16_bf16(p[n], kf[kk], qb, p[n]);
-          mma_m16n8k16_bf16(dp[n], vf[kk], ob, dp[n]);
+      // dQ's rows 16 warp .. 16 warp + 15 of this query tile: dS (query x key, dS^T by .trans) times
+      // K (key-major, by .trans), added into the split's partial sums
+#pragma unroll 1
+      for (int dh = 0; dh < QH; dh++) {  // the head's columns in QH parts, as the queries above
+        constexpr int DS = NS / QH;        // n-tiles per part
+        float dq[DS][4];
+#pragma unroll
+        for (int n = 0; n < DS; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < kTile / 16; kk++) {
+          uint32_t da[4];
+          ldmatrix<4, true>(da, &sds[(kk * 16 + l / 16 * 8 + l % 8) * kLdS + warp * 16 + (l / 8) % 2 * 8]);
+#pragma unroll
+          for (int np = 0; np < DS / 2; np++) {
+            uint32_t kb[4];
+            load_b_trans(kb, sk, LD, kk * 16, (dh * DS + 2 * np) * 8);
+            mma2(dq[2 * np], dq[2 * np + 1], da, kb);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+          const int query = qs + warp * 16 + g + 8 * r;
+          if (query >= T_) continue;
+          float* row = partial + (int64_t)query * out_len + (int64_t)h * HS + dh * DS * 8;
+#pragma unroll
+          for (int n = 0; n < DS; n++) {
+            Vec<float, 2> v = load_vec<float, 2>(row + n * 8 + 2 * t4);
+            v.v[0] += dq[n][2 * r];
+            v.v[1] += dq[n][2 * r + 1];
+            store_vec<float, 2>(row + n * 8 + 2 * t4, v);
+          }
         }
       }
-      // P (masked: a key after its query, or a query past the sequence), the dropped P in dp's
-      // place once dS is known, dS in p's place
-      float pd[kFlashRows / 8][4];
-      for (int n = 0; n < kFlashRows / 8; n++)
-        for (int i = 0; i < 4; i++) {
-          const int key = k0 + g + (i >= 2 ? 8 : 0), qc = n * 8 + 2 * t4 + (i & 1), query = qs + qc;
-          const float pr = key > query || query >= T_ || key < sdoc[qc] ? 0.0f : expf(p[n][i] * scale - slse[qc]);
-          float keep = 1.0f;
-          if (drop.p > 0.0f)
-            keep = query < T_ && key < T_ &&
-                           dropout_keep(drop.key, dropout_row(drop.row0 + b, query), ((int64_t)h << kDropoutPosBits) + key,
-                                        drop.p)
-                       ? keep_scale
-                       : 0.0f;
-          pd[n][i] = pr * keep;
-          p[n][i] = pr * (dp[n][i] * keep - sd[qc]) * scale;
-        }
-      // dV += P_drop^T dO and dK += dS^T Q: 16-query steps; dO and Q (query-major) by ldmatrix.trans
-      for (int kk = 0; kk < kFlashRows / 16; kk++) {
-        const uint32_t pa[4] = {pack_bf16(pd[2 * kk][0], pd[2 * kk][1]), pack_bf16(pd[2 * kk][2], pd[2 * kk][3]),
-                                pack_bf16(pd[2 * kk + 1][0], pd[2 * kk + 1][1]),
-                                pack_bf16(pd[2 * kk + 1][2], pd[2 * kk + 1][3])};
-        const uint32_t sa[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
-                                pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                                pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-        for (int n = 0; n < HS / 8; n++) {
-          const int at = (kk * 16 + (l / 8) % 2 * 8 + l % 8) * LD + n * 8;
-          uint32_t ob[2], qb[2];
-          ldmatrix<2, true>(ob, &sdo[at]);
-          ldmatrix<2, true>(qb, &sq[at]);
-          mma_m16n8k16_bf16(dv[n], pa, ob, dv[n]);
-          mma_m16n8k16_bf16(dk[n], sa, qb, dk[n]);
-        }
-      }
+      __syncthreads();  // every warp is done with dS^T and this stage before they are written again
     }
 
-  for (int r = 0; r < 2; r++) {
-    const int key = k0 + g + 8 * r;
-    if (key >= T_) continue;
-    uint16_t* row = dqkv + ((int64_t)b * T_ + key) * row_len;
-    for (int n = 0; n < HS / 8; n++) {
-      const int64_t c = n * 8 + 2 * t4;
-      row[(int64_t)(NH + kvh) * HS + c] = bf16_bits(dk[n][2 * r]);
-      row[(int64_t)(NH + kvh) * HS + c + 1] = bf16_bits(dk[n][2 * r + 1]);
-      row[(int64_t)(NH + NKV + kvh) * HS + c] = bf16_bits(dv[n][2 * r]);
-      row[(int64_t)(NH + NKV + kvh) * HS + c + 1] = bf16_bits(dv[n][2 * r + 1]);
+    // dK and dV of the warp's 16 keys through its own rows of K's and V's tiles to 16-byte stores
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+      for (int n = 0; n < NS; n++) {
+        const int at = (warp * 16 + g + 8 * r) * LD + n * 8 + 2 * t4;
+        *reinterpret_cast<uint32_t*>(&sk[at]) = pack_bf16x2(dk[n][2 * r], dk[n][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(&sv[at]) = pack_bf16x2(dv[n][2 * r], dv[n][2 * r + 1]);
+      }
+    __syncwarp();
+#pragma unroll
+    for (int i = l; i < 16 * NS; i += WARP_SIZE) {
+      const int r = i / NS, cc = i % NS, key = kw + r;
+      if (key >= T_) continue;
+      uint16_t* row = dqkv + ((int64_t)b * T_ + key) * row_len;
+      store_vec<uint16_t, 8>(row + (int64_t)(NH + kvh) * HS + cc * 8,
+                             load_vec<uint16_t, 8>(&sk[(warp * 16 + r) * LD + cc * 8]));
+      store_vec<uint16_t, 8>(row + (int64_t)(NH + NKV + kvh) * HS + cc * 8,
+                             load_vec<uint16_t, 8>(&sv[(warp * 16 + r) * LD + cc * 8]));
     }
   }
 }
 
-// flash_dq_kernel: a block per (64-query tile, head, sequence), as the forward; each warp keeps 16
-// query rows' Q and dO as A fragments and walks the key tiles up to its diagonal with K and V in
-// shared memory: S = Q K^T, dP = dO V^T, then dQ += dS K (K key-major, by ldmatrix.trans).
-template <int HS>
-__global__ void __launch_bounds__(kFlashThreads)
-    flash_dq_kernel(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D,
-                    const int32_t* doc, int T_, int NH, int NKV, Dropout drop) {
-  constexpr int LD = HS + 8;
-  LLMT_SHARED(uint16_t, sk, [kFlashKeys * LD]);
-  LLMT_SHARED(uint16_t, sv, [kFlashKeys * LD]);
-  const int qt = (int)blockIdx.x, h = (int)blockIdx.y, b = (int)blockIdx.z, kvh = h / (NH / NKV);
-  const int tid = (int)threadIdx.x, warp = tid / WARP_SIZE, l = tid % WARP_SIZE, g = l / 4, t4 = l % 4;
-  const int64_t row_len = (int64_t)(NH + 2 * NKV) * HS, out_len = (int64_t)NH * HS;
-  const uint16_t* base = qkv + (int64_t)b * T_ * row_len;
-  const uint16_t* dbase = dout + (int64_t)b * T_ * out_len;
-  const float scale = 1.0f / sqrtf((float)HS), keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
-  const int q0 = qt * kFlashRows + warp * 16;  // the lane's rows are q0+g, q0+g+8
-
-  uint32_t qf[HS / 16][4], of[HS / 16][4];
-  for (int kk = 0; kk < HS / 16; kk++) {
-    const int64_t col = (int64_t)h * HS + kk * 16 + 2 * t4;
-    for (int i = 0; i < 4; i++) {
-      const int row = q0 + g + (i & 1) * 8;
-      const int64_t off = (i & 2) ? 8 : 0;
-      qf[kk][i] = load_pair(base, row_len, row, T_, col + off);
-      of[kk][i] = load_pair(dbase, out_len, row, T_, col + off);
+// dQ = the splits' partial sums added in split order, rounded to bf16 once, into dqkv's query part:
+// a thread per 4 consecutive elements (16-byte loads, 8-byte stores).
+__global__ void flash_dq_reduce_kernel(uint16_t* dqkv, const float* dq_partial, int splits, int64_t rows, int q_len,
+                                       int64_t row_len) {
+  const int64_t quads = rows * q_len / 4, stride = (int64_t)gridDim.x * blockDim.x, plane = rows * q_len;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < quads; i += stride) {
+    const int64_t e = i * 4, row = e / q_len, col = e % q_len;
+    Vec<float, 4> sum = load_vec<float, 4>(dq_partial + e);
+    for (int s = 1; s < splits; s++) {
+      const Vec<float, 4> p = load_vec<float, 4>(dq_partial + s * plane + e);
+#pragma unroll
+      for (int k = 0; k < 4; k++) sum.v[k] += p.v[k];
     }
-  }
-  float row_lse[2], row_d[2];
-  int first[2];
-  for (int r = 0; r < 2; r++) {
-    const int row = q0 + g + 8 * r;
-    first[r] = doc_start_of(doc, b, T_, row);
-    row_lse[r] = row < T_ ? lse[((int64_t)b * NH + h) * T_ + row] : 0.0f;
-    row_d[r] = row < T_ ? D[((int64_t)b * T_ + row) * NH + h] : 0.0f;
-  }
-  float dq[HS / 8][4];
-  for (int n = 0; n < HS / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-
-  const int block_end = (qt + 1) * kFlashRows < T_ ? (qt + 1) * kFlashRows : T_;
-  for (int k0 = doc_start_of(doc, b, T_, qt * kFlashRows) / kFlashKeys * kFlashKeys; k0 < block_end;
-       k0 += kFlashKeys) {
-    __syncthreads();
-    load_tile<HS>(sk, base, row_len, (int64_t)(NH + kvh) * HS, k0, T_);
-    load_tile<HS>(sv, base, row_len, (int64_t)(NH + NKV + kvh) * HS, k0, T_);
-    __syncthreads();
-
-    float s[kFlashKeys / 8][4], dp[kFlashKeys / 8][4];
-    for (int n = 0; n < kFlashKeys / 8; n++) {
-      for (int i = 0; i < 4; i++) s[n][i] = dp[n][i] = 0.0f;
-      for (int kk = 0; kk < HS / 16; kk++) {
-        const int at = (n * 8 + l % 8) * LD + kk * 16 + (l / 8) % 2 * 8;
-        uint32_t kb[2], vb[2];
-        ldmatrix<2, false>(kb, &sk[at]);
-        ldmatrix<2, false>(vb, &sv[at]);
-        mma_m16n8k16_bf16(s[n], qf[kk], kb, s[n]);
-        mma_m16n8k16_bf16(dp[n], of[kk], vb, dp[n]);
-      }
-    }
-    for (int n = 0; n < kFlashKeys / 8; n++)
-      for (int i = 0; i < 4; i++) {
-        const int r = i / 2, row = q0 + g + 8 * r, key = k0 + n * 8 + 2 * t4 + (i & 1);
-        const float pr = key > row || row >= T_ || key < first[r] ? 0.0f : expf(s[n][i] * scale - row_lse[r]);
-        float keep = 1.0f;
-        if (drop.p > 0.0f)
-          keep = row < T_ && key < T_ &&
-                         dropout_keep(drop.key, dropout_row(drop.row0 + b, row), ((int64_t)h << kDropoutPosBits) + key,
-                                      drop.p)
-                     ? keep_scale
-                     : 0.0f;
-        s[n][i] = pr * (dp[n][i] * keep - row_d[r]) * scale;
-      }
-    // dQ += dS K: dS's accumulators are the A fragments of 16-key steps
-    for (int kk = 0; kk < kFlashKeys / 16; kk++) {
-      const uint32_t sa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      for (int n = 0; n < HS / 8; n++) {
-        uint32_t kb[2];
-        ldmatrix<2, true>(kb, &sk[(kk * 16 + (l / 8) % 2 * 8 + l % 8) * LD + n * 8]);
-        mma_m16n8k16_bf16(dq[n], sa, kb, dq[n]);
-      }
-    }
-  }
-
-  for (int r = 0; r < 2; r++) {
-    const int row = q0 + g + 8 * r;
-    if (row >= T_) continue;
-    uint16_t* dst = dqkv + ((int64_t)b * T_ + row) * row_len + (int64_t)h * HS;
-    for (int n = 0; n < HS / 8; n++) {
-      dst[n * 8 + 2 * t4] = bf16_bits(dq[n][2 * r]);
-      dst[n * 8 + 2 * t4 + 1] = bf16_bits(dq[n][2 * r + 1]);
-    }
+    Vec<uint32_t, 2> packed;
+    packed.v[0] = pack_bf16x2(sum.v[0], sum.v[1]);
+    packed.v[1] = pack_bf16x2(sum.v[2], sum.v[3]);
+    store_vec<uint32_t, 2>(reinterpret_cast<uint32_t*>(dqkv + row * row_len + col), packed);
   }
 }
 
@@ -422,40 +544,63 @@ const char* attention_impl_name(AttentionImpl impl) {
 
 bool flash_attention_fits(int hs) { return hs == 64 || hs == 128; }
 
+size_t flash_backward_scratch_bytes(int B, int T_, int NH, int NKV, int hs) {
+  if (!flash_attention_fits(hs) || B == 0 || T_ == 0) return 0;
+  return (size_t)cuda_flash_backward_splits(B, T_, NKV) * B * T_ * NH * hs * sizeof(float);
+}
+
+#define LLMT_FLASH_FORWARD(HS, DROP)                                                                        \
+  do {                                                                                                      \
+    constexpr size_t shared = forward_shared_bytes<HS>();                                                   \
+    CUDA_CHECK(LLMT_MAX_DYNAMIC_SHARED((flash_forward_kernel<HS, DROP>), shared));                          \
+    LLMT_LAUNCH((flash_forward_kernel<HS, DROP>), grid, kThreads, shared, stream, out, lse, qkv, doc, T_, NH, \
+                NKV, drop);                                                                                 \
+  } while (0)
+
 void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc, int B, int T_, int NH,
                              int NKV, int hs, const Dropout& drop, Stream stream) {
   LLMT_CHECK(flash_attention_fits(hs), "flash attention: head size %d (64 or 128)", hs);
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
+  LLMT_CHECK(aligned(qkv, 16) && aligned(out, 16), "flash attention: qkv and out must be 16-byte aligned");
   if (B == 0 || T_ == 0) return;
-  const dim3 grid((unsigned)((T_ + kFlashRows - 1) / kFlashRows), (unsigned)NH, (unsigned)B);
-  if (hs == 64)
-    LLMT_LAUNCH(flash_forward_kernel<64>, grid, kFlashThreads, 0, stream, out, lse, qkv, doc, T_, NH, NKV, drop);
-  else
-    LLMT_LAUNCH(flash_forward_kernel<128>, grid, kFlashThreads, 0, stream, out, lse, qkv, doc, T_, NH, NKV, drop);
+  const dim3 grid((unsigned)((T_ + kTile - 1) / kTile), (unsigned)NH, (unsigned)B);
+  const bool dropping = drop.active();
+  if (hs == 64 && !dropping) LLMT_FLASH_FORWARD(64, false);
+  else if (hs == 64) LLMT_FLASH_FORWARD(64, true);
+  else if (!dropping) LLMT_FLASH_FORWARD(128, false);
+  else LLMT_FLASH_FORWARD(128, true);
   CUDA_CHECK_LAUNCH();
 }
 
-void flash_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse,
-                              const float* D, const int32_t* doc, int B, int T_, int NH, int NKV, int hs,
-                              const Dropout& drop, Stream stream) {
+#define LLMT_FLASH_BACKWARD(HS, DROP)                                                                         \
+  do {                                                                                                        \
+    constexpr size_t shared = backward_shared_bytes<HS>();                                                    \
+    CUDA_CHECK(LLMT_MAX_DYNAMIC_SHARED((flash_backward_kernel<HS, DROP>), shared));                           \
+    LLMT_LAUNCH((flash_backward_kernel<HS, DROP>), grid, kThreads, shared, stream, dqkv, dq_partial, dout, qkv, \
+                lse, D, doc, B, T_, NH, NKV, drop);                                                           \
+  } while (0)
+
+void flash_attention_backward(uint16_t* dqkv, float* dq_partial, const uint16_t* dout, const uint16_t* qkv,
+                              const float* lse, const float* D, const int32_t* doc, int B, int T_, int NH, int NKV,
+                              int hs, const Dropout& drop, Stream stream) {
   LLMT_CHECK(flash_attention_fits(hs), "flash attention: head size %d (64 or 128)", hs);
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
+  LLMT_CHECK(aligned(qkv, 16) && aligned(dout, 16) && aligned(dqkv, 16) && aligned(dq_partial, 16),
+             "flash attention: qkv, dout, dqkv and the scratch must be 16-byte aligned");
   if (B == 0 || T_ == 0) return;
-  const unsigned tiles = (unsigned)((T_ + kFlashRows - 1) / kFlashRows);
-  const dim3 kv_grid(tiles, (unsigned)NKV, (unsigned)B), q_grid(tiles, (unsigned)NH, (unsigned)B);
-  if (hs == 64) {
-    LLMT_LAUNCH(flash_dkv_kernel<64>, kv_grid, kFlashThreads, 0, stream, dqkv, dout, qkv, lse, D, doc, T_, NH, NKV,
-                drop);
-    CUDA_CHECK_LAUNCH();
-    LLMT_LAUNCH(flash_dq_kernel<64>, q_grid, kFlashThreads, 0, stream, dqkv, dout, qkv, lse, D, doc, T_, NH, NKV,
-                drop);
-  } else {
-    LLMT_LAUNCH(flash_dkv_kernel<128>, kv_grid, kFlashThreads, 0, stream, dqkv, dout, qkv, lse, D, doc, T_, NH, NKV,
-                drop);
-    CUDA_CHECK_LAUNCH();
-    LLMT_LAUNCH(flash_dq_kernel<128>, q_grid, kFlashThreads, 0, stream, dqkv, dout, qkv, lse, D, doc, T_, NH, NKV,
-                drop);
-  }
+  const int splits = cuda_flash_backward_splits(B, T_, NKV);
+  CUDA_CHECK(cudaMemsetAsync(dq_partial, 0, flash_backward_scratch_bytes(B, T_, NH, NKV, hs), stream));
+  const dim3 grid((unsigned)splits, (unsigned)NKV, (unsigned)B);
+  const bool dropping = drop.active();
+  if (hs == 64 && !dropping) LLMT_FLASH_BACKWARD(64, false);
+  else if (hs == 64) LLMT_FLASH_BACKWARD(64, true);
+  else if (!dropping) LLMT_FLASH_BACKWARD(128, false);
+  else LLMT_FLASH_BACKWARD(128, true);
+  CUDA_CHECK_LAUNCH();
+  const int64_t rows = (int64_t)B * T_;
+  const int q_len = NH * hs;
+  LLMT_LAUNCH(flash_dq_reduce_kernel, grid_for(rows * q_len / 4), kBlock, 0, stream, dqkv, dq_partial, splits, rows,
+              q_len, (int64_t)(NH + 2 * NKV) * hs);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -2,6 +2,7 @@
 // bf16 at head size 64 or 128, FlashAttention-2's way; the plain kernels of cuda_ops.cu take every
 // other case and are the reference these are checked against. A plain C++ header.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "engine/backend/backend.h"
@@ -26,9 +27,11 @@ void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, con
                              int NKV, int hs, const Dropout& drop, Stream stream);
 // As attention_backward (cuda_ops.h) for bf16 tensors: dqkv (=) from dout, the forward's qkv and
 // lse, and D = rowsum(dout * out) from attention_row_dots. Deterministic: no atomics.
-void flash_attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse,
-                              const float* D, const int32_t* doc, int B, int T_, int NH, int NKV, int hs,
-                              const Dropout& drop, Stream stream);
+// dq_partial: a device scratch of flash_backward_scratch_bytes(...) bytes (the splits' f32 sums of dQ).
+size_t flash_backward_scratch_bytes(int B, int T_, int NH, int NKV, int hs);
+void flash_attention_backward(uint16_t* dqkv, float* dq_partial, const uint16_t* dout, const uint16_t* qkv,
+                              const float* lse, const float* D, const int32_t* doc, int B, int T_, int NH, int NKV,
+                              int hs, const Dropout& drop, Stream stream);
 
 }  // namespace cuda
 }  // namespace llmt

@@ -18,14 +18,14 @@ file(READ ${SRC}/kernels/cuda/flash_attention.cu flash)
 file(READ ${SRC}/kernels/cuda/cuda_ops.cu ops)
 file(READ ${SRC}/kernels/cuda/mma_probe.cu probe)
 
-# 1. flash forward: no barrier between the K/V tile loads and their reads
+# 1. flash forward: no barrier between a K/V tile's copies landing and the warps reading it
 plant(flash flash_attention.cu
-  "    load_tile<HS>(sv, base, row_len, (int64_t)(NH + NKV + kvh) * HS, k0, T_);\n    __syncthreads();\n"
-  "    load_tile<HS>(sv, base, row_len, (int64_t)(NH + NKV + kvh) * HS, k0, T_);\n")
+  "    __syncthreads();  // this tile, from every thread's copies\n"
+  "")
 # 2. column partial sums: no barrier before the first row lane reads the others' partials
 plant(ops cuda_ops.cu
-  "  s1[ry][cx] = a1;\n  __syncthreads();\n  if (ry != 0 || c >= C) return;\n"
-  "  s1[ry][cx] = a1;\n  if (ry != 0 || c >= C) return;\n")
+  "  __syncthreads();\n  if (ry != 0 || c >= C) return;\n"
+  "  if (ry != 0 || c >= C) return;\n")
 # 3. the ldmatrix probe: no __syncwarp between the lanes' stores and the ldmatrix that reads them
 plant(probe mma_probe.cu
   "  for (int i = l; i < n * 64; i += WARP_SIZE) sm[i] = m[i];\n  __syncwarp();\n"

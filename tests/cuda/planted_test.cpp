@@ -1,7 +1,8 @@
 // The emulator as a sanitizer, proven on planted defects (docs/design.md, "The emulator as a
 // sanitizer"). CMakeLists.txt builds this file against copies of the project's kernels with four
 // defects planted by text (tests/cuda/plant_defects.cmake):
-//   1. flash_forward_kernel: the __syncthreads between loading a K/V tile and reading it, deleted;
+//   1. flash_forward_kernel: the __syncthreads between a K/V tile's cp.async copies landing (each
+//      thread's own) and the warps reading the whole tile, deleted;
 //   2. column_partials_kernel (bias and norm-weight gradients): the __syncthreads between the row
 //      lanes' partial sums and the first lane's reading them, deleted;
 //   3. ldmatrix_kernel (the ldmatrix probe): the __syncwarp between the lanes' stores to shared
@@ -87,7 +88,7 @@ TEST(PlantedDefects, FlashForwardWithoutTheBarrierAfterItsTileLoads) {
   for (size_t i = 0; i < qkv.size(); i++) qkv[i] = bf16(std::sin(0.37f * (float)i));
   Device<uint16_t> dqkv(qkv), out((size_t)B * T * NH * hs);
   Device<float> lse((size_t)B * NH * T);
-  expect_caught("flash_forward_kernel<64>", [&] {
+  expect_caught("flash_forward_kernel<64, false>", [&] {
     cuda::flash_attention_forward(out.p, lse.p, dqkv.p, nullptr, B, T, NH, NKV, hs, Dropout{}, nullptr);
   });
 }
@@ -98,7 +99,7 @@ TEST(PlantedDefects, ColumnSumsWithoutTheBarrierBeforeTheirFirstLaneReads) {
   std::vector<float> dout((size_t)M * N);
   for (size_t i = 0; i < dout.size(); i++) dout[i] = std::cos(0.11f * (float)i);
   Device<float> d(dout), dbias((size_t)N), partials(cuda::column_partials_bytes(M, N) / sizeof(float));
-  expect_caught("column_partials_kernel<T, KIND>",
+  expect_caught("column_partials_kernel<T, KIND, 1>",
                 [&] { cuda::bias_backward<float>(dbias.p, d.p, M, N, partials.p, nullptr); });
 }
 
@@ -113,8 +114,8 @@ TEST(PlantedDefects, LdmatrixProbeWithoutTheSyncwarpAfterItsStores) {
   expect_caught("ldmatrix_kernel", [&] { cuda::ldmatrix_probe(out.p, dm.p, 4, false); });
 }
 
-// RMSNorm over rows of 64 channels: a block of 64 threads, two warps' partial sums, and the planted
-// read of a third slot that no warp wrote.
+// RMSNorm over rows of 64 f32 channels (16 chunks of 16 bytes: a block of one warp), the warp's partial
+// sum, and the planted read of a second slot that no warp wrote.
 TEST(PlantedDefects, RowSumReadingASharedSlotNoThreadWrote) {
   if (kRacecheck) GTEST_SKIP() << "a read of memory never written is poison's to find, not racecheck's";
   const int64_t N = 4;
@@ -128,7 +129,7 @@ TEST(PlantedDefects, RowSumReadingASharedSlotNoThreadWrote) {
       run();
       ADD_FAILURE() << "no error under LLMT_SIMT_SCHEDULE=" << simt::schedule_name();
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("kernel rmsnorm_forward_kernel"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("kernel rmsnorm_forward_vec_kernel<T, 1>"), std::string::npos) << e.what();
     }
     return;
   }

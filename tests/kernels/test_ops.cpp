@@ -615,75 +615,131 @@ constexpr int NC = 12;      // channels
 
 TEST_P(Ops, LayerNormForwardMatchesReference) {
   std::mt19937 rng(31);
-  FV x = rand_f(rng, NN * NC), w = rand_act(rng, NC), b = rand_act(rng, NC);
-  for (int i = 0; i < NN * NC; i++) x[i] = representable(x[i] + 0.3f * (i / NC));  // rows with different means
-  FV g1 = rand_act(rng, NN * NC, 5.f, 6.f), g2 = rand_f(rng, NN, 5.f, 6.f), g3 = rand_f(rng, NN, 5.f, 6.f);
-  BufP X = Buf::act(x), W = Buf::act(w), Bb = Buf::act(b), Out = Buf::act(g1);
-  Buf Mean(g2), Rstd(g3);
-  const float eps = 1e-5f;
-  be().layernorm_forward(Out->a({NN, NC}), Mean.f32({NN}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), Bb->a({NC}), NN,
-                         NC, eps);
-  DV mean, rstd;
-  DV want = llmt_ref::layernorm(to_d(x), to_d(w), to_d(b), NN, NC, eps, &mean, &rstd);
-  EXPECT_TRUE(Close(Out->rf(), want, fwd_tol())) << "out";
-  EXPECT_TRUE(Close(Mean.rf(), mean, tol::kF32OpForward)) << "mean (f32 statistics)";
-  EXPECT_TRUE(Close(Rstd.rf(), rstd, tol::kF32OpForward)) << "rstd (f32 statistics)";
+  // 12 channels: bf16 rows take the scalar kernels on a GPU, f32 rows the 16-byte ones; 40: both vectorised
+  for (const int NC : {12, 40}) {
+    SCOPED_TRACE(::testing::Message() << NC << " channels");
+    FV x = rand_f(rng, NN * NC), w = rand_act(rng, NC), b = rand_act(rng, NC);
+    for (int i = 0; i < NN * NC; i++) x[i] = representable(x[i] + 0.3f * (i / NC));  // rows with different means
+    FV g1 = rand_act(rng, NN * NC, 5.f, 6.f), g2 = rand_f(rng, NN, 5.f, 6.f), g3 = rand_f(rng, NN, 5.f, 6.f);
+    BufP X = Buf::act(x), W = Buf::act(w), Bb = Buf::act(b), Out = Buf::act(g1);
+    Buf Mean(g2), Rstd(g3);
+    const float eps = 1e-5f;
+    be().layernorm_forward(Out->a({NN, NC}), Mean.f32({NN}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), Bb->a({NC}), NN,
+                           NC, eps);
+    DV mean, rstd;
+    DV want = llmt_ref::layernorm(to_d(x), to_d(w), to_d(b), NN, NC, eps, &mean, &rstd);
+    EXPECT_TRUE(Close(Out->rf(), want, fwd_tol())) << "out";
+    EXPECT_TRUE(Close(Mean.rf(), mean, tol::kF32OpForward)) << "mean (f32 statistics)";
+    EXPECT_TRUE(Close(Rstd.rf(), rstd, tol::kF32OpForward)) << "rstd (f32 statistics)";
+  }
 }
 
 TEST_P(Ops, LayerNormBackwardVsFiniteDifferencesAccumulates) {
   std::mt19937 rng(32);
-  FV x = rand_act(rng, NN * NC), w = rand_act(rng, NC), b = rand_act(rng, NC), r = rand_act(rng, NN * NC);
-  FV pre_dx = rand_act(rng, NN * NC), pre_dw = rand_f(rng, NC), pre_db = rand_f(rng, NC);
-  const float eps = 1e-5f;
-  BufP X = Buf::act(x), W = Buf::act(w), Bb = Buf::act(b), Out = Buf::act_bytes(NN * NC), R = Buf::act(r),
-       dX = Buf::act(pre_dx);
-  Buf Mean(NN * 4), Rstd(NN * 4), dW(pre_dw), dB(pre_db);
-  be().layernorm_forward(Out->a({NN, NC}), Mean.f32({NN}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), Bb->a({NC}), NN,
-                         NC, eps);
-  be().layernorm_backward(dX->a({NN, NC}), dW.f32({NC}), dB.f32({NC}), R->a({NN, NC}), X->a({NN, NC}), W->a({NC}),
-                          Mean.f32({NN}), Rstd.f32({NN}), NN, NC);
-  DV xd = to_d(x), wd = to_d(w), bd = to_d(b), rd = to_d(r);
-  auto L = [&](const DV& X_, const DV& W_, const DV& B_) {
-    return dot(llmt_ref::layernorm(X_, W_, B_, NN, NC, eps), rd);
-  };
-  EXPECT_TRUE(Close(dX->rf(), add_d(pre_dx, fd_grad([&](const DV& v) { return L(v, wd, bd); }, xd)), grad_tol()))
-      << "dx (+=)";
-  EXPECT_TRUE(Close(dW.rf(), add_d(pre_dw, fd_grad([&](const DV& v) { return L(xd, v, bd); }, wd)), grad_tol()))
-      << "dw (+=)";
-  EXPECT_TRUE(Close(dB.rf(), add_d(pre_db, fd_grad([&](const DV& v) { return L(xd, wd, v); }, bd)), grad_tol()))
-      << "db (+=)";
+  // 12 channels: bf16 rows take the scalar kernels on a GPU, f32 rows the 16-byte ones; 40: both vectorised
+  for (const int NC : {12, 40}) {
+    SCOPED_TRACE(::testing::Message() << NC << " channels");
+    FV x = rand_act(rng, NN * NC), w = rand_act(rng, NC), b = rand_act(rng, NC), r = rand_act(rng, NN * NC);
+    FV pre_dx = rand_act(rng, NN * NC), pre_dw = rand_f(rng, NC), pre_db = rand_f(rng, NC);
+    const float eps = 1e-5f;
+    BufP X = Buf::act(x), W = Buf::act(w), Bb = Buf::act(b), Out = Buf::act_bytes(NN * NC), R = Buf::act(r),
+         dX = Buf::act(pre_dx);
+    Buf Mean(NN * 4), Rstd(NN * 4), dW(pre_dw), dB(pre_db);
+    be().layernorm_forward(Out->a({NN, NC}), Mean.f32({NN}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), Bb->a({NC}), NN,
+                           NC, eps);
+    be().layernorm_backward(dX->a({NN, NC}), dW.f32({NC}), dB.f32({NC}), R->a({NN, NC}), X->a({NN, NC}), W->a({NC}),
+                            Mean.f32({NN}), Rstd.f32({NN}), NN, NC);
+    DV xd = to_d(x), wd = to_d(w), bd = to_d(b), rd = to_d(r);
+    auto L = [&](const DV& X_, const DV& W_, const DV& B_) {
+      return dot(llmt_ref::layernorm(X_, W_, B_, NN, NC, eps), rd);
+    };
+    EXPECT_TRUE(Close(dX->rf(), add_d(pre_dx, fd_grad([&](const DV& v) { return L(v, wd, bd); }, xd)), grad_tol()))
+        << "dx (+=)";
+    EXPECT_TRUE(Close(dW.rf(), add_d(pre_dw, fd_grad([&](const DV& v) { return L(xd, v, bd); }, wd)), grad_tol()))
+        << "dw (+=)";
+    EXPECT_TRUE(Close(dB.rf(), add_d(pre_db, fd_grad([&](const DV& v) { return L(xd, wd, v); }, bd)), grad_tol()))
+        << "db (+=)";
+  }
 }
 
 TEST_P(Ops, RmsNormForwardMatchesReference) {
   std::mt19937 rng(33);
-  FV x = rand_act(rng, NN * NC), w = rand_act(rng, NC);
-  FV g1 = rand_act(rng, NN * NC, 5.f, 6.f), g2 = rand_f(rng, NN, 5.f, 6.f);
-  BufP X = Buf::act(x), W = Buf::act(w), Out = Buf::act(g1);
-  Buf Rstd(g2);
-  const float eps = 1e-6f;
-  be().rmsnorm_forward(Out->a({NN, NC}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), NN, NC, eps);
-  DV rstd;
-  DV want = llmt_ref::rmsnorm(to_d(x), to_d(w), NN, NC, eps, &rstd);
-  EXPECT_TRUE(Close(Out->rf(), want, fwd_tol())) << "out";
-  EXPECT_TRUE(Close(Rstd.rf(), rstd, tol::kF32OpForward)) << "rstd (f32 statistics)";
+  // 12 channels: bf16 rows take the scalar kernels on a GPU, f32 rows the 16-byte ones; 40: both vectorised
+  for (const int NC : {12, 40}) {
+    SCOPED_TRACE(::testing::Message() << NC << " channels");
+    FV x = rand_act(rng, NN * NC), w = rand_act(rng, NC);
+    FV g1 = rand_act(rng, NN * NC, 5.f, 6.f), g2 = rand_f(rng, NN, 5.f, 6.f);
+    BufP X = Buf::act(x), W = Buf::act(w), Out = Buf::act(g1);
+    Buf Rstd(g2);
+    const float eps = 1e-6f;
+    be().rmsnorm_forward(Out->a({NN, NC}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), NN, NC, eps);
+    DV rstd;
+    DV want = llmt_ref::rmsnorm(to_d(x), to_d(w), NN, NC, eps, &rstd);
+    EXPECT_TRUE(Close(Out->rf(), want, fwd_tol())) << "out";
+    EXPECT_TRUE(Close(Rstd.rf(), rstd, tol::kF32OpForward)) << "rstd (f32 statistics)";
+  }
 }
 
 TEST_P(Ops, RmsNormBackwardVsFiniteDifferencesAccumulates) {
   std::mt19937 rng(34);
-  FV x = rand_act(rng, NN * NC), w = rand_act(rng, NC), r = rand_act(rng, NN * NC);
-  FV pre_dx = rand_act(rng, NN * NC), pre_dw = rand_f(rng, NC);
-  const float eps = 1e-6f;
-  BufP X = Buf::act(x), W = Buf::act(w), Out = Buf::act_bytes(NN * NC), R = Buf::act(r), dX = Buf::act(pre_dx);
-  Buf Rstd(NN * 4), dW(pre_dw);
-  be().rmsnorm_forward(Out->a({NN, NC}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), NN, NC, eps);
-  be().rmsnorm_backward(dX->a({NN, NC}), dW.f32({NC}), R->a({NN, NC}), X->a({NN, NC}), W->a({NC}), Rstd.f32({NN}), NN,
-                        NC);
-  DV xd = to_d(x), wd = to_d(w), rd = to_d(r);
-  auto L = [&](const DV& X_, const DV& W_) { return dot(llmt_ref::rmsnorm(X_, W_, NN, NC, eps), rd); };
-  EXPECT_TRUE(Close(dX->rf(), add_d(pre_dx, fd_grad([&](const DV& v) { return L(v, wd); }, xd)), grad_tol()))
-      << "dx (+=)";
-  EXPECT_TRUE(Close(dW.rf(), add_d(pre_dw, fd_grad([&](const DV& v) { return L(xd, v); }, wd)), grad_tol()))
-      << "dw (+=)";
+  // 12 channels: bf16 rows take the scalar kernels on a GPU, f32 rows the 16-byte ones; 40: both vectorised
+  for (const int NC : {12, 40}) {
+    SCOPED_TRACE(::testing::Message() << NC << " channels");
+    FV x = rand_act(rng, NN * NC), w = rand_act(rng, NC), r = rand_act(rng, NN * NC);
+    FV pre_dx = rand_act(rng, NN * NC), pre_dw = rand_f(rng, NC);
+    const float eps = 1e-6f;
+    BufP X = Buf::act(x), W = Buf::act(w), Out = Buf::act_bytes(NN * NC), R = Buf::act(r), dX = Buf::act(pre_dx);
+    Buf Rstd(NN * 4), dW(pre_dw);
+    be().rmsnorm_forward(Out->a({NN, NC}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), NN, NC, eps);
+    be().rmsnorm_backward(dX->a({NN, NC}), dW.f32({NC}), R->a({NN, NC}), X->a({NN, NC}), W->a({NC}), Rstd.f32({NN}), NN,
+                          NC);
+    DV xd = to_d(x), wd = to_d(w), rd = to_d(r);
+    auto L = [&](const DV& X_, const DV& W_) { return dot(llmt_ref::rmsnorm(X_, W_, NN, NC, eps), rd); };
+    EXPECT_TRUE(Close(dX->rf(), add_d(pre_dx, fd_grad([&](const DV& v) { return L(v, wd); }, xd)), grad_tol()))
+        << "dx (+=)";
+    EXPECT_TRUE(Close(dW.rf(), add_d(pre_dw, fd_grad([&](const DV& v) { return L(xd, v); }, wd)), grad_tol()))
+        << "dw (+=)";
+  }
+}
+
+// Long rows: 4104 channels (513 16-byte bf16 chunks: a GPU's vectorised kernels hold several a
+// thread) and 20008 (past what they hold: the scalar kernels again), forward against the reference and
+// dx against the backward's formula on the forward's own statistics (+=).
+TEST_P(Ops, NormsOverLongRows) {
+  std::mt19937 rng(36);
+  const int64_t N = 3;
+  for (const int C : {4104, 20008}) {
+    SCOPED_TRACE(::testing::Message() << C << " channels");
+    FV x = rand_act(rng, N * C), w = rand_act(rng, C), b = rand_act(rng, C), r = rand_act(rng, N * C);
+    FV pre = rand_act(rng, N * C);
+    BufP X = Buf::act(x), W = Buf::act(w), Bb = Buf::act(b), R = Buf::act(r), Out = Buf::act_bytes(N * C),
+         dLn = Buf::act(pre), dRms = Buf::act(pre);
+    Buf Mean(N * 4), Rstd(N * 4), RmsRstd(N * 4), dW(C * 4), dB(C * 4);
+    be().layernorm_forward(Out->a({N, C}), Mean.f32({N}), Rstd.f32({N}), X->a({N, C}), W->a({C}), Bb->a({C}), N, C,
+                           1e-5f);
+    EXPECT_TRUE(Close(Out->rf(), llmt_ref::layernorm(to_d(x), to_d(w), to_d(b), N, C, 1e-5f), fwd_tol())) << "layernorm";
+    be().rmsnorm_forward(Out->a({N, C}), RmsRstd.f32({N}), X->a({N, C}), W->a({C}), N, C, 1e-6f);
+    EXPECT_TRUE(Close(Out->rf(), llmt_ref::rmsnorm(to_d(x), to_d(w), N, C, 1e-6f), fwd_tol())) << "rmsnorm";
+    be().layernorm_backward(dLn->a({N, C}), dW.f32({C}), dB.f32({C}), R->a({N, C}), X->a({N, C}), W->a({C}),
+                            Mean.f32({N}), Rstd.f32({N}), N, C);
+    be().rmsnorm_backward(dRms->a({N, C}), dW.f32({C}), R->a({N, C}), X->a({N, C}), W->a({C}), RmsRstd.f32({N}), N, C);
+    const FV mean = Mean.rf(), rstd = Rstd.rf(), rms = RmsRstd.rf();
+    DV want_ln = to_d(pre), want_rms = to_d(pre);
+    for (int64_t i = 0; i < N; i++) {
+      double s_dn = 0, s_dnn = 0, s_rms = 0;
+      for (int c = 0; c < C; c++) {
+        const double dn = (double)r[i * C + c] * w[c], n = (x[i * C + c] - mean[i]) * (double)rstd[i];
+        s_dn += dn, s_dnn += dn * n, s_rms += dn * x[i * C + c] * rms[i];
+      }
+      for (int c = 0; c < C; c++) {
+        const double dn = (double)r[i * C + c] * w[c], n = (x[i * C + c] - mean[i]) * (double)rstd[i];
+        want_ln[i * C + c] += (dn - s_dn / C - n * s_dnn / C) * rstd[i];
+        want_rms[i * C + c] += (dn - x[i * C + c] * (double)rms[i] * s_rms / C) * rms[i];
+      }
+    }
+    EXPECT_TRUE(Close(dLn->rf(), want_ln, grad_tol())) << "layernorm dx (+=)";
+    EXPECT_TRUE(Close(dRms->rf(), want_rms, grad_tol())) << "rmsnorm dx (+=)";
+  }
 }
 
 // The weight and bias gradients of the norms and the bias gradient over many rows (on a GPU: column
@@ -1148,12 +1204,15 @@ TEST_P(Ops, AttentionPackedDocumentsEqualEachDocumentAlone) {
     BufP X = Buf::act(qkv), Out = Buf::act(rand_act(rng, (size_t)rows * Q, 5.f, 6.f)), dOut = Buf::act(g);
     BufP dX = Buf::act(rand_act(rng, qkv.size(), 5.f, 6.f));
     Buf Lse((size_t)B * c.NH * c.T * 4), Doc(doc);
+    int64_t count = 0;
+    for (const auto& row : c.starts) count += (int64_t)row.size();
+    const llmt::PackedDocs docs{Doc.i32({rows}), count};
     be().attention_forward(Out->a({rows, Q}), Lse.f32({B, c.NH, c.T}), X->a({rows, R}), B, c.T, c.NH, c.NKV, c.hs,
-                           llmt::Dropout{}, Doc.i32({rows}));
+                           llmt::Dropout{}, docs);
     EXPECT_TRUE(Close(Out->rf(), want_out, fwd_tol())) << "out";
     EXPECT_TRUE(Close(Lse.rf(), want_lse, tol::kF32OpForward + (is_bf16() ? tol::kBf16OpForward / 4 : 0.0))) << "lse";
     be().attention_backward(dX->a({rows, R}), dOut->a({rows, Q}), X->a({rows, R}), Out->a({rows, Q}),
-                            Lse.f32({B, c.NH, c.T}), B, c.T, c.NH, c.NKV, c.hs, llmt::Dropout{}, Doc.i32({rows}));
+                            Lse.f32({B, c.NH, c.T}), B, c.T, c.NH, c.NKV, c.hs, llmt::Dropout{}, docs);
     EXPECT_TRUE(Close(dX->rf(), want_dqkv, grad_tol())) << "dqkv";
   }
 }
@@ -1566,8 +1625,12 @@ TEST_P(Ops, BadArgumentsAreRefusedByTheEntry) {
   expect_error([&] { be().rope_forward(Big->a({2, 8 * hs}), 1, 2, 2, 1, hs, llmt::RopeSpec{}, X->f32({2})); },
                {name + " rope_forward: positions is f32, expected i32"});
   expect_error([&] { be().attention_forward(Big->a({B * T, 2 * hs}), X->f32({B * 2 * T}), Big->a({B * T, 4 * hs}), B, T,
-                                            2, 1, hs, llmt::Dropout{}, Y->i32({1})); },
+                                            2, 1, hs, llmt::Dropout{}, llmt::PackedDocs{Y->i32({1}), 1}); },
                {name + " attention_forward: doc_start holds 1 elements"});
+  // a row of 2 tokens holds 1 or 2 documents, never 3
+  expect_error([&] { be().attention_forward(Big->a({B * T, 2 * hs}), X->f32({B * 2 * T}), Big->a({B * T, 4 * hs}), B, T,
+                                            2, 1, hs, llmt::Dropout{}, llmt::PackedDocs{Y->i32({B * T}), 3}); },
+               {name + " attention_forward: 3 packed documents in 1 rows of 2 tokens, expected 1 to 2"});
   // a KV cache of 4 positions holding 3 cannot take 2 more
   expect_error([&] { be().attention_kv(Y->a({2, 2 * hs}), Z->a({1, 1, 4, hs}), Z->a({1, 1, 4, hs}), Big->a({2, 4 * hs}),
                                        X->i32({1}), 1, 2, 3, 4, 2, 1, hs); },

@@ -44,12 +44,6 @@ namespace {
 
 error_t refuse(error_code_t code, const std::string& why) { return error_t(code, "[stand-in] " + why); }
 
-// A tensor's element at [b, h, s, d] through its strides.
-int64_t at(const Tensor_attributes& t, int64_t b, int64_t h, int64_t s, int64_t d) {
-  const auto& st = t.get_stride();
-  return b * st[0] + h * st[1] + s * st[2] + d * st[3];
-}
-
 bool same_dims(const Graph::T& t, std::vector<int64_t> want) { return t->get_dim() == want; }
 
 std::string dims_text(const std::vector<int64_t>& d) {
@@ -100,6 +94,8 @@ error_t Graph::validate() {
   for (auto& t : tensors_) {
     if (t->get_data_type() == DataType_t::NOT_SET)
       t->set_data_type(t == stats_ ? intermediate_ : io_);
+    if (t->get_data_type() == DataType_t::INT32 || t->get_data_type() == DataType_t::INT64)
+      index_.insert(t.get());  // sequence lengths or ragged offsets, checked below
     const bool made_here = node_ == 1 ? (t == o_ || t == stats_) : (t == dq_ || t == dk_ || t == dv_);
     if (made_here && !t->get_is_output())
       return refuse(error_code_t::GRAPH_NOT_SUPPORTED, t->get_name() + " is virtual: mark it set_output(true)");
@@ -128,6 +124,33 @@ error_t Graph::validate() {
   for (const T& t : {q_, k_, v_, o_})
     if (t->get_data_type() != DataType_t::BFLOAT16)
       return refuse(error_code_t::GRAPH_NOT_SUPPORTED, t->get_name() + " is not bf16");
+  // padded and ragged batches
+  const Padding& pad = padding();
+  auto index_dims_ok = [&](const T& t, int64_t n) {
+    return t && index_.count(t.get()) && same_dims(t, {n, 1, 1, 1});
+  };
+  if (pad.padding_mask) {
+    if (!pad.seq_len_q || !pad.seq_len_kv)
+      return refuse(error_code_t::ATTRIBUTE_NOT_SET, "Padding mask requires seq_len_q and seq_len_kv to be set.");
+    if (!index_dims_ok(pad.seq_len_q, b) || !index_dims_ok(pad.seq_len_kv, b) ||
+        pad.seq_len_q->get_data_type() != DataType_t::INT32 || pad.seq_len_kv->get_data_type() != DataType_t::INT32)
+      return refuse(error_code_t::INVALID_VALUE, "seq_len_q and seq_len_kv must be INT32 [b, 1, 1, 1], b = " +
+                                                     std::to_string(b));
+  } else if (pad.seq_len_q || pad.seq_len_kv) {
+    return refuse(error_code_t::INVALID_VALUE, "seq_len_q and seq_len_kv needs to be set only if padding mask is enabled.");
+  }
+  bool ragged = false;
+  for (const T& t : {q_, k_, v_, o_, stats_, do_, dq_, dk_, dv_}) {
+    if (!t || !t->get_ragged_offset()) continue;
+    ragged = true;
+    if (!index_dims_ok(t->get_ragged_offset(), b + 1))
+      return refuse(error_code_t::INVALID_VALUE, t->get_name() + ": its ragged offset must be INT32 or INT64 [b + 1, 1, 1, 1] "
+                                                 "and a tensor of the graph");
+  }
+  if (ragged && !pad.padding_mask)
+    return refuse(error_code_t::GRAPH_NOT_SUPPORTED, "ragged offsets are supported with the padding mask only");
+  if ((pad.max_total_q >= 0 || pad.max_total_kv >= 0) && !ragged)
+    return refuse(error_code_t::GRAPH_NOT_SUPPORTED, "max_total_seq_len_q/kv is only supported with packed (ragged) layout");
   if (node_ == 1) {
     if (fwd_.generate_stats < 0)
       return refuse(error_code_t::ATTRIBUTE_NOT_SET, "generate_stats (or is_inference) is not set");
@@ -164,7 +187,9 @@ error_t Graph::build_plans(cudnnHandle_t handle, BuildPlanPolicy_t, bool) {
 error_t Graph::get_workspace_size(int64_t& bytes) const {
   if (stage_ != Stage::built) return refuse(error_code_t::INVALID_VALUE, "get_workspace_size before build_plans");
   const auto& qd = q_->get_dim();
-  bytes = node_ == 2 ? qd[0] * qd[1] * qd[2] * qd[3] * (int64_t)sizeof(float) : 0;  // backward: the dQ accumulator
+  // backward: the dQ accumulator, over b x s_q queries or, packed, over max_total_seq_len_q
+  const int64_t queries = padding().max_total_q >= 0 ? padding().max_total_q : qd[0] * qd[2];
+  bytes = node_ == 2 ? queries * qd[1] * qd[3] * (int64_t)sizeof(float) : 0;
   return {};
 }
 
@@ -193,23 +218,55 @@ error_t Graph::execute(cudnnHandle_t handle, std::unordered_map<int64_t, void*>&
   const int64_t B = qd[0], HQ = qd[1], S = qd[2], D = qd[3], HK = k_->get_dim()[1], group = HQ / HK;
   const bool causal = node_ == 1 ? fwd_.causal : bwd_.causal;
   const double scale = node_ == 1 ? fwd_.attn_scale : bwd_.attn_scale;
+  const Padding& pad = padding();
+  // an int tensor's element i (int32 or int64, as its type says)
+  auto index_at = [&](const T& t, int64_t i) -> int64_t {
+    const void* p = ptr(t);
+    return t->get_data_type() == DataType_t::INT64 ? ((const int64_t*)p)[i] : ((const int32_t*)p)[i];
+  };
+  // each sequence's queries and keys: the padding mask's lengths, else all S
+  std::vector<int64_t> len_q(B, S), len_kv(B, S), tok0(B + 1, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    if (pad.padding_mask) {
+      len_q[b] = index_at(pad.seq_len_q, b);
+      len_kv[b] = index_at(pad.seq_len_kv, b);
+      if (len_q[b] < 0 || len_q[b] > S || len_kv[b] < 0 || len_kv[b] > S)
+        return refuse(error_code_t::GRAPH_EXECUTION_FAILED, "sequence " + std::to_string(b) + " has " +
+                                                                std::to_string(len_q[b]) + " queries and " +
+                                                                std::to_string(len_kv[b]) + " keys, over s = " +
+                                                                std::to_string(S));
+    }
+    tok0[b + 1] = tok0[b] + len_q[b];
+  }
+  if (pad.max_total_q >= 0 && tok0[B] > pad.max_total_q)
+    return refuse(error_code_t::GRAPH_EXECUTION_FAILED, "the sequences hold " + std::to_string(tok0[B]) +
+                                                            " queries, over max_total_seq_len_q " +
+                                                            std::to_string(pad.max_total_q));
+  // tensor t's element [b, h, s, d]: sequence b at its ragged offset, else b batch strides in
+  auto at = [&](const T& t, int64_t b, int64_t h, int64_t s, int64_t d) {
+    const auto& st = t->get_stride();
+    const int64_t base = t->get_ragged_offset() ? index_at(t->get_ragged_offset(), b) : b * st[0];
+    return base + h * st[1] + s * st[2] + d * st[3];
+  };
   auto bf = [](const void* base, int64_t i) { return (double)llmt::bf16_to_f32(((const uint16_t*)base)[i]); };
   auto put = [](void* base, int64_t i, double x) { ((uint16_t*)base)[i] = llmt::f32_to_bf16((float)x); };
   const void *q = ptr(q_), *k = ptr(k_), *v = ptr(v_);
   float* stats = (float*)ptr(stats_);
   std::vector<double> score(S);
+  // the keys query i of sequence b sees: causal (top left: key j <= i) and within the sequence
+  auto keys_of = [&](int64_t b, int64_t i) { return causal ? std::min(i + 1, len_kv[b]) : len_kv[b]; };
 
   if (node_ == 1) {
     void* o = ptr(o_);
     std::vector<double> acc(D);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < HQ; ++h)
-        for (int64_t i = 0; i < S; ++i) {
-          const int64_t keys = causal ? i + 1 : S;
+        for (int64_t i = 0; i < len_q[b]; ++i) {
+          const int64_t keys = keys_of(b, i);
           double m = -INFINITY;
           for (int64_t j = 0; j < keys; ++j) {
             double dot = 0;
-            for (int64_t d = 0; d < D; ++d) dot += bf(q, at(*q_, b, h, i, d)) * bf(k, at(*k_, b, h / group, j, d));
+            for (int64_t d = 0; d < D; ++d) dot += bf(q, at(q_, b, h, i, d)) * bf(k, at(k_, b, h / group, j, d));
             score[j] = scale * dot;
             m = std::max(m, score[j]);
           }
@@ -218,62 +275,69 @@ error_t Graph::execute(cudnnHandle_t handle, std::unordered_map<int64_t, void*>&
           for (int64_t j = 0; j < keys; ++j) {
             const double p = std::exp(score[j] - m);
             sum += p;
-            for (int64_t d = 0; d < D; ++d) acc[d] += p * bf(v, at(*v_, b, h / group, j, d));
+            for (int64_t d = 0; d < D; ++d) acc[d] += p * bf(v, at(v_, b, h / group, j, d));
           }
-          for (int64_t d = 0; d < D; ++d) put(o, at(*o_, b, h, i, d), acc[d] / sum);
-          stats[at(*stats_, b, h, i, 0)] = (float)(m + std::log(sum));
+          for (int64_t d = 0; d < D; ++d) put(o, at(o_, b, h, i, d), acc[d] / sum);
+          stats[at(stats_, b, h, i, 0)] = (float)(m + std::log(sum));
         }
     return {};
   }
 
   const void *o = ptr(o_), *dout = ptr(do_);
   void *dq = ptr(dq_), *dk = ptr(dk_), *dv = ptr(dv_);
-  float* dq_acc = (float*)workspace;  // [B, HQ, S, D], dense
-  std::vector<double> dk_acc(B * HK * S * D, 0.0), dv_acc(B * HK * S * D, 0.0);
+  // dQ accumulates in f32 in the workspace, as cuDNN's does: [B, HQ, S, D], or, packed with
+  // max_total_seq_len_q, [queries of all sequences, HQ, D]
+  float* dq_acc = (float*)workspace;
+  const bool packed_ws = pad.max_total_q >= 0;
+  auto dq_at = [&](int64_t b, int64_t h, int64_t i) {
+    return packed_ws ? ((tok0[b] + i) * HQ + h) * D : ((b * HQ + h) * S + i) * D;
+  };
+  std::vector<double> dk_acc(HK * S * D), dv_acc(HK * S * D);  // one sequence's
   std::vector<float> dq_row(D);  // f32, as cuDNN accumulates dQ
   // Without the deterministic algorithm cuDNN adds into dQ with atomics, in whatever order the blocks
   // finish; the stand-in sums the keys from a point that moves each call, so such a run does not repeat.
   const int64_t start = bwd_.deterministic ? 0 : calls_++;
-  for (int64_t b = 0; b < B; ++b)
+  for (int64_t b = 0; b < B; ++b) {
+    std::fill(dk_acc.begin(), dk_acc.end(), 0.0);
+    std::fill(dv_acc.begin(), dv_acc.end(), 0.0);
     for (int64_t h = 0; h < HQ; ++h) {
       const int64_t hk = h / group;
-      for (int64_t i = 0; i < S; ++i) {
-        const int64_t keys = causal ? i + 1 : S;
+      for (int64_t i = 0; i < len_q[b]; ++i) {
+        const int64_t keys = keys_of(b, i);
         double row_dot = 0;  // rowsum(dO O), from O as stored
-        for (int64_t d = 0; d < D; ++d) row_dot += bf(dout, at(*do_, b, h, i, d)) * bf(o, at(*o_, b, h, i, d));
-        const double lse = stats[at(*stats_, b, h, i, 0)];
+        for (int64_t d = 0; d < D; ++d) row_dot += bf(dout, at(do_, b, h, i, d)) * bf(o, at(o_, b, h, i, d));
+        const double lse = stats[at(stats_, b, h, i, 0)];
         std::fill(dq_row.begin(), dq_row.end(), 0.0f);
         for (int64_t jj = 0; jj < keys; ++jj) {
           const int64_t j = (jj + start) % keys;
           double dot = 0, dp = 0;
           for (int64_t d = 0; d < D; ++d) {
-            dot += bf(q, at(*q_, b, h, i, d)) * bf(k, at(*k_, b, hk, j, d));
-            dp += bf(dout, at(*do_, b, h, i, d)) * bf(v, at(*v_, b, hk, j, d));
+            dot += bf(q, at(q_, b, h, i, d)) * bf(k, at(k_, b, hk, j, d));
+            dp += bf(dout, at(do_, b, h, i, d)) * bf(v, at(v_, b, hk, j, d));
           }
           const double p = std::exp(scale * dot - lse), ds = p * (dp - row_dot);
-          double* dkj = &dk_acc[((b * HK + hk) * S + j) * D];
-          double* dvj = &dv_acc[((b * HK + hk) * S + j) * D];
+          double* dkj = &dk_acc[(hk * S + j) * D];
+          double* dvj = &dv_acc[(hk * S + j) * D];
           for (int64_t d = 0; d < D; ++d) {
-            dq_row[d] += (float)(scale * ds * bf(k, at(*k_, b, hk, j, d)));
-            dkj[d] += scale * ds * bf(q, at(*q_, b, h, i, d));
-            dvj[d] += p * bf(dout, at(*do_, b, h, i, d));
+            dq_row[d] += (float)(scale * ds * bf(k, at(k_, b, hk, j, d)));
+            dkj[d] += scale * ds * bf(q, at(q_, b, h, i, d));
+            dvj[d] += p * bf(dout, at(do_, b, h, i, d));
           }
         }
-        for (int64_t d = 0; d < D; ++d) dq_acc[((b * HQ + h) * S + i) * D + d] = dq_row[d];
+        for (int64_t d = 0; d < D; ++d) dq_acc[dq_at(b, h, i) + d] = dq_row[d];
       }
     }
-  for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < HQ; ++h)
-      for (int64_t i = 0; i < S; ++i)
-        for (int64_t d = 0; d < D; ++d) put(dq, at(*dq_, b, h, i, d), dq_acc[((b * HQ + h) * S + i) * D + d]);
-  for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < len_q[b]; ++i)
+        for (int64_t d = 0; d < D; ++d) put(dq, at(dq_, b, h, i, d), dq_acc[dq_at(b, h, i) + d]);
     for (int64_t h = 0; h < HK; ++h)
-      for (int64_t j = 0; j < S; ++j)
+      for (int64_t j = 0; j < len_kv[b]; ++j)
         for (int64_t d = 0; d < D; ++d) {
-          const int64_t n = ((b * HK + h) * S + j) * D + d;
-          put(dk, at(*dk_, b, h, j, d), dk_acc[n]);
-          put(dv, at(*dv_, b, h, j, d), dv_acc[n]);
+          const int64_t n = (h * S + j) * D + d;
+          put(dk, at(dk_, b, h, j, d), dk_acc[n]);
+          put(dv, at(dv_, b, h, j, d), dv_acc[n]);
         }
+  }
   return {};
 }
 

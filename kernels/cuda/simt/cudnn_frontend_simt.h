@@ -13,6 +13,12 @@
 //   forward:  S = attn_scale Q K^T, causal (TOP_LEFT, right bound 0: key j <= query i), P =
 //             softmax(S), O = P V; with generate_stats, Stats [b, h_q, s_q, 1] (f32) = the natural
 //             log-sum-exp of each row of S.
+//   padded and ragged batches: with set_padding_mask(true), sequence b has seq_len_q[b] queries and
+//             seq_len_kv[b] keys (int32 [b, 1, 1, 1] tensors), the causal diagonal per sequence; a
+//             tensor with a ragged offset (int32 or int64 [b + 1, 1, 1, 1], in elements) has its
+//             sequence b at offset[b] instead of b times its batch stride, which is not used. Ragged
+//             tensors need the padding mask; set_max_total_seq_len_q bounds the backward's dQ
+//             workspace by the queries of all sequences (token-packed) instead of b x s_q.
 //   backward: from Q, K, V, O, dO and Stats: P = exp(S - Stats), dV = P^T dO, dP = dO V^T,
 //             dS = P (dP - rowsum(dO O)), dQ = attn_scale dS K, dK = attn_scale dS^T Q; dK and dV
 //             sum over the query heads of a group. It reports a workspace (an f32 dQ accumulator, as
@@ -28,6 +34,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -39,7 +46,7 @@ typedef enum { CUDNN_STATUS_SUCCESS = 0, CUDNN_STATUS_BAD_PARAM = 2000 } cudnnSt
 
 namespace cudnn_frontend {
 
-enum class DataType_t { NOT_SET, FLOAT, HALF, BFLOAT16 };
+enum class DataType_t { NOT_SET, FLOAT, HALF, BFLOAT16, INT32, INT64 };
 enum class HeurMode_t { A, B, FALLBACK };
 enum class BuildPlanPolicy_t { HEURISTICS_CHOICE, ALL };
 enum class error_code_t { OK, ATTRIBUTE_NOT_SET, INVALID_VALUE, GRAPH_NOT_SUPPORTED, GRAPH_EXECUTION_FAILED };
@@ -74,6 +81,8 @@ class Tensor_attributes {
   Tensor_attributes& set_stride(const std::vector<int64_t>& v) { stride_ = v; return *this; }
   Tensor_attributes& set_data_type(DataType_t v) { type_ = v; return *this; }
   Tensor_attributes& set_output(bool v) { output_ = v; return *this; }
+  Tensor_attributes& set_ragged_offset(const std::shared_ptr<Tensor_attributes>& v) { ragged_ = v; return *this; }
+  const std::shared_ptr<Tensor_attributes>& get_ragged_offset() const { return ragged_; }
   const std::string& get_name() const { return name_; }
   int64_t get_uid() const { return uid_; }
   bool has_uid() const { return uid_set_; }
@@ -89,9 +98,29 @@ class Tensor_attributes {
   std::vector<int64_t> dim_, stride_;
   DataType_t type_ = DataType_t::NOT_SET;
   bool output_ = false;
+  std::shared_ptr<Tensor_attributes> ragged_;  // [b + 1, 1, 1, 1] int: where each sequence starts
 };
 
-class SDPA_attributes {
+// The attributes SDPA's forward and backward share for a padded or ragged batch, and their setters.
+struct Padding {
+  bool padding_mask = false;
+  std::shared_ptr<Tensor_attributes> seq_len_q, seq_len_kv;
+  int64_t max_total_q = -1, max_total_kv = -1;  // -1: not set
+};
+template <class Self>
+class PaddingAttributes : public Padding {
+ public:
+  Self& set_padding_mask(bool v) { padding_mask = v; return self(); }
+  Self& set_seq_len_q(std::shared_ptr<Tensor_attributes> v) { seq_len_q = std::move(v); return self(); }
+  Self& set_seq_len_kv(std::shared_ptr<Tensor_attributes> v) { seq_len_kv = std::move(v); return self(); }
+  Self& set_max_total_seq_len_q(int64_t v) { max_total_q = v; return self(); }
+  Self& set_max_total_seq_len_kv(int64_t v) { max_total_kv = v; return self(); }
+
+ private:
+  Self& self() { return static_cast<Self&>(*this); }
+};
+
+class SDPA_attributes : public PaddingAttributes<SDPA_attributes> {
  public:
   SDPA_attributes& set_name(const std::string& v) { name = v; return *this; }
   SDPA_attributes& set_generate_stats(bool v) { generate_stats = v ? 1 : 0; return *this; }
@@ -104,7 +133,7 @@ class SDPA_attributes {
   float attn_scale = 1.0f;
 };
 
-class SDPA_backward_attributes {
+class SDPA_backward_attributes : public PaddingAttributes<SDPA_backward_attributes> {
  public:
   SDPA_backward_attributes& set_name(const std::string& v) { name = v; return *this; }
   SDPA_backward_attributes& set_causal_mask(bool v) { causal = v; return *this; }
@@ -144,6 +173,8 @@ class Graph {
   T q_, k_, v_, o_, stats_, do_, dq_, dk_, dv_;
   Stage stage_ = Stage::made;
   mutable int64_t calls_ = 0;  // backward executions (the order of a non-deterministic one's dQ sums)
+  std::set<const Tensor_attributes*> index_;  // the int tensors: sequence lengths and ragged offsets
+  const Padding& padding() const { return node_ == 1 ? (const Padding&)fwd_ : (const Padding&)bwd_; }
   error_t step(Stage from, Stage to, const char* what);
 };
 

@@ -42,7 +42,9 @@ void __tsan_switch_to_fiber(void* fiber, unsigned flags);
 void __tsan_set_fiber_name(void* fiber, const char* name);
 void __tsan_acquire(void* addr);
 void __tsan_release(void* addr);
+void __tsan_read1(void* addr);
 void __tsan_read2(void* addr);
+void __tsan_write4(void* addr);
 void __tsan_ignore_thread_begin(void);
 void __tsan_ignore_thread_end(void);
 void AnnotateIgnoreWritesBegin(const char* file, int line);
@@ -142,6 +144,10 @@ void* alloc_shared(size_t bytes, uint8_t fill) {
   std::memset(p, fill, bytes);
   return p;
 }
+void fill_shared(void* p, size_t bytes, uint8_t fill) {
+  IgnoreWrites quiet;
+  std::memset(p, fill, bytes);
+}
 void free_shared(void* p) {
   IgnoreWrites quiet;
   std::free(p);
@@ -156,6 +162,14 @@ struct Site {
     return op == o.op && line == o.line && (file == o.file || std::strcmp(file, o.file) == 0);
   }
 };
+
+// One cp.async not yet landed: group -1 until a commit_group takes it.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  int bytes, src_bytes, group;
+};
+constexpr int kMaxAsyncCopies = 64;
 
 struct Thread {
   dim3 idx;
@@ -173,6 +187,9 @@ struct Thread {
   int warp_syncs = 0;        // __syncwarp meetings reached
   uint32_t peer_parity = 0;  // as of the meeting: bit k = lane k's warp_syncs & 1
   uint64_t meeting = 0;      // the number of the warp's last meeting it was released from
+  AsyncCopy copies[kMaxAsyncCopies];  // cp.async issued and not yet landed, oldest first
+  int pending = 0;
+  int groups = 0;                     // cp.async.commit_group calls so far
   void* tsan_fiber = nullptr;
 };
 
@@ -597,6 +614,10 @@ void run_block(Block& b) {
 #ifdef LLMT_SIMT_TSAN
       if (!b.tsan_pool) __tsan_ignore_thread_end();
 #endif
+      if (me.pending && !b.error && !b.aborting)
+        b.error = std::make_exception_ptr(block_error(
+            b, strformat("thread %d exited with %d cp.async copies it never waited for (cp.async.wait_group)",
+                         me.linear, me.pending)));
       me.wait = Wait::done;
       b.fewest_exit_barriers = std::min(b.fewest_exit_barriers, me.barriers);
 #ifdef LLMT_SIMT_TSAN
@@ -742,6 +763,53 @@ unsigned ballot(unsigned mask, bool pred, const char* file, int line) {
   return r;
 }
 void syncwarp(unsigned mask, const char* file, int line) { warp_meet(mask, 0, Site{Op::syncwarp, file, line}); }
+
+void cp_async(void* dst, const void* src, int bytes, int src_bytes) {
+  Block& b = block();
+  Thread& t = *g_thread;
+  if (bytes != 4 && bytes != 8 && bytes != 16)
+    throw block_error(b, strformat("thread %d: cp.async of %d bytes (4, 8 or 16)", t.linear, bytes));
+  if (src_bytes < 0 || src_bytes > bytes)
+    throw block_error(b, strformat("thread %d: cp.async's source size %d outside [0, %d]", t.linear, src_bytes, bytes));
+  if ((uintptr_t)dst % bytes || (uintptr_t)src % bytes)
+    throw block_error(b, strformat("thread %d: cp.async of %d bytes from %p to %p, not aligned to %d", t.linear, bytes,
+                                   src, dst, bytes));
+  if (t.pending == kMaxAsyncCopies)
+    throw block_error(b, strformat("thread %d has %d cp.async copies in flight, more than the emulator holds",
+                                   t.linear, kMaxAsyncCopies));
+#ifdef LLMT_SIMT_TSAN
+  if (src_bytes) __tsan_read1((void*)src);  // the issuing thread reads its source now
+#endif
+  fill_shared(dst, (size_t)bytes, b.fill);  // until it lands: what fresh shared memory holds
+  t.copies[t.pending++] = AsyncCopy{dst, src, bytes, src_bytes, -1};
+}
+
+void cp_async_commit() {
+  Thread& t = *g_thread;
+  block();
+  for (int i = 0; i < t.pending; i++)
+    if (t.copies[i].group < 0) t.copies[i].group = t.groups;
+  t.groups++;
+}
+
+void cp_async_wait(int newest) {
+  Thread& t = *g_thread;
+  block();
+  int kept = 0;
+  for (int i = 0; i < t.pending; i++) {
+    const AsyncCopy& c = t.copies[i];
+    if (c.group < 0 || c.group >= t.groups - newest) {  // uncommitted, or among the newest groups
+      t.copies[kept++] = c;
+      continue;
+    }
+#ifdef LLMT_SIMT_TSAN
+    for (int k = 0; k < c.bytes; k += 4) __tsan_write4((char*)c.dst + k);  // lands: this thread's write
+#endif
+    std::memcpy(c.dst, c.src, (size_t)c.src_bytes);
+    std::memset((char*)c.dst + c.src_bytes, 0, (size_t)(c.bytes - c.src_bytes));
+  }
+  t.pending = kept;
+}
 void* dynamic_shared() { return block().smem; }
 
 void* static_shared(const void* key, size_t bytes) {
@@ -1025,17 +1093,45 @@ std::vector<std::pair<char*, size_t>> writable_allocations(const char* name, con
 
 }  // namespace
 
+namespace {
+std::mutex g_attr_mutex;
+std::map<std::string, int> g_max_dynamic_shared;  // LLMT_MAX_DYNAMIC_SHARED, by kernel as LLMT_LAUNCH spells it
+constexpr int kDefaultDynamicShared = 48 * 1024, kMaxDynamicShared = 227 * 1024;
+}  // namespace
+
+// The kernel as LLMT_LAUNCH spelled it, without the parentheses a template's commas need there.
+static std::string kernel_name(const char* spelled) {
+  std::string s = spelled;
+  if (s.size() > 2 && s.front() == '(' && s.back() == ')') s = s.substr(1, s.size() - 2);
+  return s;
+}
+
+cudaError_t set_max_dynamic_shared(const char* kernel, int bytes) {
+  if (bytes < 0 || bytes > kMaxDynamicShared) return g_last_error = cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lock(g_attr_mutex);
+  g_max_dynamic_shared[kernel_name(kernel)] = bytes;
+  return cudaSuccess;
+}
+
 void launch(const char* launched, dim3 grid, dim3 blk, size_t dynamic_shared_bytes, const std::function<void()>& body,
             const void* const* writable, int args) {
-  // the kernel as LLMT_LAUNCH spelled it, without the parentheses a template's commas need there
-  std::string spelled = launched;
-  if (spelled.size() > 2 && spelled.front() == '(' && spelled.back() == ')') spelled = spelled.substr(1, spelled.size() - 2);
+  const std::string spelled = kernel_name(launched);
   const char* name = spelled.c_str();
   const uint64_t threads = (uint64_t)blk.x * blk.y * blk.z, blocks = (uint64_t)grid.x * grid.y * grid.z;
   if (threads == 0 || threads > kMaxBlockThreads || blocks == 0) {
     g_last_error = cudaErrorInvalidConfiguration;
     return;
   }
+  int allowed = kDefaultDynamicShared;
+  {
+    std::lock_guard<std::mutex> lock(g_attr_mutex);
+    auto it = g_max_dynamic_shared.find(spelled);
+    if (it != g_max_dynamic_shared.end()) allowed = it->second;
+  }
+  if (dynamic_shared_bytes > (size_t)allowed)
+    throw Error(strformat("simt: kernel %s asks for %zu bytes of dynamic shared memory; it may have %d (over 48 KiB "
+                          "needs LLMT_MAX_DYNAMIC_SHARED(kernel, bytes) first, as on a GPU)", name,
+                          dynamic_shared_bytes, allowed));
   HostAccess open;  // this thread (under mprotect: all of them, for the whole launch)
   const uint8_t fill = poison() ? kPoison : 0;
   const Schedule& sched = schedule();

@@ -94,6 +94,13 @@ void* static_shared(const void* key, size_t bytes);
 // in the PTX ISA's fragment layouts (described there): mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
 // (products exact in f32, summed in k order onto c), and ldmatrix.sync.aligned.m8n8.x{n}[.trans].b16
 // from the row addresses the lanes give.
+// cp.async (kernels/cuda/async_copy.cuh) as the PTX ISA documents it: a copy of `bytes` from global to
+// shared memory, of which the first `src_bytes` come from `src` and the rest are zeros, issued now
+// and landed only when a later wait covers its group. Until then its destination holds the block's
+// poison, so a read before the wait (and the barrier that shows it to other threads) sees that.
+void cp_async(void* dst, const void* src, int bytes, int src_bytes);
+void cp_async_commit();        // cp.async.commit_group: the copies issued since the last one
+void cp_async_wait(int newest);  // cp.async.wait_group: all but the `newest` most recent groups landed
 void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4],
                        const char* file = __builtin_FILE(), int line = __builtin_LINE());
 void ldmatrix(uint32_t* r, int n, bool trans, const void* row, const char* file = __builtin_FILE(),
@@ -312,6 +319,14 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e);
 // Milliseconds between two recorded events: the host's clock at each record (the emulator runs a
 // stream's work when it is issued, so that is when the stream reached the event).
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+namespace llmt {
+namespace simt {
+// A kernel's dynamic shared memory above 48 KiB must be asked for, as on a GPU (LLMT_MAX_DYNAMIC_SHARED,
+// cuda_platform.h): by the kernel as LLMT_LAUNCH spells it. A launch that asks for more than its kernel
+// was allowed is an error. The emulator's limit is an H100's: 227 KiB.
+cudaError_t set_max_dynamic_shared(const char* kernel, int bytes);
+}  // namespace simt
+}  // namespace llmt
 
 namespace llmt {
 namespace simt {
