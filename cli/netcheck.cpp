@@ -96,7 +96,8 @@ int cli_netcheck(const std::vector<std::string>& args) {
              "%lld, %d, %d)",
              (long long)b.min_bytes, (long long)b.max_bytes, b.iters, b.warmup);
 
-  check_output_path("llmt netcheck", {"--write-env", write_env}, OutputKind::file);
+  // only rank 0 writes it (a node other than rank 0's may lack its directory), so only rank 0 checks
+  if (launcher_rank_from_env() <= 0) check_output_path("llmt netcheck", {"--write-env", write_env}, OutputKind::file);
 
   if (!nccl_log.empty()) {
     NcclLogSummary s = parse_nccl_logs(read_log_lines(nccl_log));

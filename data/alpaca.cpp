@@ -84,9 +84,11 @@ static AlpacaRecord to_record(json& j, const DataArgs& f, const std::string& wha
   if (!output && f.output_field == "output") output = field("response", false);  // GPTeacher, Dolly
   LLMT_CHECK(output, "%s: %s has no \"%s\" field%s: %s", what.c_str(), where.c_str(), f.output_field.c_str(),
              f.output_field == "output" ? " (nor \"response\")" : "", snippet(j).c_str());
+  // moved out, each once: field flags naming the same key (--alpaca_input_field instruction) share
+  // a string, which is then copied, not moved twice
   AlpacaRecord r;
-  r.instruction = std::move(*instruction);
-  if (input) r.input = std::move(*input);
+  r.instruction = instruction == input || instruction == output ? *instruction : std::move(*instruction);
+  if (input) r.input = input == output ? *input : std::move(*input);
   r.output = std::move(*output);
   return r;
 }

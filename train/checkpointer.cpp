@@ -76,7 +76,7 @@ Checkpointer::Resumed Checkpointer::resume(const std::string& want, bool ignore_
     nlohmann::json ts = nlohmann::json::parse(text, nullptr, false);
     LLMT_CHECK(ts.is_object() && ts.contains("log_history") && ts["log_history"].is_array(),
                "%s/trainer_state.json is missing or malformed", ck.c_str());
-    LLMT_CHECK(!ts.contains("model_config") || ts["model_config"] == config_to_hf_json(cfg_),
+    LLMT_CHECK(!ts.contains("model_config") || config_diff(ts["model_config"].dump(), config_to_hf_json(cfg_).dump()).empty(),
                "%s/trainer_state.json belongs to another model (%s), not this %s", ck.c_str(),
                clip_for_message(ts["model_config"].dump()).c_str(), cfg_.describe().c_str());
     for (auto& rec : ts["log_history"]) out.log_history.push_back(rec);

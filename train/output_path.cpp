@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -51,10 +52,25 @@ bool path_within(const std::string& path, const std::string& dir) {
   return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/');
 }
 
-std::string enclosing_checkpoint(const std::string& resolved) {
+// An llmt checkpoint: manifest.json naming the format (engine/ckpt/checkpoint.cpp), or beside the
+// training state (a manifest cut short still marks one). Other projects' manifest.json (a web
+// project's, a browser extension's, one in $HOME) do not.
+bool is_checkpoint_dir(const std::string& d) {
   struct stat st;
+  const std::string manifest = d + "/manifest.json";
+  if (::stat(manifest.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  if (::stat((d + "/state.h5").c_str(), &st) == 0) return true;
+  std::FILE* f = std::fopen(manifest.c_str(), "rb");
+  if (!f) return false;
+  char head[4096];
+  const size_t n = std::fread(head, 1, sizeof(head), f);
+  std::fclose(f);
+  return std::string(head, n).find("\"llmt-checkpoint\"") != std::string::npos;
+}
+
+std::string enclosing_checkpoint(const std::string& resolved) {
   for (std::string d = resolved;; d = parent_of(d)) {
-    if (::stat((d + "/manifest.json").c_str(), &st) == 0 && S_ISREG(st.st_mode)) return d;
+    if (is_checkpoint_dir(d)) return d;
     if (d == "/") return "";
   }
 }
@@ -78,8 +94,12 @@ void check_output_path(const std::string& command, const NamedPath& out, OutputK
     struct stat ds;
     LLMT_CHECK(::stat(dir.c_str(), &ds) == 0 && S_ISDIR(ds.st_mode), "%s: %s %s: the directory %s does not exist",
                command.c_str(), out.flag.c_str(), out.path.c_str(), dir.c_str());
-    LLMT_CHECK(::access(dir.c_str(), W_OK) == 0, "%s: %s %s: cannot write in %s: %s", command.c_str(),
-               out.flag.c_str(), out.path.c_str(), dir.c_str(), std::strerror(errno));
+    if (exists)  // a file there already (/dev/null, a shared results file) needs only to be writable itself
+      LLMT_CHECK(::access(o.c_str(), W_OK) == 0, "%s: %s %s: cannot write it: %s", command.c_str(), out.flag.c_str(),
+                 out.path.c_str(), std::strerror(errno));
+    else
+      LLMT_CHECK(::access(dir.c_str(), W_OK) == 0, "%s: %s %s: cannot write in %s: %s", command.c_str(),
+                 out.flag.c_str(), out.path.c_str(), dir.c_str(), std::strerror(errno));
   } else {
     LLMT_CHECK(!exists || S_ISDIR(st.st_mode), "%s: %s %s is a file, not a directory", command.c_str(),
                out.flag.c_str(), out.path.c_str());

@@ -30,7 +30,8 @@ void check_output_path(const std::string& command, const NamedPath& out, OutputK
 std::string resolved_path(const std::string& path);
 // Whether the resolved path `path` is the resolved directory `dir` or lies inside it.
 bool path_within(const std::string& path, const std::string& dir);
-// The checkpoint directory (one holding manifest.json) that the resolved path is or lies inside,
+// The llmt checkpoint directory (its manifest.json names the format, or state.h5 is beside it) that
+// the resolved path is or lies inside,
 // "" when none.
 std::string enclosing_checkpoint(const std::string& resolved);
 

@@ -645,6 +645,10 @@ void install_stop_handlers() {
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);  // Ctrl-C ended the run without the checkpoint the other two give
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    // Ctrl-C under `llmt train ... | tee run.log` ends tee too: the next log line would then raise
+    // SIGPIPE and kill the rank before the checkpoint the signal asked for. A write to a closed pipe
+    // now just fails (the log's lines are lost; the run and its checkpoint are not).
+    signal(SIGPIPE, SIG_IGN);
     std::thread([set] {
       for (;;) {
         int sig = 0;

@@ -30,8 +30,10 @@ const char* kKinds[3] = {"master", "adam_m", "adam_v"};
 const size_t kAgreeEvery = 64;
 // objects of at least this many bytes start at a multiple of it in the file
 const int64_t kAlign = 1 << 20;
-// config.json keys that do not change the model (how it was saved, by what)
-const char* kIgnoredConfigKeys[] = {"torch_dtype", "transformers_version", "_name_or_path"};
+// config.json keys that do not change what is trained (how it was saved, by what, the special tokens'
+// ids: llmt before 2026-12-07 dropped an eos_token_id list, so its checkpoints lack one)
+const char* kIgnoredConfigKeys[] = {"torch_dtype", "transformers_version", "_name_or_path", "eos_token_id",
+                                    "bos_token_id"};
 
 // ---- HDF5 plumbing ---------------------------------------------------------------------------
 
@@ -320,7 +322,8 @@ std::string read_attr_str(hid_t obj, const char* name) {
   return buf;
 }
 
-// What differs between the saved and the current config.json ("" when nothing that matters).
+}  // namespace
+
 std::string config_diff(const std::string& saved, const std::string& now) {
   if (saved.empty() || now.empty() || saved == now) return "";
   check_json_depth(saved, "the model config saved in the checkpoint");
@@ -343,6 +346,8 @@ std::string config_diff(const std::string& saved, const std::string& now) {
   }
   return diff;
 }
+
+namespace {
 
 // The first tensor whose name or shape differs ("" when the layouts match).
 std::string layout_diff(const json& saved, const json& now) {

@@ -50,6 +50,10 @@ struct LoadedTrainState {
 // whatever world size and strategy wrote it. Collective over `world`. Errors (all ranks throw):
 // a missing, truncated or corrupt file; a file of another model configuration (names the differing
 // config keys and the first tensor whose name or shape differs).
+// What differs between a saved and the current config.json, key by key ("" when nothing that
+// changes what is trained: the keys of how and by what it was saved, and the special tokens' ids).
+std::string config_diff(const std::string& saved, const std::string& now);
+
 LoadedTrainState load_train_state(const std::string& path, ControlComm& world, const ParamLayout& layout,
                                   FsdpStore& store, const std::string& config_json);
 

@@ -114,6 +114,20 @@ rc=$?
 [ $rc -eq 130 ] && grep -q "a second SIGINT: exiting now" "$work/int2.log" ||
   { tail -5 "$work/int2.log"; fail "a second SIGINT: status $rc"; }
 echo "SIGINT during training: a checkpoint and status 0; a second SIGINT: status 130 at once"
+# the same when the output's reader is gone first, as Ctrl-C under `llmt train | tee log` ends tee:
+# the next log line into the closed pipe raised SIGPIPE and killed the rank before it saved
+mkfifo "$work/pipe"
+"$llmt" train "${long[@]}" --output_dir "$work/int3" > "$work/pipe" 2>&1 &
+job=$!
+head -c 100 "$work/pipe" > /dev/null  # reads a little, then closes the pipe
+for _ in $(seq 300); do [ "$(cat "$work/int3/metrics.jsonl" 2> /dev/null | wc -l)" -ge 3 ] && break; sleep 0.1; done
+kill -INT $job 2> /dev/null
+wait $job
+rc=$?
+# (status 1 is right: its standard output was lost, which main reports at the end)
+[ $rc -ne 141 ] || fail "SIGINT after the output's reader was gone: killed by SIGPIPE before it saved"
+ls "$work/int3" | grep -q '^checkpoint-[0-9]*$' || fail "SIGINT after the output's reader was gone: no checkpoint"
+echo "SIGINT after the output's reader was gone: a checkpoint (status $rc)"
 
 # 6. llmt tokenize takes bytes as train and generate do; --bench of a device is refused at once (it grew
 # to 3.5 GiB in 6 s from /dev/zero), naming it

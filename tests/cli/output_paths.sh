@@ -47,6 +47,17 @@ refused bench_results "--results $ck/bench.jsonl lies inside the checkpoint" \
   bench --model gpt2-tiny --threads 1 --steps 1 --warmup 0 --seq_len 16 --results "$ck/bench.jsonl"
 refused write_env "--write-env $ck/.llmt_env lies inside the checkpoint" netcheck --write-env "$ck/.llmt_env"
 
+# what is not a checkpoint: another project's manifest.json (a web app's, $HOME's) above the output
+mkdir -p "$work/webapp"
+echo '{"name": "my app", "version": "1.0"}' > "$work/webapp/manifest.json"
+"$llmt" train "${common[@]}" "${tiny[@]}" --max_steps 1 --save_strategy no --output_dir "$work/webapp/run" \
+  > "$work/webapp.log" 2>&1 || { tail -5 "$work/webapp.log"; fail "an output under another project's manifest.json"; }
+echo "accepted: an output under a manifest.json that is not a checkpoint's"
+# an output file that exists and is writable, in a directory that is not (/dev/null; a shared file)
+"$llmt" bench --model gpt2-tiny --threads 1 --steps 1 --warmup 0 --seq_len 16 --results /dev/null \
+  > "$work/devnull.log" 2>&1 || { tail -5 "$work/devnull.log"; fail "bench --results /dev/null"; }
+echo "accepted: bench --results /dev/null"
+
 # the first run resumes from checkpoint-4, untouched
 "$llmt" train "${common[@]}" "${tiny[@]}" --max_steps 6 --save_steps 2 --output_dir "$work/run" --resume_from_checkpoint latest \
   > "$work/resume.log" 2>&1 || { tail -5 "$work/resume.log"; fail "the resume"; }

@@ -322,6 +322,14 @@ TEST(Alpaca, ParsesArraysLinesAndFieldVariants) {
   EXPECT_EQ(recs[0].output, "A");
   // a field named by flag is required as named: no "response" stand-in
   EXPECT_ERROR_HAS(parse_alpaca(R"([{"q": "Q", "response": "R"}])", "n.json", named), "no \"a\" field");
+  // flags naming the same key share its text: each field gets it (the second of two moves read "")
+  DataArgs same;
+  same.input_field = "instruction";
+  same.output_field = "instruction";
+  recs = parse_alpaca(R"([{"instruction": "echo me"}])", "s.json", same);
+  EXPECT_EQ(recs[0].instruction, "echo me");
+  EXPECT_EQ(recs[0].input, "echo me");
+  EXPECT_EQ(recs[0].output, "echo me");
 }
 
 TEST(Alpaca, BadInputsAreClearErrors) {
