@@ -151,11 +151,12 @@ class Backend {
     return false;
   }
 
-  // ---- parameters held unchanged ----
-  // A store says that `params` (a unit's parameters in the compute dtype) will not change until
-  // params_released(params.data): meanwhile a backend may keep what it derives from them. The CPU
-  // keeps the fp32 copy of each bf16 weight that its widened matmuls make (bf16_matmul_choice.h), so
-  // a weight is widened once per gathered unit, not at every matmul. Nothing, by default.
+  // ---- parameters held ----
+  // A store says that `params` (a unit's parameters in the compute dtype) will change only through
+  // this backend's adamw until params_released(params.data): meanwhile a backend may keep what it
+  // derives from them, and its adamw keeps that current. The CPU keeps an fp32 mirror of the bf16
+  // weights its widened matmuls read (bf16_matmul_choice.h), so a weight is widened once while held,
+  // not at every matmul, and AdamW writes the mirror beside the bf16 values. Nothing, by default.
   virtual void params_held(const Tensor& params) { (void)params; }
   virtual void params_released(const void* data) { (void)data; }
 

@@ -263,7 +263,8 @@ void FsdpStore::optimizer_step(float lr, const AdamWConfig& cfg, float grad_scal
   t_++;
   for (size_t i = 0; i < units_.size(); i++) {
     Unit& u = units_[i];
-    unhold(u);  // the compute copy changes
+    // the compute copy changes here only through the backend's adamw, which keeps what it derived
+    // from held parameters current (Backend::params_held): the hold stays
     if (u.hi <= u.lo) continue;  // this rank's shard is all padding
     Tensor compute = u.compute.data != u.master.data ? u.compute : Tensor();
     adamw_step_range(be_, layout_.units[i], u.lo, u.hi, u.master, compute, u.grad, u.m, u.v, lr, cfg, t_, grad_scale);

@@ -122,7 +122,8 @@ class FsdpStore : public UnitStore {
   void start_gather(Unit& u);
   void finish_reduce();
   // Backend::params_held from acquire until the gathered buffer goes back to the pool, or, where the
-  // unit is the compute copy itself (a shard group of one), until the optimizer or a load writes it.
+  // unit is the compute copy itself (a shard group of one), until a load writes it (the optimizer
+  // writes it through the backend's adamw, which the hold allows).
   void hold(Unit& u, const Tensor& params);
   void unhold(Unit& u);
 

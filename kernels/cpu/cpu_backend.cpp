@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -244,46 +245,55 @@ class CpuBackend : public Backend {
     matmul_native(tout, ta, tb, tbias, M, N, K, trans_a, trans_b, accumulate);
     convert_impl(out, tout, M * N);
   }
-  // Parameters a store holds unchanged (params_held .. params_released), bf16 only, with the fp32
-  // copies widened matmuls made of the tensors inside them, by address and length. A released copy's
-  // memory is kept for the next one of its length (the same weight after the next optimizer step):
-  // fresh pages every step cost more than the widening saved.
+  // Parameters a store holds (params_held .. params_released), bf16 only, with an fp32 mirror of
+  // them: the widened copy of each tensor a matmul has read, made at its first use (`made`, by
+  // address and length). AdamW writing into held parameters writes the mirror too, so a weight is
+  // widened once for as long as it is held, optimizer steps included. A released mirror's memory
+  // is kept for the next region of its size: fresh pages every step cost more than the widening.
   struct HeldParams {
     const char* begin = nullptr;
     size_t bytes = 0;
-    std::map<std::pair<const void*, int64_t>, std::unique_ptr<float[]>> widened;
+    std::unique_ptr<float[]> mirror;  // bytes / 2 floats, made at the first widened use
+    std::set<std::pair<const void*, int64_t>> made;
   };
   void params_held(const Tensor& params) override {
-    if (params.dtype == DType::bf16 && params.data) held_.push_back({(const char*)params.data, params.nbytes(), {}});
+    if (params.dtype == DType::bf16 && params.data) held_.push_back({(const char*)params.data, params.nbytes(), {}, {}});
   }
   void params_released(const void* data) override {
     for (size_t i = 0; i < held_.size(); i++) {
       if (held_[i].begin != data) continue;
-      for (auto& [key, copy] : held_[i].widened) spare_.emplace(key.second, std::move(copy));
+      if (held_[i].mirror) spare_.emplace(held_[i].bytes, std::move(held_[i].mirror));
       held_.erase(held_.begin() + (long)i);
       return;
     }
   }
+  HeldParams* held_region(const void* p, int64_t n) {
+    const char* c = (const char*)p;
+    for (HeldParams& h : held_)
+      if (c >= h.begin && c + 2 * n <= h.begin + h.bytes) return &h;
+    return nullptr;
+  }
   // The fp32 copy of the n bf16 values at p when they lie inside held parameters (*made: new, to be
   // filled by the caller), else nullptr.
   float* held_copy(const void* p, int64_t n, bool* made) {
-    const char* c = (const char*)p;
-    for (HeldParams& h : held_) {
-      if (c < h.begin || c + 2 * n > h.begin + h.bytes) continue;
-      std::unique_ptr<float[]>& w = h.widened[{p, n}];
-      *made = !w;
-      if (!w) {
-        auto spare = spare_.find(n);
-        if (spare == spare_.end()) {
-          w.reset(new float[(size_t)n]);
-        } else {
-          w = std::move(spare->second);
-          spare_.erase(spare);
-        }
+    HeldParams* h = held_region(p, n);
+    if (!h) return nullptr;
+    if (!h->mirror) {
+      auto spare = spare_.find(h->bytes);
+      if (spare == spare_.end()) {
+        h->mirror.reset(new float[h->bytes / 2]);
+      } else {
+        h->mirror = std::move(spare->second);
+        spare_.erase(spare);
       }
-      return w.get();
     }
-    return nullptr;
+    *made = h->made.insert({p, n}).second;
+    return h->mirror.get() + ((const char*)p - h->begin) / 2;
+  }
+  // Where AdamW writes n bf16 values at pc: the held mirror's floats to write beside them, or nullptr
+  float* held_mirror_for(const uint16_t* pc, int64_t n) {
+    HeldParams* h = held_region(pc, n);
+    return h && h->mirror ? h->mirror.get() + ((const char*)pc - h->begin) / 2 : nullptr;
   }
   // The kernel for a bf16 matmul (kernels/cpu/bf16_matmul_choice.h): timed per shape class on
   // first sight, or cached, or forced; fp32 where oneDNN has no bf16 kernel for this CPU.
@@ -988,6 +998,8 @@ class CpuBackend : public Backend {
     float* Mm = m.f32();
     float* Vv = v.f32();
     uint16_t* PC = p_compute.data ? p_compute.bf16() : nullptr;
+    // a held unit's fp32 mirror (the widened weights), kept equal to the bf16 values written
+    float* W = PC ? held_mirror_for(PC + lo, hi - lo) : nullptr;  // W[i - lo] mirrors PC[i]
     const float bc1 = 1.0f - std::pow(beta1, (float)t);
     const float bc2 = 1.0f - std::pow(beta2, (float)t);
     const float step_size = lr / bc1;
@@ -1002,7 +1014,11 @@ class CpuBackend : public Backend {
       Vv[i] = vi;
       float pi = P[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
       P[i] = pi;
-      if (PC) PC[i] = f32_to_bf16(pi);
+      if (PC) {
+        const uint16_t b = f32_to_bf16(pi);
+        PC[i] = b;
+        if (W) W[i - lo] = bf16_to_f32(b);
+      }
     }
   }
 
@@ -1104,7 +1120,7 @@ class CpuBackend : public Backend {
   std::map<MatmulKey, Matmul> matmuls_;
   std::vector<float> wa_, wb_, wbias_, wout_;  // fp32 copies of bf16 operands when widened
   std::vector<HeldParams> held_;               // and of the weights in held parameters
-  std::multimap<int64_t, std::unique_ptr<float[]>> spare_;  // released copies' memory, by length
+  std::multimap<size_t, std::unique_ptr<float[]>> spare_;  // released mirrors' memory, by bytes held
   bool has_bf16_kernel_ = false;
   std::unique_ptr<Bf16MatmulChoice> bf16_choice_;  // bf16 compute only
 };
