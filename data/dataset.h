@@ -56,7 +56,8 @@ struct DataArgs {
   // --dataset_name wikitext --dataset_config_name wikitext-2-raw-v1 | wikitext-103-raw-v1 | wikitext-2-v1 |
   // wikitext-103-v1, resolved to local files under --dataset_dir (nothing is downloaded)
   std::string dataset_name, dataset_config_name, dataset_dir;
-  std::string train_file, validation_file;  // plain text, run_clm style
+  std::string train_file, validation_file;  // run_clm's file types: .txt, .json/.jsonl, .csv (text_files.h)
+  bool keep_linebreaks = true;              // run_clm: a .txt line keeps its "\n"
   int block_size = 0;                       // run_clm grouping; 0 is an error here: the caller decides
   int model_max_length = 512;               // Alpaca truncation (Stanford's default)
   std::string instruction_field = "instruction", input_field = "input", output_field = "output";

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "data/text_files.h"
 #include "data/token_cache.h"
 #include "data/tokenizer.h"
 #include "data/utf8.h"
@@ -40,7 +41,7 @@ bool is_python_whitespace(std::string_view s) {
   return true;
 }
 
-TextLines split_lines(std::string text, LineRule rule, const std::string& what) {
+TextLines split_lines(std::string text, LineRule rule, const std::string& what, bool keep_linebreaks) {
   const int64_t bad = find_invalid_utf8(text);
   if (bad >= 0) {
     int64_t line, col;
@@ -66,16 +67,16 @@ TextLines split_lines(std::string text, LineRule rule, const std::string& what) 
     const void* nl = std::memchr(out.buf.data() + s, '\n', (size_t)(n - s));
     const int64_t e = nl ? (int64_t)((const char*)nl - out.buf.data()) + 1 : n;  // keeps its "\n"
     out.begin.push_back(s);
-    out.end.push_back(rule == LineRule::kWikitext && is_python_whitespace(std::string_view(out.buf).substr(s, e - s))
-                          ? s
-                          : e);
+    const bool blank = rule == LineRule::kWikitext && is_python_whitespace(std::string_view(out.buf).substr(s, e - s));
+    const bool drop_break = !keep_linebreaks && rule == LineRule::kTextLoader && nl;
+    out.end.push_back(blank ? s : drop_break ? e - 1 : e);
     s = e;
   }
   return out;
 }
 
-TextLines read_lines(const std::string& path, LineRule rule) {
-  return split_lines(read_data_file(path, "text file"), rule, path);
+TextLines read_lines(const std::string& path, LineRule rule, bool keep_linebreaks) {
+  return split_lines(read_data_file(path, "text file"), rule, path, keep_linebreaks);
 }
 
 static bool file_exists(const std::string& p) {
@@ -168,8 +169,16 @@ TokenDataset load_text_dataset(const std::string& path, LineRule rule, const Dat
   check_regular_file(path, what);  // first: opening a pipe would wait for a writer
   if (FILE* f = std::fopen(path.c_str(), "rb")) std::fclose(f);
   else fail("%s: cannot open text file %s: %s", what.c_str(), path.c_str(), std::strerror(errno));
+  // run_clm's file types (text_files.h); the wikitext files are text whatever their extension
+  const TextFileKind kind =
+      rule == LineRule::kWikitext
+          ? TextFileKind::text
+          : text_file_kind(path, !args.validation_file.empty() && path == args.validation_file ? "--validation_file"
+                                                                                                : "--train_file");
   KeyHasher h;
   h.add("llmt-text-v1").add(rule == LineRule::kWikitext ? "wikitext-lines" : "text-loader-lines");
+  if (kind != TextFileKind::text) h.add(kind == TextFileKind::json ? "json-records" : "csv-records");
+  if (!args.keep_linebreaks && kind == TextFileKind::text) h.add("no-linebreaks");
   h.add_int(args.block_size).add_int(kGroup).add_file(path);
   add_tokenizer_to_key(h, tok, args.tokenizer_path);
   if (part.pct > 0) h.add("percent-split").add_int(part.pct).add_int(part.head);
@@ -188,7 +197,9 @@ TokenDataset load_text_dataset(const std::string& path, LineRule rule, const Dat
   TokenDataset ds = cached_dataset(
       dir, "text-" + base, h.hex(),
       [&](CacheStats* s) {
-        TextLines lines = read_lines(path, rule);
+        TextLines lines = kind == TextFileKind::json  ? read_json_texts(path)
+                          : kind == TextFileKind::csv ? read_csv_texts(path)
+                                                      : read_lines(path, rule, args.keep_linebreaks);
         if (part.pct > 0) {  // keep the first pct% of the lines, or the rest
           const int64_t cut = percent_cut(lines.size(), part.pct);
           const int64_t from = part.head ? 0 : cut, to = part.head ? cut : lines.size();

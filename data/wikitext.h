@@ -33,8 +33,9 @@ struct TextLines {
 
 // Splits text as the rule says. Invalid UTF-8 is an error naming `what`, line and column (Python's
 // strict UTF-8 decoding fails on such a file too).
-TextLines split_lines(std::string text, LineRule rule, const std::string& what);
-TextLines read_lines(const std::string& path, LineRule rule);
+// keep_linebreaks false (run_clm's --keep_linebreaks False): a text-loader line without its "\n".
+TextLines split_lines(std::string text, LineRule rule, const std::string& what, bool keep_linebreaks = true);
+TextLines read_lines(const std::string& path, LineRule rule, bool keep_linebreaks = true);
 
 // Python's str.isspace() over the whole of s (true for ""): the wikitext script's `not row.strip()`.
 // False where s is not valid UTF-8.

@@ -88,8 +88,9 @@ const std::vector<TrainFlag>& train_flags() {
       {"dataset_config_name", "data", "NAME", "wikitext-2-raw-v1, wikitext-103-raw-v1, wikitext-2-v1, wikitext-103-v1",
        DATA(dataset_config_name)},
       {"dataset_dir", "data", "DIR", "where the WikiText files are", DATA(dataset_dir)},
-      {"train_file", "data", "FILE", "plain text, grouped into --block_size tokens as run_clm does", DATA(train_file)},
-      {"validation_file", "data", "FILE", "plain text for evaluation", DATA(validation_file)},
+      {"train_file", "data", "FILE", "run_clm's data: .txt (a record a line), .json/.jsonl or .csv (the \"text\" column, "
+       "else the first), tokenized and grouped into --block_size tokens", DATA(train_file)},
+      {"validation_file", "data", "FILE", "for evaluation, of --train_file's types", DATA(validation_file)},
       {"block_size", "data", "N", "tokens per run_clm block (unset: min(1024, the model's context))",
        [](Flags& f, const char* n, TrainArgs& a) {
          if (!f.has(n)) return;  // unset: load_data takes min(1024, the model's context)
@@ -107,6 +108,8 @@ const std::vector<TrainFlag>& train_flags() {
       {"alpaca_output_field", "data", "NAME", "the Alpaca record's response field", DATA(output_field)},
       {"cache_dir", "data", "DIR|none", "the token cache (default ~/.cache/llmt)", DATA(cache_dir)},
       {"overwrite_cache", "data", "True|False", "tokenize again and rewrite the token cache", DATA(overwrite_cache)},
+      {"keep_linebreaks", "data", "True|False", "run_clm: each line of a .txt --train_file keeps its line break (True)",
+       DATA(keep_linebreaks)},
       {"preprocessing_num_workers", "data", "N", "threads that tokenize, at most the node's CPUs (0: the rank's threads)",
        DATA_UNSET(preprocessing_num_workers)},
       {"validation_split_percentage", "data", "N",

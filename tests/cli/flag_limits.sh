@@ -30,6 +30,25 @@ refused workers "--preprocessing_num_workers 100000: expected 0" --preprocessing
 refused threads "--threads -1: expected 0" --threads -1
 refused block "--block_size -1: expected a positive number of tokens" --block_size -1
 refused logits_chunk "--logits_chunk_tokens -3: expected 0" --logits_chunk_tokens -3
+# a run_clm .jsonl: its "text" field is trained on (the JSON syntax was, before); a .parquet is refused
+# with the command that converts it
+while read -r line; do printf '{"id": 1, "text": "%s\\n"}\n' "$line"; done < "$work/corpus.txt" > "$work/corpus.jsonl"
+nofile=(--model_config gpt2-tiny --tokenizer_name_or_path bytes --block_size 64 --threads 1 --cache_dir none
+        --save_strategy no --per_device_train_batch_size 2)
+"$llmt" train "${nofile[@]}" --train_file "$work/corpus.jsonl" --output_dir "$work/jsonl" --max_steps 2 \
+  > "$work/jsonl.log" 2>&1 || { echo "FAIL: --train_file .jsonl"; tail -5 "$work/jsonl.log"; exit 1; }
+"$llmt" train "${common[@]}" --output_dir "$work/txt" --max_steps 2 > "$work/txt.log" 2>&1 ||
+  { echo "FAIL: the same lines as .txt"; tail -5 "$work/txt.log"; exit 1; }
+tokens() { grep -o "lines -> [0-9]* blocks of 64 tokens ([0-9]* tokens dropped" "$1"; }
+[ -n "$(tokens "$work/txt.log")" ] && [ "$(tokens "$work/jsonl.log")" = "$(tokens "$work/txt.log")" ] ||
+  { echo "FAIL: .jsonl and .txt blocks differ: $(tokens "$work/jsonl.log") / $(tokens "$work/txt.log")"; exit 1; }
+echo "a .jsonl of the .txt file's lines: $(tokens "$work/jsonl.log")"
+: > "$work/data.parquet"
+"$llmt" train "${nofile[@]}" --train_file "$work/data.parquet" --output_dir "$work/parquet" > "$work/parquet.log" 2>&1 &&
+  { echo "FAIL: a .parquet --train_file: exit 0"; exit 1; }
+grep -qF "datasets.load_dataset('parquet', data_files='$work/data.parquet', split='train')" "$work/parquet.log" ||
+  { echo "FAIL: a .parquet --train_file: no datasets command"; tail -3 "$work/parquet.log"; exit 1; }
+echo "refused: a .parquet --train_file, with the datasets command that converts it"
 
 # --output_dir a/b/c: the parents are made
 "$llmt" train "${common[@]}" --output_dir "$work/new/parents/out" --max_steps 1 > "$work/parents.log" 2>&1 \
