@@ -37,6 +37,24 @@ int launcher_rank_from_env() {
   return -1;
 }
 
+// A process that another launcher started as one of several, alone in its MPI world: torchrun's
+// (WORLD_SIZE, RANK) or srun's without an MPI plugin (SLURM_STEP_NUM_TASKS, SLURM_PROCID). Each would
+// run the whole job by itself, N copies racing for one output directory; refused, saying how to start
+// one job of N ranks.
+static void check_not_one_of_many() {
+  const int torch_world = env_int("WORLD_SIZE"), slurm_tasks = env_int("SLURM_STEP_NUM_TASKS");
+  LLMT_CHECK(torch_world <= 1,
+             "this process was started as rank %d of %d by torchrun (WORLD_SIZE, RANK), but llmt's ranks meet through "
+             "MPI, and MPI sees it alone: each of the %d would run the whole job. Start llmt with mpirun -np %d llmt "
+             "... (mpirun -hostfile FILE across nodes), srun --mpi=pmix llmt ... under Slurm, or scripts/launch.sh",
+             env_int("RANK"), torch_world, torch_world, torch_world);
+  LLMT_CHECK(slurm_tasks <= 1,
+             "this process is task %d of %d that srun started (SLURM_STEP_NUM_TASKS), but MPI sees it alone: srun ran "
+             "without an MPI plugin, so each task would run the whole job. Use srun --mpi=pmix llmt ... (srun "
+             "--mpi=list shows the plugins), or mpirun inside the allocation",
+             env_int("SLURM_PROCID"), slurm_tasks);
+}
+
 // MPI's calls here, each watched: a rank stopped or dead before it arrives ends the job in timeout_s.
 static void watched(const char* what, int rc) {
   if (rc != MPI_SUCCESS) fail("MPI %s failed during start-up (error %d)", what, rc);
@@ -62,6 +80,7 @@ LaunchInfo init_launch(int* argc, char*** argv, std::unique_ptr<ControlComm>* wo
   MPI_Comm_rank(MPI_COMM_WORLD, &info.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &info.world);
   watchdog_set_rank(info.rank);
+  if (info.world == 1) check_not_one_of_many();
 
   // ranks sharing this node's memory
   MPI_Comm local;

@@ -30,6 +30,11 @@ refused workers "--preprocessing_num_workers 100000: expected 0" --preprocessing
 refused threads "--threads -1: expected 0" --threads -1
 refused block "--block_size -1: expected a positive number of tokens" --block_size -1
 refused logits_chunk "--logits_chunk_tokens -3: expected 0" --logits_chunk_tokens -3
+# issue 35: processes another launcher started as several, each alone in its MPI world, ran N whole
+# jobs racing for one output directory (the second failed only on its lock): refused, saying how
+WORLD_SIZE=2 RANK=1 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+  refused torchrun "rank 1 of 2 by torchrun (WORLD_SIZE, RANK), but llmt's ranks meet through MPI" --max_steps 1
+SLURM_STEP_NUM_TASKS=4 SLURM_PROCID=2 refused srun_no_mpi "task 2 of 4 that srun started" --max_steps 1
 # a run_clm .jsonl: its "text" field is trained on (the JSON syntax was, before); a .parquet is refused
 # with the command that converts it
 while read -r line; do printf '{"id": 1, "text": "%s\\n"}\n' "$line"; done < "$work/corpus.txt" > "$work/corpus.jsonl"
