@@ -2,6 +2,7 @@
 
 #include "cli/commands.h"
 #include "engine/dist/launch.h"
+#include "train/run_file.h"
 #include "train/trainer.h"
 
 namespace llmt {
@@ -22,7 +23,9 @@ int cli_train(const std::vector<std::string>& args) {
     std::printf("%s", train_flags_markdown().c_str());
     return 0;
   }
-  Flags flags("train", args);
+  std::vector<std::string> rest = args;
+  const std::string run_file = take_run_file(rest);  // run.json / run.yaml: its flags first, ours override
+  Flags flags("train", run_file.empty() ? std::vector<std::string>() : run_file_args(run_file), run_file, rest);
   TrainArgs a = parse_train_args(flags);
   flags.finish();
   std::unique_ptr<ControlComm> world;

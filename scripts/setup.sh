@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config libdnnl-dev libboost-context-dev openmpi-bin libopenmpi-dev
-          libhdf5-openmpi-dev nlohmann-json3-dev googletest libgtest-dev libibverbs-dev
+          libhdf5-openmpi-dev nlohmann-json3-dev libyaml-cpp-dev googletest libgtest-dev libibverbs-dev
           iproute2 openssh-server openssh-client slurm-wlm munge)  # the last five: the cluster tests (tests/cluster)
 missing=()
 for p in "${packages[@]}"; do

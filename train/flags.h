@@ -13,6 +13,10 @@ class Flags {
  public:
   // argv after the subcommand name. `command` names the subcommand in messages.
   Flags(const std::string& command, const std::vector<std::string>& args);
+  // A config file's flags (train/run_file.h: `--name=value` each, from `file`), then the command
+  // line's, which override them: messages name the file where a value came from it.
+  Flags(const std::string& command, const std::vector<std::string>& file_args, const std::string& file,
+        const std::vector<std::string>& args);
 
   bool has(const std::string& name) const { return values_.count(name) > 0; }
   std::string get_string(const std::string& name, const std::string& fallback);
@@ -28,9 +32,12 @@ class Flags {
   void finish() const;
 
  private:
+  void add(const std::vector<std::string>& args, const std::string& origin);
   const std::string* take(const std::string& name);
+  std::string where(const std::string& name) const;  // " (in run.yaml)" for a value from the file, else ""
   std::string command_;
   std::map<std::string, std::vector<std::string>> values_;
+  std::map<std::string, std::vector<std::string>> origins_;  // each value's file, "" for the command line
   std::vector<std::string> order_;  // as given, for messages
   std::map<std::string, bool> used_;
 };

@@ -12,6 +12,7 @@
 #include "engine/dist/launch.h"
 #include "engine/fsdp/fsdp.h"
 #include "engine/optim/schedule.h"
+#include "train/deepspeed_config.h"
 
 namespace llmt {
 
@@ -276,7 +277,16 @@ const std::vector<TrainFlag>& train_flags() {
       IGNORED("use_hpu_graphs_for_inference", "optimum-habana"),
       IGNORED("use_hpu_graphs_for_training", "optimum-habana"),
       IGNORED("gaudi_config_name", "optimum-habana"),
-      IGNORED("deepspeed", "DeepSpeed's config"),
+      // last: it reads the flags above, refusing a value that contradicts one given
+      {"deepspeed", "config files", "FILE|JSON",
+       "a DeepSpeed config, read as the Trainer fills it: ZeRO stage (3: full_shard, 1 and 2: shard_grad_op), bf16, "
+       "batch sizes, clipping, AdamW and WarmupLR/WarmupDecayLR become the flags above (\"auto\": the flag's); "
+       "offload, fp16 and what llmt lacks are refused by name",
+       [](Flags& f, const char* n, TrainArgs& a) {
+         a.deepspeed = f.get_string(n, "");
+         read_deepspeed_flag(a.deepspeed, [&f](const char* flag) { return f.has(flag); }, a);
+       },
+       nullptr},
   };
   return flags;
 }
@@ -484,6 +494,8 @@ std::string train_help() {
   std::string s =
       "llmt train: train a GPT-2 or LLaMA model; flags are Hugging Face TrainingArguments names\n"
       "run it alone, or on every rank: mpirun -hostfile H -np N llmt train ... / srun --mpi=pmix llmt train ...\n"
+      "flags may come from one config file first: llmt train run.json|run.yaml [--flag value ...] (or --config FILE),\n"
+      "its keys the flags' names (learning_rate: 5e-5); flags given after it override its values.\n"
       "give one model (--model_name_or_path or --model_config) and one data source (--data_path, --dataset_name or\n"
       "--train_file); any flag not listed here is an error.\n";
   std::string group;

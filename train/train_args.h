@@ -76,6 +76,9 @@ struct TrainArgs : ParallelismConfig, PrecisionConfig {
   bool save_only_model = false;            // checkpoints without the training state (they cannot be resumed)
   uint64_t seed = 42;
   std::string torch_dtype;                 // dtype of saved models: float32 (unset), bfloat16, float16, auto
+  std::string deepspeed;                   // --deepspeed FILE (or inline JSON): applied to the members above
+  std::string deepspeed_summary;           // what was taken from it, for the log (train/deepspeed_config.h)
+  int64_t deepspeed_train_batch_size = 0;  // its train_batch_size, checked once the world is known (0: none)
 };
 
 // One flag of llmt train: how --help and the README describe it, and how it is read.

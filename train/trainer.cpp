@@ -234,6 +234,13 @@ Trainer::Trainer(const TrainArgs& a, ControlComm& world, const LaunchInfo& launc
   if (a.tf32 && a.device == "cpu")
     log_info("note   --tf32 selects TF32 for fp32 matmuls on a GPU; the CPU has no TF32 and ignores it");
   install_stop_handlers();  // again, for callers other than `llmt train` (which installs them first thing)
+  const int64_t ds_batch = a.deepspeed_train_batch_size, per_rank = (int64_t)a.per_device_train_batch_size *
+                                                                     a.gradient_accumulation_steps;
+  LLMT_CHECK(ds_batch == 0 || ds_batch == per_rank * world_.size(), "--deepspeed %s: train_batch_size %lld, but %d "
+             "ranks x %d sequences x %d accumulation steps make %lld; write \"auto\"%s", a.deepspeed.c_str(),
+             (long long)ds_batch, world_.size(), a.per_device_train_batch_size, a.gradient_accumulation_steps,
+             (long long)per_rank * world_.size(),
+             ds_batch % per_rank == 0 ? strformat(", or launch %lld ranks", (long long)(ds_batch / per_rank)).c_str() : "");
   lock_fd_ = claim_output_dir(world_, a.output_dir, !a.resume_from_checkpoint.empty(), a.overwrite_output_dir);
   log_info("%s", describe_layout(launch, a.device).c_str());
   build_model(a);
@@ -387,6 +394,7 @@ void Trainer::describe(const TrainArgs& a) {
                                          session_.backend->vocab_pad(), a.logits_chunk_tokens) / kMiB,
            a.gradient_checkpointing ? " (gradient checkpointing)" : "", dtype_name(session_.backend->compute_dtype()),
            dtype_name(session_.store->reduce_dtype()), save_dtype_.c_str());
+  if (!a.deepspeed_summary.empty()) log_info("config %s", a.deepspeed_summary.c_str());
   log_info("plan   per rank: gathered buffers at most %.1f MiB; %.1f MiB sent per step at the longest batches "
            "(llmt plan)",
            plan.gathered_peak_gib * 1024.0, plan.comm_total_bytes / kMiB);
