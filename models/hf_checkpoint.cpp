@@ -182,12 +182,19 @@ int copy_tokenizer_files(const std::string& src_dir, const std::string& dst_dir)
   return copied;
 }
 
-bool copy_generation_config(const std::string& src_dir, const std::string& dst_dir) {
+bool write_generation_config(const std::string& src_dir, const std::string& dst_dir, const ModelConfig& cfg) {
   std::ifstream in(src_dir + "/generation_config.json", std::ios::binary);
-  if (!in.good()) return false;
-  write_file_atomic(dst_dir + "/generation_config.json",
-                    std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
-  return true;
+  if (!src_dir.empty() && in.good()) {
+    write_file_atomic(dst_dir + "/generation_config.json",
+                      std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+    return true;
+  }
+  nlohmann::ordered_json g = {{"_from_model_config", true}};
+  if (cfg.bos_token_id >= 0) g["bos_token_id"] = cfg.bos_token_id;
+  if (cfg.eos_token_ids.size() == 1) g["eos_token_id"] = cfg.eos_token_ids[0];
+  if (cfg.eos_token_ids.size() > 1) g["eos_token_id"] = cfg.eos_token_ids;
+  write_file_atomic(dst_dir + "/generation_config.json", g.dump(2) + "\n");
+  return false;
 }
 
 }  // namespace llmt

@@ -49,8 +49,10 @@ void save_hf_model(const std::string& dir, const ModelConfig& cfg, const ModelLa
 // special_tokens_map.json, vocab.json, merges.txt, tokenizer.model, added_tokens.json) from src_dir
 // into dst_dir; a missing one is skipped. Returns how many were copied.
 int copy_tokenizer_files(const std::string& src_dir, const std::string& dst_dir);
-// Copies generation_config.json (an instruct model's EOS ids, its sampling defaults) from src_dir into
-// dst_dir when src_dir has one. Returns whether it did.
-bool copy_generation_config(const std::string& src_dir, const std::string& dst_dir);
+// Writes dst_dir/generation_config.json as save_pretrained does beside a causal LM: src_dir's (an
+// instruct model's EOS ids, its sampling defaults) when src_dir is given and has one, else the one
+// transformers derives from the config (GenerationConfig.from_model_config: its BOS and EOS ids).
+// Returns whether it copied src_dir's.
+bool write_generation_config(const std::string& src_dir, const std::string& dst_dir, const ModelConfig& cfg);
 
 }  // namespace llmt

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -19,7 +20,7 @@
 
 namespace llmt {
 
-std::string Checkpointer::save(int64_t step, const std::vector<nlohmann::json>& log_history,
+std::string Checkpointer::save(int64_t step, const std::vector<nlohmann::json>& log_history, double total_flos,
                                const std::string& model_dtype) {
   std::string dir = save_checkpoint_dir(s_.output_dir, step, world_, [&](const std::string& tmp) {
     write_hf_model(world_, store_, cfg_, layout_, tmp, model_dtype.empty() ? s_.save_dtype : model_dtype,
@@ -34,16 +35,7 @@ std::string Checkpointer::save(int64_t step, const std::vector<nlohmann::json>& 
                        config_to_hf_json(cfg_).dump());
     std::string error;
     if (world_.rank() == 0) try {
-        nlohmann::json ts = {{"global_step", step},
-                             {"epoch", (double)step / s_.steps_per_epoch},
-                             {"max_steps", s_.max_steps},
-                             {"num_train_epochs", s_.num_train_epochs},
-                             {"logging_steps", s_.logging_steps},
-                             {"save_steps", s_.save_steps},
-                             {"train_batch_size", s_.train_batch_size},
-                             {"model_config", config_to_hf_json(cfg_)},
-                             {"train_data", data_identity_json()},
-                             {"log_history", log_history}};
+        const nlohmann::json ts = trainer_state(step, log_history, total_flos);
         write_file_atomic(tmp + "/trainer_state.json", ts.dump(2) + "\n");
       } catch (const Error& e) {
         error = e.what();
@@ -57,6 +49,32 @@ std::string Checkpointer::save(int64_t step, const std::vector<nlohmann::json>& 
   }
   world_.barrier();
   return dir;
+}
+
+nlohmann::json Checkpointer::trainer_state(int64_t step, const std::vector<nlohmann::json>& log_history,
+                                           double total_flos) const {
+  // No keys of llmt's own: TrainerState(**json) refuses any it does not have. What identifies the
+  // model and the data for a resume is in state.h5 (its config and scalars).
+  return {{"best_global_step", nullptr},
+          {"best_metric", nullptr},
+          {"best_model_checkpoint", nullptr},
+          {"epoch", (double)step / s_.steps_per_epoch},
+          {"eval_steps", s_.eval_steps},
+          {"global_step", step},
+          {"is_hyper_param_search", false},
+          {"is_local_process_zero", true},
+          {"is_world_process_zero", true},
+          {"log_history", log_history},
+          {"logging_steps", s_.logging_steps},
+          {"max_steps", s_.max_steps},
+          {"num_input_tokens_seen", 0},
+          {"num_train_epochs", (s_.max_steps + s_.steps_per_epoch - 1) / s_.steps_per_epoch},
+          {"save_steps", s_.save_steps},
+          {"stateful_callbacks", nlohmann::json::object()},
+          {"total_flos", total_flos},
+          {"train_batch_size", s_.train_batch_size},
+          {"trial_name", nullptr},
+          {"trial_params", nullptr}};
 }
 
 Checkpointer::Resumed Checkpointer::resume(const std::string& want, bool ignore_data_skip, int64_t total_steps) {
@@ -80,6 +98,7 @@ Checkpointer::Resumed Checkpointer::resume(const std::string& want, bool ignore_
                "%s/trainer_state.json belongs to another model (%s), not this %s", ck.c_str(),
                clip_for_message(ts["model_config"].dump()).c_str(), cfg_.describe().c_str());
     for (auto& rec : ts["log_history"]) out.log_history.push_back(rec);
+    if (ts.contains("total_flos") && ts["total_flos"].is_number()) out.total_flos = ts["total_flos"].get<double>();
   }
   world_.barrier();
   nlohmann::json sc = nlohmann::json::parse(st.scalars_json, nullptr, false);

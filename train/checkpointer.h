@@ -28,9 +28,8 @@ struct CheckpointSettings {
   uint64_t seed = 42;
   int64_t steps_per_epoch = 1, global_batch = 1;
   DataIdentity data;
-  // recorded in trainer_state.json as the Hugging Face Trainer does
-  int64_t max_steps = -1, save_steps = 0;
-  double num_train_epochs = 0.0;
+  // recorded in trainer_state.json as the Hugging Face Trainer does (max_steps: the run's steps)
+  int64_t max_steps = -1, save_steps = 0, eval_steps = 0;
   int logging_steps = 0, train_batch_size = 0;
 };
 
@@ -44,11 +43,14 @@ class Checkpointer {
   // renamed (complete or absent), with `log_history` in its trainer_state.json; then the oldest
   // beyond save_total_limit are removed. Returns its path. model_dtype: its Hugging Face model's
   // dtype ("" = save_dtype).
-  std::string save(int64_t step, const std::vector<nlohmann::json>& log_history, const std::string& model_dtype = "");
+  // total_flos: the run's floating-point operations so far (trainer_state.json's, over every rank).
+  std::string save(int64_t step, const std::vector<nlohmann::json>& log_history, double total_flos,
+                   const std::string& model_dtype = "");
 
   struct Resumed {
     int64_t step = 0;                        // the checkpoint's step (0: not resuming)
     std::vector<nlohmann::json> log_history;  // its records (rank 0)
+    double total_flos = 0.0;                  // its trainer_state.json's (rank 0)
   };
   // Collective: --resume_from_checkpoint `want` (a directory, or "latest"/"True": the newest whose
   // checksums verify; "" = not resuming) loaded into the store, after checking it continues this
@@ -56,6 +58,9 @@ class Checkpointer {
   // total_steps.
   Resumed resume(const std::string& want, bool ignore_data_skip, int64_t total_steps);
   const CheckpointSettings& settings() const { return s_; }
+  // trainer_state.json at `step`, as transformers' TrainerState writes it (TrainerState.load_from_json
+  // reads it: its fields only, no others), with `log_history`.
+  nlohmann::json trainer_state(int64_t step, const std::vector<nlohmann::json>& log_history, double total_flos) const;
 
  private:
   std::string resume_path(const std::string& want);

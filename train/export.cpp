@@ -41,7 +41,7 @@ void write_hf_model(ControlComm& world, FsdpStore& store, const ModelConfig& cfg
   if (ex) attempt([&] {
     ex->finish();
     if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, dir);
-    if (!model_dir.empty()) copy_generation_config(model_dir, dir);
+    write_generation_config(model_dir, dir, cfg);
   });
   agree_or_throw(world, error.empty(), error);
 }

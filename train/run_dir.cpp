@@ -92,6 +92,13 @@ int claim_output_dir(ControlComm& world, const std::string& output_dir, bool res
   return lock_fd;
 }
 
+void release_output_dir(int& lock_fd, const std::string& output_dir) {
+  if (lock_fd < 0) return;
+  ::unlink((output_dir + "/.llmt.lock").c_str());
+  ::close(lock_fd);
+  lock_fd = -1;
+}
+
 // Progress records go under the output directory, which every node shares; the run id (rank 0's
 // clock and pid) tells this run's records from a crashed earlier run's. Each run has a folder of
 // its own, so a second run refused by the output_dir lock never touches the first one's records.

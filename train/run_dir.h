@@ -18,6 +18,11 @@ int mkdir_parents(const std::string& dir, std::string* failed = nullptr);
 // run's life: closing it drops the lock), -1 on the other ranks.
 int claim_output_dir(ControlComm& world, const std::string& output_dir, bool resuming, bool overwrite);
 
+// The end of a run that ended cleanly: rank 0 (lock_fd >= 0) removes output_dir/.llmt.lock while it
+// still holds the lock, then drops it. A run that fails leaves the file (its lock is gone with the
+// process; the next run takes it).
+void release_output_dir(int& lock_fd, const std::string& output_dir);
+
 // The watchdog's progress records for this run: output_dir/.llmt-progress/<run id>/rank-N, the run
 // id agreed from rank 0's clock and pid (watchdog.h says what they are for). Collective.
 void start_progress_records(ControlComm& world, const LaunchInfo& launch, const std::string& output_dir);

@@ -31,6 +31,7 @@
 #include "engine/dist/agree.h"
 #include "engine/dist/comm_wait.h"
 #include "engine/dist/watchdog.h"
+#include "engine/formats/safetensors.h"  // write_file_atomic
 #include "engine/fsdp/fsdp.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/schedule.h"
@@ -171,10 +172,12 @@ class Trainer {
   // what the hooks call
   double evaluate();
   void save_checkpoint(int64_t step) {
-    ckpt_->save(step, metrics_->history());
+    ckpt_->save(step, metrics_->history(), total_flos_);
     last_saved_step_ = step;
   }
   std::string keep_trained_state(const std::string& why);
+  nlohmann::json eval_record(double eval_loss, double eval_s, int64_t step) const;
+  void write_results(const nlohmann::json& train, const nlohmann::json& eval);
   bool epoch_end(int64_t step) const { return (step + 1) % steps_per_epoch_ == 0; }
 
   ControlComm& world_;
@@ -207,6 +210,9 @@ class Trainer {
   double run_start_ = 0.0, comm_before_ = 0.0, comm_first_step_ = 0.0, planned_comm_bytes_ = 0.0;
   double run_eval_s_ = 0.0;  // evaluation since run_start_, left out of the throughput
   int64_t run_tokens_ = 0;
+  // what the Trainer reports at the end (train_results.json): this run's loop time from its first
+  // step, the sum of its steps' losses, and the floating-point operations of every rank since step 1
+  double loop_start_ = 0.0, train_loss_sum_ = 0.0, total_flos_ = 0.0;
   double lr_ = 0.0;
   int lock_fd_ = -1;  // rank 0: the open lock on output_dir (claim_output_dir), held for the run's life
   // Fault injection for the tests: LLMT_FAIL_AT_STEP=rank:step makes that rank fail at that step.
@@ -418,14 +424,15 @@ void Trainer::resume(const TrainArgs& a) {
   cs.steps_per_epoch = steps_per_epoch_;
   cs.global_batch = global_batch_;
   cs.data = data_id_;
-  cs.max_steps = a.max_steps;
+  cs.max_steps = total_steps_;
   cs.save_steps = a.save_steps;
-  cs.num_train_epochs = a.num_train_epochs;
+  cs.eval_steps = ls_.eval_every;
   cs.logging_steps = a.logging_steps;
   cs.train_batch_size = B_;
   ckpt_ = std::make_unique<Checkpointer>(world_, cs, cfg_, session_.model->layout(), *session_.store);
   Checkpointer::Resumed resumed = ckpt_->resume(a.resume_from_checkpoint, a.ignore_data_skip, total_steps_);
   first_step_ = resumed.step;
+  total_flos_ = resumed.total_flos;
 
   MetricsSettings ms;
   ms.output_dir = a.output_dir;
@@ -456,7 +463,7 @@ void Trainer::run() {
     return;
   }
   metrics_->start();
-  run_start_ = now_s();
+  run_start_ = loop_start_ = now_s();
   comm_before_ = session_.store->comm_bytes() + session_.data->stats().total();
   for (int64_t s = first_step_; s < total_steps_; s++) {
     if (s - first_step_ == ls_.throughput_warmup_steps) run_start_ = now_s(), run_tokens_ = 0, run_eval_s_ = 0.0;
@@ -477,11 +484,13 @@ void Trainer::run() {
       log_info("stopped at step %lld of %lld by a signal; checkpoint-%lld holds the model", (long long)s + 1,
                (long long)total_steps_, (long long)s + 1);
       metrics_->close();
+      release_output_dir(lock_fd_, ls_.output_dir);
       return;
     }
   }
   finish();
   metrics_->close();
+  release_output_dir(lock_fd_, ls_.output_dir);  // a clean end leaves no .llmt.lock behind
 }
 
 // This rank's micro-batches of step `s`, then one optimizer step over every rank.
@@ -515,6 +524,8 @@ StepResult Trainer::step(int64_t s) {
   ss.step = s;
   StepResult r = train_step(*session_.model, *session_.store, world_, *session_.data, *scalars_, micro, ss);
   metrics_->add_step(r.loss, step_tokens * W_, flops, now_s() - start, comm_wait_s() - waited_before);
+  train_loss_sum_ += r.loss;
+  total_flos_ += flops * W_;
   run_tokens_ += step_tokens * W_;
   return r;
 }
@@ -531,7 +542,7 @@ void Trainer::maybe_evaluate(int64_t s) {
   metrics_->leave_out(eval_s);
   run_eval_s_ += eval_s;
   log_info("eval   step %lld | eval_loss %.4f | perplexity %.3f | %.2f s", (long long)s + 1, el, std::exp(el), eval_s);
-  metrics_->record({{"step", s + 1}, {"eval_loss", el}, {"perplexity", std::exp(el)}, {"eval_runtime", eval_s}});
+  metrics_->record(eval_record(el, eval_s, s + 1));
 }
 
 bool Trainer::maybe_save(int64_t s) {
@@ -556,12 +567,29 @@ void Trainer::finish() {
              "gathered buffers peaked at %.1f MiB, peak rss %.2f GiB",
              run_tokens_ / run_s, ls_.throughput_warmup_steps + 1, (long long)total_steps_, run_tokens_ / run_s / W_,
              comm_first_step_ / kMiB, session_.store->peak_gathered_bytes() / kMiB, peak_rss_gib());
+  // the Trainer's last log_history record, and run_clm's train_results.json
+  const int64_t steps_run = total_steps_ - first_step_;
+  const double loop_s = now_s() - loop_start_, epoch = (double)total_steps_ / steps_per_epoch_;
+  nlohmann::json train = {{"epoch", epoch},
+                          {"total_flos", total_flos_},
+                          {"train_loss", steps_run > 0 ? train_loss_sum_ / steps_run : NAN},
+                          {"train_runtime", loop_s},
+                          {"train_samples_per_second", (double)steps_run * global_batch_ / loop_s},
+                          {"train_steps_per_second", steps_run / loop_s}};
+  nlohmann::json summary = train;
+  summary["step"] = total_steps_;
+  metrics_->record(summary);
+  train["train_samples"] = packing_ ? (int64_t)packed_.rows.size() : train_.size();
+  nlohmann::json eval;
   if (ls_.do_eval) {
     const double t0 = now_s();
     double el = evaluate();
     const double eval_s = now_s() - t0;
     log_info("eval   eval_loss %.4f | perplexity %.3f | %.2f s", el, std::exp(el), eval_s);
-    metrics_->record({{"step", total_steps_}, {"eval_loss", el}, {"perplexity", std::exp(el)}, {"eval_runtime", eval_s}});
+    eval = eval_record(el, eval_s, total_steps_);
+    metrics_->record(eval);
+    eval.erase("step");
+    eval["eval_samples"] = eval_.size();
   }
   // a signal arriving now changes nothing: this is the end of the run
   try {
@@ -570,7 +598,52 @@ void Trainer::finish() {
   } catch (const Error& e) {  // every rank, together (write_hf_model agrees on its errors)
     throw Error(keep_trained_state(e.what()));
   }
+  write_results(train, eval);
   log_info("saved  %s (config.json, model.safetensors in %s)", ls_.output_dir.c_str(), save_dtype_.c_str());
+}
+
+// An evaluation's log_history record, as the Trainer logs it (with perplexity, as run_clm adds it).
+nlohmann::json Trainer::eval_record(double eval_loss, double eval_s, int64_t step) const {
+  const int B = ls_.eval_batch > 0 ? ls_.eval_batch : B_;
+  const int64_t batches = (eval_.size() + (int64_t)W_ * B - 1) / ((int64_t)W_ * B);  // per rank, as evaluate()
+  return {{"epoch", (double)step / steps_per_epoch_}, {"eval_loss", eval_loss}, {"eval_runtime", eval_s},
+          {"eval_samples_per_second", eval_.size() / eval_s}, {"eval_steps_per_second", batches / eval_s},
+          {"perplexity", std::exp(eval_loss)}, {"step", step}};
+}
+
+// What run_clm leaves beside the model: train_results.json, eval_results.json (with --do_eval) and
+// all_results.json (both, merged into an earlier run's as Trainer.save_metrics does), and
+// trainer_state.json (Trainer.save_state). Rank 0 writes; every rank learns of an error.
+void Trainer::write_results(const nlohmann::json& train, const nlohmann::json& eval) {
+  std::string error;
+  if (world_.rank() == 0) try {
+      const std::string dir = ls_.output_dir;
+      auto write = [&](const std::string& name, const nlohmann::json& j) {
+        write_file_atomic(dir + "/" + name, j.dump(4) + "\n");
+      };
+      nlohmann::json all = nlohmann::json::object();
+      std::ifstream old(dir + "/all_results.json", std::ios::binary);
+      if (old.good()) {
+        const std::string text((std::istreambuf_iterator<char>(old)), std::istreambuf_iterator<char>());
+        try {  // an unreadable one is replaced, as a new run's would be
+          check_json_depth(text, dir + "/all_results.json");
+          all = nlohmann::json::parse(text, nullptr, false);
+        } catch (const Error&) {
+        }
+        if (!all.is_object()) all = nlohmann::json::object();
+      }
+      write("train_results.json", train);
+      all.update(train);
+      if (!eval.is_null()) {
+        write("eval_results.json", eval);
+        all.update(eval);
+      }
+      write("all_results.json", all);
+      write("trainer_state.json", ckpt_->trainer_state(total_steps_, metrics_->history(), total_flos_));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  agree_or_throw(world_, error.empty(), error);
 }
 
 // The final model could not be written (a weight beyond float16's range, a full disk) after all the
@@ -587,7 +660,7 @@ std::string Trainer::keep_trained_state(const std::string& why) {
   if (last_saved_step_ == total_steps_)
     return kept(strformat("%s/checkpoint-%lld", ls_.output_dir.c_str(), (long long)total_steps_), save_dtype_);
   try {
-    return kept(ckpt_->save(total_steps_, metrics_->history(), "F32"), "F32");
+    return kept(ckpt_->save(total_steps_, metrics_->history(), total_flos_, "F32"), "F32");
   } catch (const Error& e) {
     return strformat("%s; saving the trained state as a checkpoint failed too: %s%s", why.c_str(), e.what(),
                      last_saved_step_ > 0 ? strformat("; the newest checkpoint is %s/checkpoint-%lld",
