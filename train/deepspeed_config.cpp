@@ -1,6 +1,7 @@
 #include "train/deepspeed_config.h"
 
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"  // read_file
@@ -47,6 +48,11 @@ class DeepSpeedReader {
     if (given_(flag) && member != value)
       refuse(field, strformat("%s, but --%s is %s; give one of them (or write \"auto\" in the file to take the "
                               "flag's)", shown.c_str(), flag, show(member).c_str()));
+    auto earlier = set_by_.find(flag);  // two fields of the file for one flag (lr and warmup_max_lr)
+    if (earlier != set_by_.end() && member != value)
+      refuse(field, strformat("%s, but %s gave --%s %s", shown.c_str(), earlier->second.c_str(), flag,
+                              show(member).c_str()));
+    set_by_[flag] = field;
     member = value;
     taken_ += strformat("%s%s %s -> --%s %s", taken_.empty() ? "" : "; ", field.c_str(), clip_for_message(v.dump()).c_str(),
                         flag, shown.c_str());
@@ -70,6 +76,7 @@ class DeepSpeedReader {
   const std::function<bool(const char*)>& given_;
   TrainArgs& a_;
   std::string taken_, unused_;
+  std::map<std::string, std::string> set_by_;  // flag -> the file's field that set it
   bool has_scheduler_ = false;
 };
 

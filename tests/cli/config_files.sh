@@ -113,6 +113,8 @@ ds '{"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}}' log
   'scheduler.params.warmup_type: absent, so DeepSpeed would warm up logarithmically'
 ds '{"train_micro_batch_size_per_gpu": 4}' micro_conflict \
   'train_micro_batch_size_per_gpu: 4, but --per_device_train_batch_size is 2'
+ds '{"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 2e-3}}}' \
+  two_lrs 'scheduler.params.warmup_max_lr: 0.002, but optimizer.params.lr gave --learning_rate 0.001'
 ds '{"train_batch_size": 6}' total_batch 'train_batch_size 6, but 1 ranks x 2 sequences x 2 accumulation steps make 4'
 echo '{"zero_optimization": {"stage": 3}}' > z3.json
 refused fsdp_conflict 'zero_optimization.stage: 3 is --fsdp "full_shard auto_wrap", but --fsdp is "no_shard"' \
