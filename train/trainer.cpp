@@ -211,7 +211,7 @@ class Trainer {
   double run_eval_s_ = 0.0;  // evaluation since run_start_, left out of the throughput
   int64_t run_tokens_ = 0;
   // what the Trainer reports at the end (train_results.json): this run's loop time from its first
-  // step, the sum of its steps' losses, and the floating-point operations of every rank since step 1
+  // step, the sum of its steps' losses, and the floating-point operations since step 1 (rank 0's x ranks)
   double loop_start_ = 0.0, train_loss_sum_ = 0.0, total_flos_ = 0.0;
   double lr_ = 0.0;
   int lock_fd_ = -1;  // rank 0: the open lock on output_dir (claim_output_dir), held for the run's life

@@ -61,6 +61,9 @@ EXPECT = [
     (r"adamw_kernel<4>", 256, 0, {"stack0": 1, "ld128": 1}),
     (r"cross_entropy_kernel<.*, [48]>", 256, 0, {"stack0": 1, "ld128": 1}),
     (r"mma_(fragments|ldmatrix)_kernel", 32, 0, {"stack0": 1, "hmma": 1}),
+    # cuDNN's packed documents: the ragged offsets built on the device, and the stats' layout
+    (r"(llmt::cuda::)?document_batch_kernel", 1024, 0, {"stack0": 1}),
+    (r"(llmt::cuda::)?stats_layout_kernel", 256, 0, {"stack0": 1}),
 ]
 
 
