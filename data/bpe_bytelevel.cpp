@@ -133,6 +133,9 @@ class BpeTokenizer : public Tokenizer {
   std::vector<int32_t> encode_prefix(std::string_view text, size_t max_tokens) const override;
   size_t min_ids_for_bytes(size_t bytes) const override { return bytes_per_id_ ? bytes / bytes_per_id_ : 0; }
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override;
+  std::string token_bytes(int32_t id) const override {
+    return id >= 0 && id < (int32_t)spec_.tokens.size() ? spec_.tokens[(size_t)id] : std::string();
+  }
   int vocab_size() const override { return (int)spec_.tokens.size(); }
   int bos_id() const override { return spec_.bos_id; }
   int eos_id() const override { return spec_.eos_id; }

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "data/alpaca.h"
+#include "data/conversations.h"
 #include "data/tokenizer.h"
 #include "data/wikitext.h"
 #include "engine/core/error.h"
@@ -84,7 +85,9 @@ TokenDataset load_train_dataset(const DataArgs& a, const Tokenizer& tok, int ran
   if (!id) id = &local;
   TokenDataset ds;
   if (!a.data_path.empty()) {
-    ds = load_alpaca_dataset(a, tok, rank, &id->key);
+    const RecordFormat f = detect_record_format(a.data_path, a);  // Alpaca, messages, ShareGPT, prompt-completion
+    ds = f == RecordFormat::alpaca ? load_alpaca_dataset(a, tok, rank, &id->key)
+                                   : load_chat_dataset(a, f, tok, rank, &id->key);
     id->source = "--data_path " + a.data_path;
     id->model_max_length = a.model_max_length;
   } else {

@@ -61,6 +61,11 @@ struct DataArgs {
   int block_size = 0;                       // run_clm grouping; 0 is an error here: the caller decides
   int model_max_length = 512;               // Alpaca truncation (Stanford's default)
   std::string instruction_field = "instruction", input_field = "input", output_field = "output";
+  // chat data given by --data_path (data/conversations.h): the template (a Jinja file or a
+  // tokenizer_config.json; empty: the tokenizer's), and what takes loss (TRL's SFTConfig names)
+  std::string chat_template;
+  bool assistant_only_loss = true;   // messages / conversations records: loss on assistant turns only
+  bool completion_only_loss = true;  // prompt / completion records: loss on the completion only
   std::string cache_dir;  // token cache: see resolve_cache_dir (token_cache.h); "none" turns it off
   bool overwrite_cache = false;       // tokenize again and rewrite the cache file
   int preprocessing_num_workers = 0;  // threads that tokenize (0: OpenMP's default, the rank's threads)

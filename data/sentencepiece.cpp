@@ -12,6 +12,7 @@
 #include "data/sentencepiece.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <unordered_map>
 #include <utility>
@@ -209,6 +210,18 @@ class SentencePieceBpe final : public Tokenizer {
     return out;
   }
 
+  std::string token_bytes(int32_t id) const override {
+    if (id < 0 || id >= (int32_t)tokens.size()) return "";
+    const std::string& t = tokens[(size_t)id];
+    if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>')
+      return std::string(1, (char)std::strtol(t.substr(3, 2).c_str(), nullptr, 16));
+    std::string out;
+    for (size_t i = 0; i < t.size();) {
+      if (t.compare(i, 3, "\xE2\x96\x81") == 0) out += ' ', i += 3;
+      else out += t[i++];
+    }
+    return out;
+  }
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
     std::vector<std::string> toks;
     toks.reserve(ids.size());

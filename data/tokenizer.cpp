@@ -183,6 +183,7 @@ class ConfiguredTokenizer : public Tokenizer {
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
     return inner_->decode(ids, skip_special);
   }
+  std::string token_bytes(int32_t id) const override { return inner_->token_bytes(id); }
   int vocab_size() const override { return inner_->vocab_size(); }
   int bos_id() const override { return bos_; }
   int eos_id() const override { return eos_; }

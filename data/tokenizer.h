@@ -37,6 +37,10 @@ class Tokenizer {
   // without being tokenized. Byte-level BPE and bytes give one; SentencePiece (whose normalizer may
   // fold a run of spaces into one piece) does not.
   virtual size_t min_ids_for_bytes(size_t /*bytes*/) const { return 0; }
+  // The bytes of the text that token `id` stands for, to align ids with the text they were encoded from
+  // (chat data's assistant spans, data/conversations.h): byte-level BPE and tiktoken its bytes,
+  // SentencePiece its piece with "▁" as a space and <0xNN> as that byte; others decode({id}).
+  virtual std::string token_bytes(int32_t id) const { return decode({id}); }
   // encode() plus the special tokens the tokenizer adds by default (add_special_tokens=True).
   std::vector<int32_t> encode_with_specials(std::string_view text) const;
 };

@@ -83,7 +83,8 @@ const std::vector<TrainFlag>& train_flags() {
        "names of the special tokens of a bare Llama 3 tokenizer.model (3.1: also 3.2, 3.3); auto: as the files "
        "beside it show, else 3.0", ARG(llama3_special_tokens)},
       // data
-      {"data_path", "data", "FILE", "Alpaca JSON or JSON Lines, Stanford Alpaca's prompts", DATA(data_path)},
+      {"data_path", "data", "FILE", "Alpaca or chat records (messages, conversations, prompt/completion), JSON or "
+       "JSON Lines; the format is read from the records", DATA(data_path)},
       {"dataset_name", "data", "wikitext", "WikiText from local files under --dataset_dir (nothing is downloaded)",
        DATA(dataset_name)},
       {"dataset_config_name", "data", "NAME", "wikitext-2-raw-v1, wikitext-103-raw-v1, wikitext-2-v1, wikitext-103-v1",
@@ -104,6 +105,12 @@ const std::vector<TrainFlag>& train_flags() {
       {"packing", "data", "True|False",
        "pack whole examples into rows of --model_max_length (TRL's SFTConfig packing): no padding between them, "
        "attention inside each example, positions restarting at each", ARG(packing)},
+      {"chat_template", "data", "FILE", "chat data's template: a Jinja file or a tokenizer_config.json (default: the "
+       "tokenizer's chat_template.jinja or tokenizer_config.json)", DATA(chat_template)},
+      {"assistant_only_loss", "data", "True|False", "chat data (messages, conversations): loss on the assistant "
+       "turns the template's {% generation %} blocks mark (True), or on every token", DATA(assistant_only_loss)},
+      {"completion_only_loss", "data", "True|False", "prompt-completion data: loss on the completion only (True)",
+       DATA(completion_only_loss)},
       {"alpaca_instruction_field", "data", "NAME", "the Alpaca record's instruction field", DATA(instruction_field)},
       {"alpaca_input_field", "data", "NAME", "the Alpaca record's input field", DATA(input_field)},
       {"alpaca_output_field", "data", "NAME", "the Alpaca record's response field", DATA(output_field)},
@@ -313,7 +320,9 @@ ConfigFields train_config_fields(const TrainArgs& a) {
       {"--dataset_dir", x.dataset_dir}, {"--train_file", x.train_file}, {"--validation_file", x.validation_file},
       {"--block_size", i(x.block_size)}, {"--model_max_length", i(x.model_max_length)}, {"--packing", b(a.packing)},
       {"--alpaca_instruction_field", x.instruction_field}, {"--alpaca_input_field", x.input_field},
-      {"--alpaca_output_field", x.output_field}, {"--validation_split_percentage", i(x.validation_split_percentage)},
+      {"--alpaca_output_field", x.output_field},
+      {"--chat_template", x.chat_template}, {"--assistant_only_loss", b(x.assistant_only_loss)},
+      {"--completion_only_loss", b(x.completion_only_loss)}, {"--validation_split_percentage", i(x.validation_split_percentage)},
       {"--output_dir", a.output_dir}, {"--max_steps", i(a.max_steps)}, {"--num_train_epochs", d(a.num_train_epochs)},
       {"--per_device_train_batch_size", i(a.per_device_train_batch_size)},
       {"--per_device_eval_batch_size", i(a.per_device_eval_batch_size)},
