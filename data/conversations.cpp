@@ -294,12 +294,75 @@ std::vector<char> span_mask(const std::vector<std::pair<size_t, size_t>>& offset
   return mask;
 }
 
+const char* assistant_turns_method(const ChatTemplate& tmpl) {
+  return tmpl.has_generation_blocks() ? "{% generation %} blocks" : "rendering each turn's prefix";
+}
+
+// a few bytes of s from `at`, quoted as JSON, for a message
+static std::string quote_at(const std::string& s, size_t at) {
+  const size_t from = at > 16 ? at - 16 : 0;
+  return ojson(s.substr(from, 48)).dump(-1, ' ', false, ojson::error_handler_t::replace) +
+         (from > 0 ? strformat(" (from byte %zu)", from) : "");
+}
+
+std::vector<std::pair<size_t, size_t>> assistant_spans_by_prefix(const ChatTemplate& tmpl, const ojson& vars,
+                                                                 const std::string& full) {
+  static const char* fixes =
+      "--assistant_only_loss True finds the assistant turns of a template without {% generation %} blocks by "
+      "rendering each turn's prefix, which needs a template that renders every earlier turn the same whatever "
+      "follows; pass --chat_template FILE with a template that marks the assistant's turns with {% generation %} ... "
+      "{% endgeneration %} (TRL ships such training variants: trl/chat_templates/*_training.jinja), or "
+      "--assistant_only_loss False to train on every token";
+  const ojson& msgs = vars.at("messages");
+  std::vector<std::pair<size_t, size_t>> spans;
+  ojson v = vars, prefix = ojson::array();
+  for (size_t i = 0; i < msgs.size(); i++) {
+    if (!(msgs[i].is_object() && msgs[i].value("role", "") == "assistant")) {
+      prefix.push_back(msgs[i]);
+      continue;
+    }
+    std::string p, q;
+    v["messages"] = prefix;
+    v["add_generation_prompt"] = true;
+    try {
+      p = tmpl.render(v).text;
+    } catch (const Error& e) {
+      fail("assistant message %zu: the template fails on the %zu message%s before it (rendered with "
+           "add_generation_prompt=True): %s. %s", i, i, i == 1 ? "" : "s", e.what(), fixes);
+    }
+    prefix.push_back(msgs[i]);
+    v["messages"] = prefix;
+    v["add_generation_prompt"] = false;
+    try {
+      q = tmpl.render(v).text;
+    } catch (const Error& e) {
+      fail("assistant message %zu: the template fails on the messages up to it: %s. %s", i, e.what(), fixes);
+    }
+    size_t d = 0;
+    while (d < p.size() && d < q.size() && p[d] == q[d]) d++;
+    LLMT_CHECK(d == p.size(),
+               "assistant message %zu: the messages up to it render as %s at byte %zu, not as the messages before it "
+               "with add_generation_prompt=True do (%s), so the turn's text cannot be told from the prompt. %s",
+               i, quote_at(q, d).c_str(), d, quote_at(p, d).c_str(), fixes);
+    d = 0;
+    while (d < q.size() && d < full.size() && q[d] == full[d]) d++;
+    LLMT_CHECK(d == q.size(),
+               "assistant message %zu: the whole conversation renders as %s at byte %zu, not as the messages up to "
+               "it do (%s): the template renders an earlier turn differently once later ones follow (it may drop "
+               "earlier turns' reasoning). %s",
+               i, quote_at(full, d).c_str(), d, quote_at(q, d).c_str(), fixes);
+    if (q.size() > p.size()) spans.emplace_back(p.size(), q.size());
+  }
+  return spans;
+}
+
 TokenDataset tokenize_chat(const std::vector<ChatRecord>& recs, const ChatTemplate& tmpl, const Tokenizer& tok,
                            const ChatTokenizeOptions& opt, CacheStats* st, const std::string& what) {
   const int64_t n = (int64_t)recs.size();
   LLMT_CHECK(opt.model_max_length >= 1, "model_max_length %d must be >= 1", opt.model_max_length);
   std::vector<std::vector<int32_t>> ids((size_t)n), labels((size_t)n);
   const bool parallel = tokenizer_thread_safe(tok);
+  const bool generation = tmpl.has_generation_blocks();
   std::string eos_text = opt.specials.value("eos_token", std::string());
   if (eos_text.empty() && tok.eos_id() >= 0) eos_text = tok.decode({tok.eos_id()});
   std::string err;
@@ -344,7 +407,9 @@ TokenDataset tokenize_chat(const std::vector<ChatRecord>& recs, const ChatTempla
         ChatRender full = tmpl.render(vars(r.messages, false));
         x = tok.encode(full.text);
         if (opt.assistant_only_loss) {
-          mask = span_mask(token_offsets(tok, full.text, x), full.generation);
+          const auto spans = generation ? full.generation
+                                        : assistant_spans_by_prefix(tmpl, vars(r.messages, false), full.text);
+          mask = span_mask(token_offsets(tok, full.text, x), spans);
           LLMT_CHECK(std::count(mask.begin(), mask.end(), 1) > 0, "no assistant tokens: the record has no assistant "
                      "message (--assistant_only_loss True trains on them alone)");
         } else {
@@ -392,12 +457,6 @@ TokenDataset load_chat_dataset(const DataArgs& args, RecordFormat format, const 
   std::string origin;
   ChatTemplate tmpl(find_chat_template(args.chat_template, args.tokenizer_path, &origin), origin);
   const bool conv = format == RecordFormat::messages || format == RecordFormat::sharegpt;
-  if (conv && args.assistant_only_loss && !tmpl.has_generation_blocks())
-    fail("--assistant_only_loss True (the default for %s records) trains on the text of the chat template's "
-         "{%% generation %%} blocks, and the template (%s) has none: pass --chat_template FILE with a template that "
-         "marks the assistant's turns with {%% generation %%} ... {%% endgeneration %%} (TRL ships such training "
-         "variants: trl/chat_templates/*_training.jinja), or --assistant_only_loss False to train on every token",
-         record_format_name(format), origin.c_str());
   ChatTokenizeOptions opt;
   opt.model_max_length = args.model_max_length;
   opt.assistant_only_loss = conv && args.assistant_only_loss;
@@ -417,6 +476,13 @@ TokenDataset load_chat_dataset(const DataArgs& args, RecordFormat format, const 
   h.add_file(path);
   add_tokenizer_to_key(h, tok, args.tokenizer_path);
   if (key) *key = h.hex();
+  log_info("data   chat %s: %s records, the chat template of %s; loss on %s", path.c_str(), record_format_name(format),
+           origin.c_str(),
+           format == RecordFormat::prompt_completion
+               ? (opt.completion_only_loss ? "the completions" : "every token")
+               : (opt.assistant_only_loss
+                      ? (std::string("the assistant turns, found by ") + assistant_turns_method(tmpl)).c_str()
+                      : "every token"));
   std::string base = path.substr(path.find_last_of('/') + 1);
   for (char& c : base)
     if (!std::isalnum((unsigned char)c) && c != '.' && c != '-' && c != '_') c = '_';
@@ -429,8 +495,7 @@ TokenDataset load_chat_dataset(const DataArgs& args, RecordFormat format, const 
       [&](CacheStats* s) {
         std::vector<ChatRecord> recs = read_chat_records(path, format);
         TokenizeThreads threads(args.preprocessing_num_workers);
-        log_info("data   rendering %zu %s records of %s with the chat template of %s (%s)", recs.size(),
-                 record_format_name(format), path.c_str(), origin.c_str(),
+        log_info("data   rendering and tokenizing %zu records of %s (%s)", recs.size(), path.c_str(),
                  threads.describe(tokenizer_thread_safe(tok)).c_str());
         return tokenize_chat(recs, tmpl, tok, opt, s, path);
       },

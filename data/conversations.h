@@ -4,9 +4,10 @@
 // with the model's chat template (data/chat_template.h) and tokenized as transformers'
 // apply_chat_template does (no special tokens added: the template writes them).
 //
-// Loss (TRL's SFTConfig): --assistant_only_loss True (the default here) trains on the text the
-// template's `{% generation %}` blocks produce, as return_assistant_tokens_mask marks it; a template
-// without such blocks is refused, naming the fix. --completion_only_loss True (the default, TRL's for
+// Loss (TRL's SFTConfig): --assistant_only_loss True (the default here) trains on the assistant turns:
+// the text the template's `{% generation %}` blocks produce, as return_assistant_tokens_mask marks
+// it, or, for a template without such blocks (every stock one), the text each assistant message adds
+// to the rendering of the messages before it (assistant_spans_by_prefix). --completion_only_loss True (the default, TRL's for
 // prompt-completion data) trains on the completion: the ids after the common prefix of the prompt's
 // ids (rendered with add_generation_prompt) and the whole record's. Examples are cut at
 // model_max_length; one left without a loss token is dropped.
@@ -63,6 +64,20 @@ std::vector<std::pair<size_t, size_t>> token_offsets(const Tokenizer& tok, const
 // transformers' assistant mask: a token is in it when it overlaps one of the spans
 std::vector<char> span_mask(const std::vector<std::pair<size_t, size_t>>& offsets,
                             const std::vector<std::pair<size_t, size_t>>& spans);
+
+// The assistant turns of a template without {% generation %} blocks: for each assistant message i,
+// P = the messages before it rendered with add_generation_prompt=True, Q = the messages up to it
+// rendered without; the turn is Q's text after P (Llama 3: the answer and <|eot_id|>; Qwen2.5: the
+// answer, <|im_end|> and "\n"). `vars` are the variables the whole rendering `full` was made with. The
+// template must be prefix-consistent: Q starts with P and `full` with Q; where it is not (a template
+// that renders earlier turns differently once later ones follow, or raises on a prefix) this throws
+// naming the message, why, and the fixes. Byte ranges of `full`, in order.
+std::vector<std::pair<size_t, size_t>> assistant_spans_by_prefix(const ChatTemplate& tmpl,
+                                                                 const nlohmann::ordered_json& vars,
+                                                                 const std::string& full);
+// How --assistant_only_loss finds the turns with this template, for the log: "{% generation %} blocks"
+// or "rendering each turn's prefix".
+const char* assistant_turns_method(const ChatTemplate& tmpl);
 
 struct ChatTokenizeOptions {
   int model_max_length = 512;

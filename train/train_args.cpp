@@ -108,7 +108,8 @@ const std::vector<TrainFlag>& train_flags() {
       {"chat_template", "data", "FILE", "chat data's template: a Jinja file or a tokenizer_config.json (default: the "
        "tokenizer's chat_template.jinja or tokenizer_config.json)", DATA(chat_template)},
       {"assistant_only_loss", "data", "True|False", "chat data (messages, conversations): loss on the assistant "
-       "turns the template's {% generation %} blocks mark (True), or on every token", DATA(assistant_only_loss)},
+       "turns (True: those the template's {% generation %} blocks mark, else the text each assistant message adds "
+       "to the rendering before it), or on every token", DATA(assistant_only_loss)},
       {"completion_only_loss", "data", "True|False", "prompt-completion data: loss on the completion only (True)",
        DATA(completion_only_loss)},
       {"alpaca_instruction_field", "data", "NAME", "the Alpaca record's instruction field", DATA(instruction_field)},

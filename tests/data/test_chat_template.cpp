@@ -70,6 +70,68 @@ TEST(ChatTemplate, EqualsApplyChatTemplateOnEveryFixture) {
   EXPECT_GE(masks, 20);
 }
 
+// Stock templates (no {% generation %} blocks): the assistant turns found by rendering each turn's
+// prefix equal make_chat_fixtures.py's, computed with transformers' apply_chat_template.
+TEST(ChatTemplate, PrefixMasksEqualTransformersOnEveryStockTemplate) {
+  std::map<std::string, int> per_template;
+  for (const ojson& c : fixtures()["cases"]) {
+    if (!c.contains("prefix_masks")) continue;
+    const std::string name = c["template"].get<std::string>();
+    const std::string what = name + " " + c["conversation"].get<std::string>();
+    ChatTemplate t(slurp(kRef + "chat/templates/" + name), name);
+    ASSERT_FALSE(t.has_generation_blocks()) << what;
+    EXPECT_STREQ(assistant_turns_method(t), "rendering each turn's prefix");
+    const std::string text = t.render(c["variables"]).text;
+    const Tokenizer& tok = family(c["tokenizer"].get<std::string>());
+    const std::vector<int32_t> ids = tok.encode(text);
+    ASSERT_EQ(ids, c["ids"].get<std::vector<int32_t>>()) << what;
+    std::vector<char> m = span_mask(token_offsets(tok, text, ids), assistant_spans_by_prefix(t, c["variables"], text));
+    EXPECT_EQ(std::vector<int>(m.begin(), m.end()), c["prefix_masks"].get<std::vector<int>>()) << what;
+    per_template[name]++;
+  }
+  for (const char* name : {"llama3.jinja", "llama3_1.jinja", "llama3_2.jinja", "qwen2_5.jinja", "mistral_instruct.jinja"})
+    EXPECT_GE(per_template[name], 4) << name;
+}
+
+// The two methods side by side where TRL has a training template of the family: Llama 3's masks are
+// the same; Qwen2.5's generation blocks also hold the "\n" after "<|im_start|>assistant", which the
+// prefix method leaves to the prompt (the generation prompt ends with it). docs/data.md says so.
+TEST(ChatTemplate, PrefixMasksAgainstTheTrainingTemplatesGenerationMasks) {
+  int n = 0;
+  for (const ojson& c : fixtures()["comparisons"]) {
+    const std::string what = c["stock"].get<std::string>() + " " + c["conversation"].get<std::string>();
+    ChatTemplate stock(slurp(kRef + "chat/templates/" + c["stock"].get<std::string>()), "stock");
+    ChatTemplate training(slurp(kRef + "chat/templates/" + c["training"].get<std::string>()), "training");
+    const Tokenizer& tok = family(c["tokenizer"].get<std::string>());
+    ojson vars = special_token_vars(tok, kRef + "tokenizers_family/" + c["tokenizer"].get<std::string>());
+    for (const ojson& f : fixtures()["cases"])  // the conversation's messages, from any fixture of it
+      if (f["conversation"] == c["conversation"]) vars["messages"] = f["variables"]["messages"];
+    vars["add_generation_prompt"] = false;
+    ChatRender g = training.render(vars);
+    const std::string text = stock.render(vars).text;
+    ASSERT_EQ(g.text, text) << what;
+    const std::vector<int32_t> ids = tok.encode(text);
+    ASSERT_EQ(ids, c["ids"].get<std::vector<int32_t>>()) << what;
+    const auto off = token_offsets(tok, text, ids);
+    std::vector<char> pm = span_mask(off, assistant_spans_by_prefix(stock, vars, text)), gm = span_mask(off, g.generation);
+    EXPECT_EQ(std::vector<int>(pm.begin(), pm.end()), c["prefix_masks"].get<std::vector<int>>()) << what;
+    EXPECT_EQ(std::vector<int>(gm.begin(), gm.end()), c["generation_masks"].get<std::vector<int>>()) << what;
+    size_t turns = 0;
+    for (const auto& m : vars["messages"]) turns += m["role"] == "assistant";
+    for (size_t k = 0; k < ids.size(); k++) {
+      EXPECT_TRUE(!pm[k] || gm[k]) << what << " token " << k;  // the prefix mask is within the generation mask
+      if (gm[k] && !pm[k]) {
+        EXPECT_EQ(c["stock"], "qwen2_5.jinja") << what;
+        EXPECT_EQ(tok.decode({ids[k]}), "\n") << what;
+      }
+    }
+    const size_t extra = (size_t)(std::count(gm.begin(), gm.end(), 1) - std::count(pm.begin(), pm.end(), 1));
+    EXPECT_EQ(extra, c["stock"] == "qwen2_5.jinja" ? turns : 0) << what;
+    n++;
+  }
+  EXPECT_EQ(n, 8);
+}
+
 TEST(ChatTemplate, RaiseExceptionGivesTheTemplatesMessage) {
   for (const ojson& c : fixtures()["raises"]) {
     ChatTemplate t(slurp(kRef + "chat/templates/" + c["template"].get<std::string>()), c["template"]);
@@ -205,19 +267,54 @@ TEST(ChatData, TemplateIsFoundOrItsAbsenceRefused) {
             slurp(kRef + "chat/templates/llama3.jinja"));
 }
 
-TEST(ChatData, AssistantOnlyLossWithoutGenerationBlocksIsRefused) {
-  TempFile m("m.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
-                        "\"content\": \"yo\"}]}\n");
+// A stock template trains on the assistant turns by default; one that renders an earlier turn
+// differently once later ones follow (here: it drops the reasoning of all but the last answer, as
+// reasoning models' templates do) is refused, naming the record, the message and the fixes.
+TEST(ChatData, AssistantOnlyLossWithoutGenerationBlocksFindsTheTurnsOrRefuses) {
+  const std::string two = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
+                          "\"content\": \"<think>hm</think>yo\"}, {\"role\": \"user\", \"content\": \"again\"}, "
+                          "{\"role\": \"assistant\", \"content\": \"<think>hm</think>yo\"}]}\n";
+  TempFile m("m.jsonl", two);
   DataArgs a;
   a.data_path = m.path;
   a.chat_template = kRef + "chat/templates/llama3.jinja";
   a.tokenizer_path = kRef + "tokenizers_family/llama3";
   a.cache_dir = "none";
-  const std::string e = throws([&] { load_chat_dataset(a, RecordFormat::messages, family("llama3"), 0); });
-  EXPECT_NE(e.find("{% generation %} blocks, and the template"), std::string::npos) << e;
+  const Tokenizer& tok = family("llama3");
+  TokenDataset ds = load_chat_dataset(a, RecordFormat::messages, tok, 0);
+  ASSERT_EQ(ds.size(), 1);
+  std::string trained;
+  for (int64_t k = 0; k < ds.length(0); k++)
+    if (ds.labels(0)[k] != -100) trained += tok.decode({ds.labels(0)[k]});
+  EXPECT_EQ(trained, "<think>hm</think>yo<|eot_id|><think>hm</think>yo<|eot_id|>");
+
+  TempFile drops("drops.jinja",
+                 "{%- for m in messages %}{%- if m.role == 'assistant' and not loop.last %}"
+                 "{{ '<a>' + m.content.split('</think>')[-1] + '</a>' }}{%- elif m.role == 'assistant' %}"
+                 "{{ '<a>' + m.content + '</a>' }}{%- else %}{{ '<u>' + m.content + '</u>' }}{%- endif %}{%- endfor %}"
+                 "{%- if add_generation_prompt %}{{ '<a>' }}{%- endif %}");
+  TempFile m2("m2.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
+                          "\"content\": \"yo\"}]}\n" + two);
+  a.data_path = m2.path;
+  a.chat_template = drops.path;
+  std::string e = throws([&] { load_chat_dataset(a, RecordFormat::messages, tok, 0); });
+  EXPECT_NE(e.find("m2.jsonl: line 2: assistant message 1: the whole conversation renders as"), std::string::npos) << e;
+  EXPECT_NE(e.find("it may drop earlier turns' reasoning"), std::string::npos) << e;
+  EXPECT_NE(e.find("trl/chat_templates/*_training.jinja"), std::string::npos) << e;
+  EXPECT_NE(e.find("--assistant_only_loss False"), std::string::npos) << e;
   a.assistant_only_loss = false;
-  TokenDataset ds = load_chat_dataset(a, RecordFormat::messages, family("llama3"), 0);
-  EXPECT_EQ(ds.size(), 1);
+  EXPECT_EQ(load_chat_dataset(a, RecordFormat::messages, tok, 0).size(), 2);
+
+  // a template that fails on a prefix: one that wants the conversation to end with an answer
+  a.assistant_only_loss = true;
+  TempFile last("last.jinja", "{%- if messages[-1].role != 'assistant' %}{{ raise_exception('end with an answer') }}"
+                              "{%- endif %}{%- for m in messages %}{{ m.content }}{%- endfor %}");
+  a.chat_template = last.path;
+  a.data_path = m.path;
+  e = throws([&] { load_chat_dataset(a, RecordFormat::messages, tok, 0); });
+  EXPECT_NE(e.find("m.jsonl: line 1: assistant message 1: the template fails on the 1 message before it (rendered "
+                   "with add_generation_prompt=True): chat template"), std::string::npos) << e;
+  EXPECT_NE(e.find("end with an answer"), std::string::npos) << e;
 }
 
 }  // namespace

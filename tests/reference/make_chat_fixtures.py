@@ -11,7 +11,11 @@ Templates (tests/reference/chat/templates/, committed; README.md there names the
 rendered over the conversations below with the tiny family tokenizers of
 tests/reference/tokenizers_family/. Writes tests/reference/chat/cases.json: for each case the
 template, tokenizer, variables, the rendered text, the ids, and for templates with {% generation %}
-blocks the assistant mask; and for each template of refused/ nothing but its name (llmt refuses it;
+blocks the assistant mask (transformers' return_assistant_tokens_mask), for the others the assistant
+mask llmt makes without {% generation %} blocks (prefix_masks: each assistant message's text found by
+rendering the messages before it with add_generation_prompt=True and the messages up to it without,
+the turn being the difference, masked with transformers' overlap rule); the two methods side by side
+where TRL has a training template of the same family (comparisons); and for each template of refused/ nothing but its name (llmt refuses it;
 the test checks the message). Each rendering is also checked to equal plain Jinja2's with the same
 environment settings, so the fixture states Jinja's semantics, not only transformers'.
 """
@@ -71,6 +75,43 @@ RAISES = [
 ]
 
 
+# stock templates whose prefix masks are compared with TRL's {% generation %} training variants
+TRAINING_VARIANTS = [("llama3.jinja", "llama3_training.jinja", "llama3"),
+                     ("qwen2_5.jinja", "qwen2_5_training.jinja", "qwen2")]
+
+
+def overlap_mask(tok, text, spans):
+    """transformers' return_assistant_tokens_mask rule: a token is in the mask when it overlaps a span"""
+    enc = tok(text, add_special_tokens=False)
+    mask = [0] * len(enc["input_ids"])
+    s = 0
+    for t, (start, end) in enumerate(enc.encodings[0].offsets):
+        while s < len(spans) and start >= spans[s][1]:
+            s += 1
+        if s == len(spans):
+            break
+        if end > spans[s][0]:
+            mask[t] = 1
+    return mask
+
+
+def prefix_spans(tok, tmpl, messages, kw):
+    """each assistant message's text: the rendering up to it after the rendering of what precedes it
+    with add_generation_prompt=True; both must be prefixes of the whole rendering"""
+    full = tok.apply_chat_template(messages, chat_template=tmpl, tokenize=False, **kw)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        p = tok.apply_chat_template(messages[:i], chat_template=tmpl, tokenize=False, add_generation_prompt=True,
+                                    **kw)
+        q = tok.apply_chat_template(messages[:i + 1], chat_template=tmpl, tokenize=False, **kw)
+        assert q.startswith(p) and full.startswith(q), (i, p, q)
+        if len(q) > len(p):
+            spans.append((len(p), len(q)))
+    return full, spans
+
+
 def jinja_env():
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
@@ -115,7 +156,32 @@ def main():
                         "text": text, "ids": list(out["input_ids"])}
                 if generation:
                     case["assistant_masks"] = list(out["assistant_masks"])
+                elif not agp and any(m["role"] == "assistant" for m in messages) and tmpl_name != "constructs.jinja":
+                    full, spans = prefix_spans(tok, tmpl, messages, kw)
+                    assert full == text
+                    case["prefix_masks"] = overlap_mask(tok, text, spans)
                 cases.append(case)
+    comparisons = []
+    for stock, training, family in TRAINING_VARIANTS:
+        tok = toks[family]
+        t_stock = open(os.path.join(TEMPLATES, stock), encoding="utf-8").read()
+        t_train = open(os.path.join(TEMPLATES, training), encoding="utf-8").read()
+        for conv, messages in CONVERSATIONS.items():
+            if not any(m["role"] == "assistant" for m in messages):
+                continue
+            text, spans = prefix_spans(tok, t_stock, messages, {})
+            out = tok.apply_chat_template(messages, chat_template=t_train, tokenize=True, return_dict=True,
+                                          return_assistant_tokens_mask=True)
+            assert tok.apply_chat_template(messages, chat_template=t_train, tokenize=False) == text
+            prefix = overlap_mask(tok, text, spans)
+            generation = list(out["assistant_masks"])
+            ids = list(out["input_ids"])
+            comparisons.append({
+                "stock": stock, "training": training, "tokenizer": family, "conversation": conv, "ids": ids,
+                "prefix_masks": prefix, "generation_masks": generation,
+                # the tokens the two methods disagree on, as text
+                "only_in_generation": [tok.decode([i]) for i, a, b in zip(ids, prefix, generation) if b and not a],
+                "only_in_prefix": [tok.decode([i]) for i, a, b in zip(ids, prefix, generation) if a and not b]})
     raises = []
     for tmpl_name, family, messages, message in RAISES:
         tmpl = open(os.path.join(TEMPLATES, tmpl_name), encoding="utf-8").read()
@@ -129,11 +195,14 @@ def main():
                                      "bos_token": toks[family].bos_token, "eos_token": toks[family].eos_token},
                        "message": message})
     doc = {"made_with": {"transformers": transformers.__version__, "jinja2": jinja2.__version__},
-           "cases": cases, "raises": raises}
+           "cases": cases, "comparisons": comparisons, "raises": raises}
     with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, indent=1)
         f.write("\n")
-    print(f"wrote {len(cases)} cases, {len(raises)} raises to {OUT}/cases.json")
+    print(f"wrote {len(cases)} cases, {len(comparisons)} comparisons, {len(raises)} raises to {OUT}/cases.json")
+    for c in comparisons:
+        print(f"  {c['stock']} prefix mask vs {c['training']} on {c['conversation']}: only in the generation mask "
+              f"{c['only_in_generation']}, only in the prefix mask {c['only_in_prefix']}")
 
 
 if __name__ == "__main__":
