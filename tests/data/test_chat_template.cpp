@@ -9,6 +9,7 @@
 
 #include "data/chat_template.h"
 #include "data/conversations.h"
+#include "data/packing.h"
 #include "data/tokenizer.h"
 #include "engine/core/error.h"
 
@@ -315,6 +316,60 @@ TEST(ChatData, AssistantOnlyLossWithoutGenerationBlocksFindsTheTurnsOrRefuses) {
   EXPECT_NE(e.find("m.jsonl: line 1: assistant message 1: the template fails on the 1 message before it (rendered "
                    "with add_generation_prompt=True): chat template"), std::string::npos) << e;
   EXPECT_NE(e.find("end with an answer"), std::string::npos) << e;
+}
+
+// Packed chat examples keep their masks: every row's targets are, example by example, what collate
+// gives the example alone (the assistant turns' tokens, shifted inside the example), and the
+// trained tokens over all rows are the assistant turns of every record.
+TEST(ChatData, PackedExamplesKeepTheirAssistantMasks) {
+  std::string jsonl;
+  for (int i = 0; i < 9; i++) {
+    ojson rec = {{"messages", ojson::array()}};
+    if (i % 3 == 0) rec["messages"].push_back({{"role", "system"}, {"content", "Be brief."}});
+    for (int turn = 0; turn <= i % 3; turn++) {
+      rec["messages"].push_back({{"role", "user"}, {"content", "Question " + std::to_string(i) + "." + std::to_string(turn)}});
+      rec["messages"].push_back({{"role", "assistant"}, {"content", std::string(1 + i % 4, 'a' + (char)turn)}});
+    }
+    jsonl += rec.dump() + "\n";
+  }
+  TempFile m("pack.jsonl", jsonl);
+  const Tokenizer& tok = family("llama3");
+  ChatTemplate t(slurp(kRef + "chat/templates/llama3.jinja"), "llama3.jinja");
+  ChatTokenizeOptions opt;
+  opt.specials = special_token_vars(tok, kRef + "tokenizers_family/llama3");
+  const TokenDataset ds = tokenize_chat(read_chat_records(m.path, RecordFormat::messages), t, tok, opt, nullptr, m.path);
+  ASSERT_EQ(ds.size(), 9);
+  const PackedRows p = pack_examples(ds, (int)ds.max_length() * 2);
+  ASSERT_LT(p.rows.size(), 9u);  // some rows hold several examples
+  std::vector<int32_t> tokens, targets, doc;
+  std::string trained_packed, trained_alone;
+  for (size_t r = 0; r < p.rows.size(); r++) {
+    const int T = collate_packed(ds, p, {(int64_t)r}, 0, tokens, targets, doc);
+    int at = 0;
+    for (int64_t e : p.rows[r]) {
+      std::vector<int32_t> tk, tg;
+      const int n = collate(ds, {e}, 0, tk, tg);
+      ASSERT_EQ(n, ds.length(e));
+      for (int k = 0; k < n; k++) {
+        EXPECT_EQ(tokens[(size_t)(at + k)], tk[(size_t)k]) << "row " << r << " example " << e << " token " << k;
+        EXPECT_EQ(targets[(size_t)(at + k)], tg[(size_t)k]) << "row " << r << " example " << e << " token " << k;
+        EXPECT_EQ(doc[(size_t)(at + k)], at);
+        if (tg[(size_t)k] != kIgnoreIndex) trained_alone += tok.decode({tg[(size_t)k]});
+      }
+      at += n;
+    }
+    ASSERT_LE(at, T);
+    for (int k = 0; k < T; k++)
+      if (targets[(size_t)k] != kIgnoreIndex) trained_packed += tok.decode({targets[(size_t)k]});
+  }
+  EXPECT_EQ(trained_packed, trained_alone);
+  // each assistant turn is trained on (its answer and <|eot_id|>; the first token is the target of
+  // the generation prompt's last), nothing else
+  size_t answers = 0;
+  for (size_t k = 0; (k = trained_packed.find("<|eot_id|>", k)) != std::string::npos; k++) answers++;
+  EXPECT_EQ(answers, 18u);  // 9 records of 1, 2 or 3 turns: 3 * (1 + 2 + 3)
+  EXPECT_EQ(trained_packed.find("Question"), std::string::npos);
+  EXPECT_EQ(trained_packed.find("user"), std::string::npos);
 }
 
 }  // namespace
