@@ -12,9 +12,9 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "data/json_records.h"
 #include "data/tokenizer.h"
 #include "engine/core/error.h"
-#include "engine/core/json_text.h"
 #include "engine/core/log.h"
 #include "engine/core/stop.h"
 
@@ -93,67 +93,31 @@ static AlpacaRecord to_record(json& j, const DataArgs& f, const std::string& wha
   return r;
 }
 
-// nlohmann's message without its own position (which would count lines within one JSON line).
-static std::string parse_message(const json::parse_error& e) {
-  std::string m = e.what();
-  size_t c = m.find(", column ");
-  size_t colon = c == std::string::npos ? std::string::npos : m.find(": ", c);
-  return colon == std::string::npos ? m : m.substr(colon + 2);
-}
-
 std::vector<AlpacaRecord> parse_alpaca(const std::string& text, const std::string& what, const DataArgs& fields) {
-  const int64_t bad = find_invalid_utf8(text);
-  if (bad >= 0) {
-    int64_t line, col;
-    line_and_column(text, bad, &line, &col);
-    fail("%s: invalid UTF-8 at line %lld, column %lld (byte 0x%02x): Alpaca data must be UTF-8 JSON", what.c_str(),
-         (long long)line, (long long)col, (unsigned)(uint8_t)text[bad]);
-  }
-  size_t first = 0;
-  if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) first = 3;  // a UTF-8 byte order mark
-  while (first < text.size() && std::isspace((unsigned char)text[first])) first++;
-  LLMT_CHECK(first < text.size(), "%s: the file is empty: no Alpaca records", what.c_str());
+  auto message = [&](const JsonRecordError& e) -> std::string {
+    switch (e.kind) {
+      case JsonRecordError::invalid_utf8:
+        return strformat("%s: invalid UTF-8 at line %lld, column %lld (byte 0x%02x): Alpaca data must be UTF-8 JSON",
+                         what.c_str(), (long long)e.line, (long long)e.column, e.byte);
+      case JsonRecordError::empty_file: return strformat("%s: the file is empty: no Alpaca records", what.c_str());
+      case JsonRecordError::bad_json:
+        return strformat("%s: malformed JSON at line %lld, column %lld: %s", what.c_str(), (long long)e.line,
+                         (long long)e.column, e.parser.c_str());
+      case JsonRecordError::out_of_range:
+        return e.array ? strformat("%s: a number out of range: %s", what.c_str(), e.parser.c_str())
+                       : strformat("%s: line %lld: a number out of range: %s", what.c_str(), (long long)e.line,
+                                   e.parser.c_str());
+      case JsonRecordError::no_records:
+        return strformat("%s: no Alpaca records (an empty %s)", what.c_str(), e.array ? "JSON array" : "JSON Lines file");
+    }
+    return what;
+  };
   std::vector<AlpacaRecord> out;
-  if (text[first] == '[') {  // one JSON array
-    json doc;
-    check_json_depth(text, what);
-    try {
-      doc = json::parse(text);
-    } catch (const json::out_of_range& e) {  // a number beyond double (1e309)
-      fail("%s: a number out of range: %s", what.c_str(), e.what());
-    } catch (const json::parse_error& e) {
-      int64_t line, col;
-      line_and_column(text, e.byte > 0 ? (int64_t)e.byte - 1 : 0, &line, &col);
-      fail("%s: malformed JSON at line %lld, column %lld: %s", what.c_str(), (long long)line, (long long)col,
-           parse_message(e).c_str());
-    }
-    out.reserve(doc.size());
-    for (size_t i = 0; i < doc.size(); i++) out.push_back(to_record(doc[i], fields, what, strformat("record %zu", i)));
-  } else {  // JSON Lines: one object a line, blank lines skipped
-    int64_t line_no = 0;
-    for (size_t s = 0; s < text.size();) {
-      size_t e = text.find('\n', s);
-      if (e == std::string::npos) e = text.size();
-      line_no++;
-      std::string_view line(text.data() + s, e - s);
-      if (line.find_first_not_of(" \t\r") != std::string_view::npos) {
-        json j;
-        check_json_depth(line.data(), line.data() + line.size(), strformat("%s: line %lld", what.c_str(), (long long)line_no));
-        try {
-          j = json::parse(line);
-        } catch (const json::out_of_range& e) {
-          fail("%s: line %lld: a number out of range: %s", what.c_str(), (long long)line_no, e.what());
-        } catch (const json::parse_error& pe) {
-          fail("%s: malformed JSON at line %lld, column %lld: %s", what.c_str(), (long long)line_no,
-               (long long)(pe.byte > 0 ? pe.byte : 1), parse_message(pe).c_str());
-        }
-        out.push_back(to_record(j, fields, what, strformat("line %lld (record %zu)", (long long)line_no, out.size())));
-      }
-      s = e + 1;
-    }
-  }
-  LLMT_CHECK(!out.empty(), "%s: no Alpaca records (an empty %s)", what.c_str(),
-             text[first] == '[' ? "JSON array" : "JSON Lines file");
+  for_each_json_record<json>(text, what, message, [&](json& j, const JsonRecordPlace& at) {
+    out.push_back(to_record(j, fields, what,
+                            at.line > 0 ? strformat("line %lld (record %zu)", (long long)at.line, at.index)
+                                        : at.where()));
+  });
   return out;
 }
 

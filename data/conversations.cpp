@@ -7,6 +7,7 @@
 #include <ctime>
 #include <functional>
 
+#include "data/json_records.h"
 #include "data/tokenizer.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
@@ -34,44 +35,27 @@ static std::string keys_of(const ojson& j) {
   return k.empty() ? "no keys" : "keys " + k;
 }
 
-void for_each_json_record(const std::string& text, const std::string& what,
-                          const std::function<void(ojson&, const std::string&)>& fn) {
-  const int64_t bad = find_invalid_utf8(text);
-  if (bad >= 0) {
-    int64_t line, col;
-    line_and_column(text, bad, &line, &col);
-    fail("%s: invalid UTF-8 at line %lld, column %lld: the file must be UTF-8 JSON", what.c_str(), (long long)line,
-         (long long)col);
-  }
-  size_t first = text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;
-  first = text.find_first_not_of(" \t\r\n", first);
-  LLMT_CHECK(first != std::string::npos, "%s: the file is empty: no records", what.c_str());
-  if (text[first] == '[') {
-    check_json_depth(text, what);
-    ojson all = ojson::parse(text, nullptr, false);
-    LLMT_CHECK(!all.is_discarded(), "%s: not valid JSON (a file starting with '[' is read as one array of records)",
-               what.c_str());
-    LLMT_CHECK(!all.empty(), "%s: no records (an empty JSON array)", what.c_str());
-    for (size_t i = 0; i < all.size(); i++) fn(all[i], strformat("record %zu", i));
-    return;
-  }
-  size_t line_no = 0, n = 0;
-  for (size_t s = 0; s < text.size();) {
-    size_t e = text.find('\n', s);
-    if (e == std::string::npos) e = text.size();
-    line_no++;
-    std::string_view line(text.data() + s, e - s);
-    s = e + 1;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string where = strformat("line %zu", line_no);
-    check_json_depth(line.data(), line.data() + line.size(), what + ": " + where);
-    ojson j = ojson::parse(line, nullptr, false);
-    LLMT_CHECK(!j.is_discarded(), "%s: %s is not valid JSON (JSON Lines: an object a line, or one array of objects)",
-               what.c_str(), where.c_str());
-    fn(j, where);
-    n++;
-  }
-  LLMT_CHECK(n > 0, "%s: no records", what.c_str());
+// the records of a .json (one array) or .jsonl file (data/json_records.h), each given to fn with where it is
+static void for_each_record(const std::string& text, const std::string& what,
+                            const std::function<void(ojson&, const std::string&)>& fn) {
+  auto message = [&](const JsonRecordError& e) -> std::string {
+    switch (e.kind) {
+      case JsonRecordError::invalid_utf8:
+        return strformat("%s: invalid UTF-8 at line %lld, column %lld: the file must be UTF-8 JSON", what.c_str(),
+                         (long long)e.line, (long long)e.column);
+      case JsonRecordError::empty_file: return strformat("%s: the file is empty: no records", what.c_str());
+      case JsonRecordError::bad_json:
+      case JsonRecordError::out_of_range:
+        return e.array ? strformat("%s: not valid JSON (a file starting with '[' is read as one array of records)",
+                                   what.c_str())
+                       : strformat("%s: line %lld is not valid JSON (JSON Lines: an object a line, or one array of "
+                                   "objects)", what.c_str(), (long long)e.line);
+      case JsonRecordError::no_records:
+        return strformat("%s: no records%s", what.c_str(), e.array ? " (an empty JSON array)" : "");
+    }
+    return what;
+  };
+  for_each_json_record<ojson>(text, what, message, [&](ojson& j, const JsonRecordPlace& at) { fn(j, at.where()); });
 }
 
 static RecordFormat format_of(const ojson& j, const DataArgs& a, const std::string& what, const std::string& where) {
@@ -91,7 +75,7 @@ RecordFormat detect_record_format(const std::string& path, const DataArgs& args)
   bool have = false;
   RecordFormat f = RecordFormat::alpaca;
   std::string first_where;
-  for_each_json_record(text, path, [&](ojson& j, const std::string& where) {
+  for_each_record(text, path, [&](ojson& j, const std::string& where) {
     const RecordFormat g = format_of(j, args, path, where);
     if (!have) have = true, f = g, first_where = where;
     else
@@ -116,7 +100,7 @@ static void check_messages(const ojson& m, const std::string& what, const std::s
 std::vector<ChatRecord> read_chat_records(const std::string& path, RecordFormat format) {
   const std::string text = read_data_file(path, "--data_path");
   std::vector<ChatRecord> out;
-  for_each_json_record(text, path, [&](ojson& j, const std::string& where) {
+  for_each_record(text, path, [&](ojson& j, const std::string& where) {
     ChatRecord r;
     r.where = where;
     LLMT_CHECK(j.is_object(), "%s: %s is a JSON %s, expected an object", path.c_str(), where.c_str(), j.type_name());

@@ -36,10 +36,6 @@ struct ChatRecord {
   std::string where;  // "line 3" / "record 2", for errors
 };
 
-// The records of a .json (one array) or .jsonl file, each given to fn with where it is.
-void for_each_json_record(const std::string& text, const std::string& what,
-                          const std::function<void(nlohmann::ordered_json&, const std::string&)>& fn);
-
 // The format of the records of `path` (--data_path): Alpaca's instruction/output fields, messages,
 // conversations, prompt/completion. Mixed formats and records of none are refused, naming the record
 // and the keys it has.

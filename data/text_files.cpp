@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
+#include "data/json_records.h"
 #include "data/utf8.h"
 #include "engine/core/error.h"
 
@@ -63,34 +64,28 @@ std::string text_column(const std::vector<std::string>& columns) {
 TextLines read_json_texts(const std::string& path) {
   using ojson = nlohmann::ordered_json;
   const std::string text = read_data_file(path, "JSON file");
-  check_utf8(text, path);
   std::vector<ojson> records;
   std::vector<std::string> where;  // "line 12" or "record 3", for the errors
-  const size_t first = text.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && text[first] == '[') {  // one array of objects
-    ojson all = ojson::parse(text, nullptr, false);
-    LLMT_CHECK(!all.is_discarded(), "%s: not valid JSON (a file starting with '[' is read as one array of records)",
-               path.c_str());
-    for (size_t i = 0; i < all.size(); i++) {
-      records.push_back(std::move(all[i]));
-      where.push_back(strformat("record %zu", i));
+  auto message = [&](const JsonRecordError& e) -> std::string {
+    switch (e.kind) {
+      case JsonRecordError::invalid_utf8:
+        return strformat("%s: invalid UTF-8 at line %lld, column %lld (byte 0x%02x): the file must be UTF-8",
+                         path.c_str(), (long long)e.line, (long long)e.column, e.byte);
+      case JsonRecordError::bad_json:
+      case JsonRecordError::out_of_range:
+        return e.array ? strformat("%s: not valid JSON (a file starting with '[' is read as one array of records)",
+                                   path.c_str())
+                       : strformat("%s: line %lld is not valid JSON (a .json/.jsonl file is JSON Lines, an object a "
+                                   "line, or one array of objects)", path.c_str(), (long long)e.line);
+      case JsonRecordError::empty_file:
+      case JsonRecordError::no_records: return strformat("%s: no records with a field", path.c_str());
     }
-  } else {  // JSON Lines: an object a line, blank lines skipped
-    size_t line_no = 0;
-    for (size_t s = 0; s < text.size();) {
-      size_t e = text.find('\n', s);
-      if (e == std::string::npos) e = text.size();
-      line_no++;
-      const std::string line = text.substr(s, e - s);
-      s = e + 1;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      ojson j = ojson::parse(line, nullptr, false);
-      LLMT_CHECK(!j.is_discarded(), "%s: line %zu is not valid JSON (a .json/.jsonl file is JSON Lines, an object a "
-                 "line, or one array of objects)", path.c_str(), line_no);
-      records.push_back(std::move(j));
-      where.push_back(strformat("line %zu", line_no));
-    }
-  }
+    return path;
+  };
+  for_each_json_record<ojson>(text, path, message, [&](ojson& j, const JsonRecordPlace& at) {
+    records.push_back(std::move(j));
+    where.push_back(at.where());
+  });
   // the columns in order of first appearance, as datasets infers them over the records
   std::vector<std::string> columns;
   for (size_t i = 0; i < records.size(); i++) {
