@@ -65,6 +65,9 @@ CASES = [
     ("qwen2_5.jinja", "qwen2", ["system"], {"tools": TOOLS}),
     ("qwen2_5_training.jinja", "qwen2", ALL, {}),
     ("mistral_instruct.jinja", "mistral", ["one_turn", "system", "multi_turn", "unicode", "prompt_only"], {}),
+    ("mistral_v0_3.jinja", "mistral", ALL, {}),
+    ("mistral_v0_3.jinja", "mistral", ["one_turn"], {"tools": TOOLS}),
+    ("qwen2.jinja", "qwen2", ALL, {}),
     ("constructs.jinja", "llama3", ALL, {}),
 ]
 # conversations a template refuses with raise_exception: (template, family, messages, message)
@@ -74,6 +77,17 @@ RAISES = [
      "After the optional system message, conversation roles must alternate user/assistant/user/assistant/..."),
 ]
 
+
+# conversations whose turns a template does not render the same whatever follows, so the prefix
+# method refuses them: (template, family, messages, extra variables). Mistral v0.3 puts the system
+# prompt, and the tools, into the last user message only (so with a system prompt no conversation
+# that ends with an answer is consistent: the answer's prefix ends with a user message, which then
+# carries the system prompt).
+NOT_PREFIX_CONSISTENT = [
+    ("mistral_v0_3.jinja", "mistral", CONVERSATIONS["system"], {}),
+    ("mistral_v0_3.jinja", "mistral", [SYSTEM] + CONVERSATIONS["multi_turn"], {}),
+    ("mistral_v0_3.jinja", "mistral", CONVERSATIONS["multi_turn"], {"tools": TOOLS}),
+]
 
 # stock templates whose prefix masks are compared with TRL's {% generation %} training variants
 TRAINING_VARIANTS = [("llama3.jinja", "llama3_training.jinja", "llama3"),
@@ -156,7 +170,9 @@ def main():
                         "text": text, "ids": list(out["input_ids"])}
                 if generation:
                     case["assistant_masks"] = list(out["assistant_masks"])
-                elif not agp and any(m["role"] == "assistant" for m in messages) and tmpl_name != "constructs.jinja":
+                elif (not agp and any(m["role"] == "assistant" for m in messages) and tmpl_name != "constructs.jinja"
+                      and not any(t == tmpl_name and m == messages and k == kw
+                                  for t, _, m, k in NOT_PREFIX_CONSISTENT)):
                     full, spans = prefix_spans(tok, tmpl, messages, kw)
                     assert full == text
                     case["prefix_masks"] = overlap_mask(tok, text, spans)
@@ -182,6 +198,19 @@ def main():
                 # the tokens the two methods disagree on, as text
                 "only_in_generation": [tok.decode([i]) for i, a, b in zip(ids, prefix, generation) if b and not a],
                 "only_in_prefix": [tok.decode([i]) for i, a, b in zip(ids, prefix, generation) if a and not b]})
+    inconsistent = []
+    for tmpl_name, family, messages, kw in NOT_PREFIX_CONSISTENT:
+        tmpl = open(os.path.join(TEMPLATES, tmpl_name), encoding="utf-8").read()
+        try:
+            prefix_spans(toks[family], tmpl, messages, kw)
+            raise RuntimeError("expected the prefix method to fail")
+        except AssertionError:
+            pass
+        variables = {"messages": messages, "add_generation_prompt": False, "bos_token": toks[family].bos_token,
+                     "eos_token": toks[family].eos_token, "tools": kw.get("tools")}
+        inconsistent.append({"template": tmpl_name, "tokenizer": family, "variables": variables,
+                             "text": toks[family].apply_chat_template(messages, chat_template=tmpl, tokenize=False,
+                                                                      **kw)})
     raises = []
     for tmpl_name, family, messages, message in RAISES:
         tmpl = open(os.path.join(TEMPLATES, tmpl_name), encoding="utf-8").read()
@@ -195,7 +224,8 @@ def main():
                                      "bos_token": toks[family].bos_token, "eos_token": toks[family].eos_token},
                        "message": message})
     doc = {"made_with": {"transformers": transformers.__version__, "jinja2": jinja2.__version__},
-           "cases": cases, "comparisons": comparisons, "raises": raises}
+           "cases": cases, "comparisons": comparisons,
+           "not_prefix_consistent": inconsistent, "raises": raises}
     with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, indent=1)
         f.write("\n")
