@@ -6,7 +6,8 @@ tests/reference/<model>/), wraps it with PEFT (get_peft_model, r 4, alpha 8, lor
 tests/reference/lora/<case>/:
   adapter_init/       save_pretrained of the fresh adapter (adapter_config.json, adapter_model.safetensors)
   adapter_final/      save_pretrained after 5 AdamW steps
-  reference.safetensors  the batch, step 1's logits, the loss before each step, step 1's gradients
+  reference.safetensors  the batch, step 1's logits, the loss before each step, step 1's gradients,
+                      the logits after the last step
   merged/             (gpt2_c_attn_c_proj only) merge_and_unload() of the final adapter, save_pretrained
 See README.md ("LoRA") for the exact conventions.
 
@@ -117,6 +118,8 @@ def make_case(case):
                 ref["grad." + peft_key(n)] = p.grad.detach().clone()
         opt.step()
     ref["losses"] = torch.tensor(losses, dtype=torch.float32)
+    with torch.no_grad():  # the trained adapter's logits on the whole batch: what a merged model must give
+        ref["logits_final"] = model(input_ids=input_ids).logits.float()
     save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out, "reference.safetensors"))
     save_adapter(model, os.path.join(out, "adapter_final"), base_dir)
 
