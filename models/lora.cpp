@@ -242,6 +242,7 @@ void lora_forward(Backend& be, const Projection& p, int r, float scaling, Tensor
   if (drop.d.active()) {  // PEFT's lora_dropout: on the adapter's input only, the base sees x
     LLMT_CHECK((int64_t)drop.B * drop.T == N, "lora_forward: dropout over %d x %d rows, the batch has %lld", drop.B,
                drop.T, (long long)N);
+    LLMT_CHECK(acts.xd.data, "lora_forward: dropout needs the [N, in] scratch (LoraActs::xd)");
     be.copy(acts.xd.data, x.data, (size_t)(N * p.in) * dtype_size(x.dtype));
     be.dropout(acts.xd, drop.B, drop.T, (int)p.in, drop.d);
     xin = acts.xd;
@@ -265,6 +266,8 @@ void lora_backward(Backend& be, const Projection& p, int r, float scaling, Tenso
   be.scale(acts.dh, scaling, N * r);
   Tensor xin = x;
   if (drop.d.active()) {  // the forward's mask again: same key, rows and elements
+    LLMT_CHECK(acts.xd.data && (int64_t)drop.B * drop.T == N, "lora_backward: dropout needs the [N, in] scratch and "
+               "the batch's %lld rows as B x T", (long long)N);
     be.copy(acts.xd.data, x.data, (size_t)(N * p.in) * dtype_size(x.dtype));
     be.dropout(acts.xd, drop.B, drop.T, (int)p.in, drop.d);
     xin = acts.xd;
