@@ -27,6 +27,23 @@ inline void expect_error(const std::function<void()>& f, const std::vector<std::
   ADD_FAILURE() << "expected an llmt::Error";
 }
 
+// The message of the llmt::Error that f throws, or "(no error)" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const llmt::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Expects `stmt` to throw an llmt::Error whose message holds `needle`, and shows the message if not.
+#define EXPECT_ERROR_HAS(stmt, needle)                                                   \
+  do {                                                                                   \
+    const std::string msg_ = llmt_test::error_of([&] { stmt; });                        \
+    EXPECT_NE(msg_.find(needle), std::string::npos) << "error was: " << msg_;            \
+  } while (0)
+
 // The checkout the tests were built from; $LLMT_SOURCE_DIR when the programs moved to another
 // machine (scripts/gpu_bundle.sh).
 inline std::string source_dir() {

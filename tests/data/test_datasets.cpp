@@ -81,23 +81,6 @@ void write_file(const std::string& path, const std::string& text) {
   f << text;
 }
 
-// The message of the llmt::Error that fn throws ("" when it throws none).
-template <class F>
-std::string error_of(F fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-#define EXPECT_ERROR_HAS(stmt, text)                                        \
-  do {                                                                      \
-    std::string msg_ = error_of([&] { stmt; });                             \
-    EXPECT_NE(msg_.find(text), std::string::npos) << "error was: " << msg_; \
-  } while (0)
-
 // FNV-1a 64 over little-endian int32 bytes, as the fixture script computes it.
 std::string fnv1a64(const int32_t* p, int64_t n) {
   uint64_t h = 0xcbf29ce484222325ull;

@@ -16,19 +16,12 @@
 namespace llmt {
 namespace {
 
+using llmt_test::error_of;
+
 std::vector<std::string> texts_of(const TextLines& t) {
   std::vector<std::string> out;
   for (int64_t i = 0; i < t.size(); i++) out.emplace_back(t.line(i));
   return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 std::string write(const std::string& dir, const std::string& name, const std::string& content) {

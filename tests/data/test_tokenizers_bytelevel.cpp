@@ -28,6 +28,8 @@ using llmt_test::slurp;
 
 namespace {
 
+using llmt_test::error_of;
+
 std::string gpt2_dir() { return llmt_test::shared_data_dir() + "/tokenizers/gpt2"; }
 
 bool exists(const std::string& p) {
@@ -46,22 +48,6 @@ bool have_gpt2() {
                << " (set LLMT_TEST_DATA to the shared data folder)"
 
 void spit(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_ERROR_HAS(stmt, needle)                                            \
-  do {                                                                            \
-    std::string msg_ = error_of([&] { stmt; });                                   \
-    EXPECT_NE(msg_.find(needle), std::string::npos) << "error was: " << msg_;     \
-  } while (0)
 
 std::string ids_str(const Ids& ids) {
   std::string s = "[";

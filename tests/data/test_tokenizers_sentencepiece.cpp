@@ -26,6 +26,8 @@ using json = nlohmann::json;
 
 namespace {
 
+using llmt_test::error_of;
+
 std::string fixtures() { return llmt_test::reference_dir() + "/tokenizers_sp"; }
 std::string llama2_model() { return llmt_test::shared_data_dir() + "/tokenizers/llama2/tokenizer.model"; }
 
@@ -127,15 +129,6 @@ json tokenizer_json(const std::string& variant) {
 #define REQUIRE_LLAMA2()                                                                              \
   if (!exists(llama2_model())) GTEST_SKIP() << "no " << llama2_model() << " (set LLMT_TEST_DATA to the " \
                                                "shared data folder)"
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 #define EXPECT_ERROR(stmt, substr)                                                  \
   do {                                                                              \
