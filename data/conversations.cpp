@@ -345,6 +345,7 @@ TokenDataset tokenize_chat(const std::vector<ChatRecord>& recs, const ChatTempla
   const int64_t n = (int64_t)recs.size();
   LLMT_CHECK(opt.model_max_length >= 1, "model_max_length %d must be >= 1", opt.model_max_length);
   std::vector<std::vector<int32_t>> ids((size_t)n), labels((size_t)n);
+  std::vector<char> cut((size_t)n, 0);  // cut at model_max_length
   const bool parallel = tokenizer_thread_safe(tok);
   const bool generation = tmpl.has_generation_blocks();
   std::string eos_text = opt.specials.value("eos_token", std::string());
@@ -400,7 +401,8 @@ TokenDataset tokenize_chat(const std::vector<ChatRecord>& recs, const ChatTempla
           mask.assign(x.size(), 1);
         }
       }
-      if ((int64_t)x.size() > opt.model_max_length) x.resize((size_t)opt.model_max_length);
+      cut[(size_t)i] = (int64_t)x.size() > opt.model_max_length;
+      if (cut[(size_t)i]) x.resize((size_t)opt.model_max_length);
       y.resize(x.size());
       for (size_t t = 0; t < x.size(); t++) y[t] = mask[t] ? x[t] : kIgnoreIndex;
     } catch (const std::exception& e) {
@@ -416,8 +418,7 @@ TokenDataset tokenize_chat(const std::vector<ChatRecord>& recs, const ChatTempla
   for (int64_t i = 0; i < n; i++) {
     const auto& x = ids[(size_t)i];
     const auto& y = labels[(size_t)i];
-    (void)first_truncated;
-    if ((int64_t)x.size() == opt.model_max_length && truncated++ == 0) first_truncated = i;
+    if (cut[(size_t)i] && truncated++ == 0) first_truncated = i;
     if (std::all_of(y.begin(), y.end(), [](int32_t v) { return v == kIgnoreIndex; })) {
       if (dropped++ == 0) first_dropped = i;
       continue;
