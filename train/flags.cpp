@@ -126,6 +126,11 @@ bool Flags::get_bool(const std::string& name, bool fallback) {
   for (char c : *v) s += (char)std::tolower((unsigned char)c);
   if (s == "true" || s == "yes" || s == "t" || s == "y" || s == "1") return true;
   if (s == "false" || s == "no" || s == "f" || s == "n" || s == "0") return false;
+  // YAML 1.1 (PyYAML, which HfArgumentParser.parse_yaml_file uses) also reads on and off as booleans
+  const std::string& from = origins_.at(name).back();
+  const bool yaml = from.size() > 5 && (from.compare(from.size() - 5, 5, ".yaml") == 0 ||
+                                        from.compare(from.size() - 4, 4, ".yml") == 0);
+  if (yaml && (s == "on" || s == "off")) return s == "on";
   fail("llmt %s: flag --%s expects True or False, got \"%s\"%s", command_.c_str(), name.c_str(), v->c_str(),
        where(name).c_str());
 }

@@ -37,15 +37,17 @@ lr_scheduler_kwargs: {num_cycles: 2}
 report_to: [none]
 logging_dir: null
 logging_steps: 1
-save_strategy: "no"
+tf32: on
+save_strategy: no
 cache_dir: none
 threads: 1
 Y
 "$llmt" train run.yaml --output_dir yaml --learning_rate 2e-3 > yaml.log 2>&1 || { tail yaml.log; fail "run.yaml"; }
 grep -q 'flags  --learning_rate "2e-3" on the command line overrides run.yaml'"'"'s "1e-3"' yaml.log || fail "no override line"
 grep -q 'lr 0.002 (cosine' yaml.log || fail "the override did not take"
+grep -q 'note   --tf32 selects TF32' yaml.log || fail "tf32: on (YAML 1.1's boolean) was not read as True"
 [ "$(grep -c '"loss"' yaml/metrics.jsonl)" = 3 ] || fail "run.yaml: not 3 steps"
-echo "run.yaml + --learning_rate 2e-3: 3 steps at lr 0.002, cosine with num_cycles from a mapping"
+echo "run.yaml + --learning_rate 2e-3: 3 steps at lr 0.002, cosine with num_cycles from a mapping, tf32: on, save_strategy: no"
 
 # the same run from JSON (HfArgumentParser's args.json), given as --config (TRL's)
 cat > run.json <<'J'
