@@ -63,13 +63,14 @@ Tensor alloc_tensor(Backend& be, DType t, int64_t n) { return Tensor(be.alloc((s
 }  // namespace
 
 FsdpStore::FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, DataComm& world, int local_size,
-                     DType reduce_dtype)
+                     DType reduce_dtype, bool frozen)
     : be_(be),
       layout_(layout),
       strategy_(strategy),
       groups_(shard_groups(strategy, world.size(), local_size)),
       compute_(be.compute_dtype()),
-      reduce_(reduce_dtype) {
+      reduce_(reduce_dtype),
+      frozen_(frozen) {
   LLMT_CHECK(reduce_ == DType::f32 || reduce_ == DType::bf16, "fsdp: gradients reduce in f32 or bf16, not %s",
              dtype_name(reduce_));
   // Shard group: consecutive ranks (a node's ranks for hybrid_shard); replicas: same position in each group.
@@ -85,15 +86,18 @@ FsdpStore::FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, 
     u.shard = u.padded / W;
     u.lo = std::min<int64_t>(u.numel, me * u.shard);
     u.hi = std::min<int64_t>(u.numel, (me + 1) * u.shard);
-    u.master = alloc_tensor(be_, DType::f32, u.shard);
-    u.grad = alloc_tensor(be_, DType::f32, u.shard);
-    u.m = alloc_tensor(be_, DType::f32, u.shard);
-    u.v = alloc_tensor(be_, DType::f32, u.shard);
+    // frozen: the compute copy alone (the f32 master is that copy in f32, absent under bf16)
+    if (!frozen_ || compute_ == DType::f32) u.master = alloc_tensor(be_, DType::f32, u.shard);
+    if (!frozen_) {
+      u.grad = alloc_tensor(be_, DType::f32, u.shard);
+      u.m = alloc_tensor(be_, DType::f32, u.shard);
+      u.v = alloc_tensor(be_, DType::f32, u.shard);
+    }
     u.compute = compute_ == DType::f32 ? u.master : alloc_tensor(be_, compute_, u.shard);
     max_shard = std::max(max_shard, u.shard);
     units_.push_back(std::move(u));
   }
-  reduce_recv_ = alloc_tensor(be_, reduce_, max_shard);
+  if (!frozen_) reduce_recv_ = alloc_tensor(be_, reduce_, max_shard);
 }
 
 FsdpStore::~FsdpStore() {
@@ -104,11 +108,12 @@ FsdpStore::~FsdpStore() {
   if (pending_reduce_) pending_reduce_->wait_host();
   be_.synchronize();
   for (auto& u : units_) {
-    for (Tensor* t : {&u.master, &u.grad, &u.m, &u.v}) be_.release(t->data);
+    for (Tensor* t : {&u.master, &u.grad, &u.m, &u.v})
+      if (t->data) be_.release(t->data);
     if (u.compute.data != u.master.data) be_.release(u.compute.data);
   }
   for (void* p : all_buffers_) be_.release(p);
-  be_.release(reduce_recv_.data);
+  if (reduce_recv_.data) be_.release(reduce_recv_.data);
 }
 
 Tensor FsdpStore::take_buffer(DType t, int64_t numel) {
@@ -195,6 +200,7 @@ void FsdpStore::release(int unit) {
 }
 
 Tensor FsdpStore::grads(int unit) {
+  if (frozen_) return Tensor();  // the model skips this unit's parameter gradients
   Unit& u = units_[unit];
   if (u.full_grad.data) return u.full_grad;
   // A single process with no replicas accumulates straight into the shard (which is the unit).
@@ -246,6 +252,7 @@ void FsdpStore::finish_reduce() {
 }
 
 void FsdpStore::zero_grads() {
+  if (frozen_) return;
   finish_reduce();
   for (auto& u : units_) be_.zero(u.grad.data, u.grad.nbytes());
 }
@@ -253,6 +260,7 @@ void FsdpStore::zero_grads() {
 void FsdpStore::grad_sq_sum(Tensor out) {
   finish_reduce();
   be_.zero(out.data, out.nbytes());
+  if (frozen_) return;  // no gradient: zero on every rank
   for (auto& u : units_) be_.sum_squares(out, u.grad, u.shard);
   // replicas hold identical shards: sum over one shard group only
   if (groups_.shard_size > 1) shard_comm_->all_reduce_async(out.data, 1, DType::f64, ReduceOp::sum)->wait();
@@ -261,6 +269,7 @@ void FsdpStore::grad_sq_sum(Tensor out) {
 void FsdpStore::optimizer_step(float lr, const AdamWConfig& cfg, float grad_scale) {
   finish_reduce();
   t_++;
+  if (frozen_) return;
   for (size_t i = 0; i < units_.size(); i++) {
     Unit& u = units_[i];
     // the compute copy changes here only through the backend's adamw, which keeps what it derived
@@ -274,13 +283,17 @@ void FsdpStore::optimizer_step(float lr, const AdamWConfig& cfg, float grad_scal
 void FsdpStore::set_unit(int unit, const float* full_host) {
   Unit& u = units_[unit];
   unhold(u);
-  be_.zero(u.master.data, u.master.nbytes());
-  if (u.hi > u.lo) be_.copy_from_host(u.master.data, full_host + u.lo, sizeof(float) * (size_t)(u.hi - u.lo));
-  if (u.compute.data != u.master.data) be_.convert(u.compute, u.master, u.shard);
+  // a frozen bf16 store has no master: the shard passes through an f32 buffer on its way in
+  Tensor master = u.master.data ? u.master : take_buffer(DType::f32, u.shard);
+  be_.zero(master.data, master.nbytes());
+  if (u.hi > u.lo) be_.copy_from_host(master.data, full_host + u.lo, sizeof(float) * (size_t)(u.hi - u.lo));
+  if (u.compute.data != master.data) be_.convert(u.compute, master, u.shard);
+  if (!u.master.data) give_buffer(master);
 }
 
 void FsdpStore::masters_changed() {
   for (auto& u : units_) {
+    if (!u.master.data) continue;  // frozen under bf16: the compute copy is all there is
     unhold(u);
     if (u.compute.data != u.master.data) be_.convert(u.compute, u.master, u.shard);
   }
@@ -288,6 +301,16 @@ void FsdpStore::masters_changed() {
 
 void FsdpStore::get_unit(int unit, float* full_host) {
   Unit& u = units_[unit];
+  if (!u.master.data) {  // frozen under bf16: the compute copy, gathered and widened
+    Tensor low = take_buffer(compute_, u.padded), full = take_buffer(DType::f32, u.padded);
+    if (groups_.shard_size == 1) be_.copy(low.data, u.compute.data, u.compute.nbytes());
+    else shard_comm_->all_gather_async(u.compute.data, low.data, u.shard, compute_)->wait();
+    be_.convert(full, low, u.padded);
+    be_.copy_to_host(full_host, full.data, sizeof(float) * (size_t)u.numel);
+    give_buffer(full);
+    give_buffer(low);
+    return;
+  }
   if (groups_.shard_size == 1) {
     be_.copy_to_host(full_host, u.master.data, sizeof(float) * (size_t)u.numel);
     return;
@@ -308,7 +331,8 @@ int FsdpStore::replica_index() const { return replica_comm_ ? replica_comm_->ran
 int64_t FsdpStore::persistent_bytes() const {
   int64_t n = 0;
   for (auto& u : units_) {
-    n += 4 * u.shard * (int64_t)sizeof(float);
+    n += (u.master.data ? 1 : 0) * u.shard * (int64_t)sizeof(float);
+    n += (u.grad.data ? 3 : 0) * u.shard * (int64_t)sizeof(float);  // grad, m, v
     if (u.compute.data != u.master.data) n += u.shard * (int64_t)dtype_size(compute_);
   }
   return n;

@@ -14,6 +14,11 @@
 // gathers move the compute copy (half the bytes), and the model's full gradients (f32) are
 // reduce-scattered in the reduce dtype (f32 by default, bf16 on request) and accumulate in the f32
 // shard. In f32 the compute copy is the master itself.
+//
+// A frozen store (LoRA's base model) holds parameters that nothing updates: the compute copy of each
+// shard only (under bf16 no f32 master either), no gradient, no Adam moments; grads(u) is an empty
+// tensor, which tells the model to skip the unit's parameter-gradient products, and grads_done,
+// zero_grads and optimizer_step move no bytes. It gathers for compute as any store does.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -45,9 +50,9 @@ ShardGroups shard_groups(Strategy s, int world, int local_size);
 class FsdpStore : public UnitStore {
  public:
   // world: every rank. local_size: ranks per node (hybrid_shard shards within a node).
-  // reduce_dtype: what gradients travel in (f32 or bf16).
+  // reduce_dtype: what gradients travel in (f32 or bf16). frozen: parameters only (above).
   FsdpStore(Backend& be, const ParamLayout& layout, Strategy strategy, DataComm& world, int local_size,
-            DType reduce_dtype = DType::f32);
+            DType reduce_dtype = DType::f32, bool frozen = false);
   ~FsdpStore() override;
   FsdpStore(const FsdpStore&) = delete;
   FsdpStore& operator=(const FsdpStore&) = delete;
@@ -56,7 +61,7 @@ class FsdpStore : public UnitStore {
   Tensor acquire(int unit) override;
   void release(int unit) override;
   void prefetch(int unit) override;
-  Tensor grads(int unit) override;
+  Tensor grads(int unit) override;  // empty in a frozen store
   void grads_done(int unit) override;
   // Nothing is left to overlap the last reduction with: complete it, so its buffer is free before
   // the next micro-batch gathers again.
@@ -73,12 +78,14 @@ class FsdpStore : public UnitStore {
   void set_unit(int unit, const float* full_host);
   // The full fp32 master parameters of a unit into host memory (collective over the shard group).
   void get_unit(int unit, float* full_host);
+  bool frozen() const { return frozen_; }
   // Rewrites every compute copy from its master (after the masters were loaded from a checkpoint).
   void masters_changed();
 
   // This rank's shard of a unit: elements [lo, hi) of the unit's flat buffer (hi <= lo when the
   // shard is all padding), its f32 master weights and Adam moments (for checkpoints), and its
-  // gradient as the last step left it; each a [shard] tensor on the backend.
+  // gradient as the last step left it; each a [shard] tensor on the backend (a frozen store has no
+  // moments or gradient, and under bf16 no master: empty tensors).
   struct ShardState {
     int64_t lo = 0, hi = 0;
     Tensor master, m, v, grad;
@@ -95,7 +102,7 @@ class FsdpStore : public UnitStore {
   DType reduce_dtype() const { return reduce_; }
   int64_t shard_numel(int unit) const { return units_[unit].shard; }
   // Bytes this rank holds for the whole run (master, grad, m, v shards and a separate compute
-  // copy) and the most held in gathered parameter and gradient buffers at once so far.
+  // copy; a frozen store's compute copy only) and the most held in gathered parameter and gradient buffers at once so far.
   int64_t persistent_bytes() const;
   int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
   // Bytes this rank has sent in the store's collectives so far (CommStats convention).
@@ -143,6 +150,7 @@ class FsdpStore : public UnitStore {
   std::unique_ptr<CommRequest> pending_reduce_;
   Tensor reduce_send_, reduce_recv_;
   int t_ = 0;
+  bool frozen_ = false;
 };
 
 }  // namespace llmt
