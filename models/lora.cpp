@@ -283,6 +283,118 @@ void lora_backward(Backend& be, const Projection& p, int r, float scaling, Tenso
   }
 }
 
+// ---- the adapter on a model ----
+
+namespace {
+int64_t largest_in(const LoraLayout& L) {
+  int64_t n = 0;
+  for (const LoraSlot& s : L.slots) n = std::max(n, s.proj.in);
+  return n;
+}
+}  // namespace
+
+LoraAdapters::LoraAdapters(const ModelConfig& cfg, const LoraConfig& lora, const LoraLayout& layout, Backend& be,
+                           UnitStore& store, int B, int T)
+    : cfg_(cfg), lora_(lora), layout_(layout), be_(be), store_(store), rows_((int64_t)B * T),
+      scaling_((float)lora.scaling()) {
+  LLMT_CHECK(B > 0 && T > 0, "LoRA: batch %d x %d", B, T);
+  LLMT_CHECK((int)layout.units.size() == cfg.n_layer + 1, "LoRA: an adapter of %zu units for a model of %d blocks",
+             layout.units.size(), cfg.n_layer);
+  for (const LoraSlot& s : layout.slots) adapts_[(int)s.proj.matrix] = true;
+  for (const LoraSavedModule& m : layout.saved) {
+    LLMT_CHECK(m.lm_head, "LoRA: modules_to_save \"%s\": llmt trains a copy of the output head (lm_head) only; the "
+               "token embeddings' copy is not wired into training yet", m.name.c_str());
+    head_ = &m;
+  }
+  const DType dt = be.compute_dtype();
+  auto take = [&](int64_t numel) {
+    Tensor probe(nullptr, dt, {numel});
+    void* p = be_.alloc(probe.nbytes());
+    allocations_.push_back(p);
+    return Tensor(p, dt, {numel});
+  };
+  h_.resize((size_t)cfg.n_layer);
+  for (auto& per_layer : h_)
+    for (size_t k = 0; k < layout.slots.size(); k++) per_layer.push_back(take(rows_ * lora.r));
+  dh_ = take(rows_ * lora.r);
+  if (lora.dropout > 0.0) xd_ = take(rows_ * largest_in(layout));
+  held_.resize(layout.units.size());
+}
+
+LoraAdapters::~LoraAdapters() {
+  be_.synchronize();
+  for (void* p : allocations_) be_.release(p);
+}
+
+int64_t LoraAdapters::activation_bytes(const ModelConfig& cfg, const LoraConfig& lora, const LoraLayout& L, int B,
+                                       int T, DType compute) {
+  const int64_t N = (int64_t)B * T;
+  int64_t n = ((int64_t)cfg.n_layer * (int64_t)L.slots.size() + 1) * N * lora.r;
+  if (lora.dropout > 0.0) n += N * largest_in(L);
+  return n * (int64_t)dtype_size(compute);
+}
+
+void LoraAdapters::acquire(int unit) {
+  if (!empty(unit)) held_[(size_t)unit] = store_.acquire(unit);
+}
+
+void LoraAdapters::prefetch(int unit) {
+  if (!empty(unit)) store_.prefetch(unit);
+}
+
+void LoraAdapters::release(int unit) {
+  if (empty(unit)) return;
+  store_.release(unit);
+  held_[(size_t)unit] = Tensor();
+}
+
+void LoraAdapters::grads_done(int unit) {
+  if (!empty(unit)) store_.grads_done(unit);
+}
+
+Tensor LoraAdapters::head_weight() {
+  if (!head_) return Tensor();
+  const Tensor& u = held_[0];
+  LLMT_CHECK(u.data, "LoRA: the head's copy is read while the adapter's unit 0 is not held");
+  return u.view(head_->offset, {cfg_.vocab_size, cfg_.d_model});
+}
+
+Tensor LoraAdapters::head_grad() {
+  if (!head_) return Tensor();
+  return store_.grads(0).view(head_->offset, {cfg_.vocab_size, cfg_.d_model});
+}
+
+void LoraAdapters::forward(const AdapterSite& at, Tensor y, Tensor x) {
+  const int64_t N = (int64_t)at.B * at.T;
+  LLMT_CHECK(N <= rows_, "LoRA: %lld rows, the adapter was sized for %lld", (long long)N, (long long)rows_);
+  const Tensor& u = held_[(size_t)(1 + at.layer)];
+  LLMT_CHECK(u.data, "LoRA: block %d's adapter used while its unit is not held", at.layer);
+  const LoraDropout drop{at.dropout, at.B, at.T};
+  for (size_t k = 0; k < layout_.slots.size(); k++) {
+    const LoraSlot& s = layout_.slots[k];
+    if (s.proj.matrix != at.matrix) continue;
+    const LoraActs acts{h_[(size_t)at.layer][k], dh_, xd_};
+    lora_forward(be_, s.proj, lora_.r, scaling_, y, x, u.view(s.a, {lora_.r, s.proj.in}),
+                 u.view(s.b, {s.proj.out, lora_.r}), acts, N, drop);
+  }
+}
+
+void LoraAdapters::backward(const AdapterSite& at, Tensor dy, Tensor x, Tensor dx) {
+  const int64_t N = (int64_t)at.B * at.T;
+  const Tensor& u = held_[(size_t)(1 + at.layer)];
+  LLMT_CHECK(u.data, "LoRA: block %d's adapter used while its unit is not held", at.layer);
+  Tensor g = store_.grads(1 + at.layer);
+  const LoraDropout drop{at.dropout, at.B, at.T};
+  for (size_t k = 0; k < layout_.slots.size(); k++) {
+    const LoraSlot& s = layout_.slots[k];
+    if (s.proj.matrix != at.matrix) continue;
+    const LoraActs acts{h_[(size_t)at.layer][k], dh_, xd_};
+    lora_backward(be_, s.proj, lora_.r, scaling_, dy, x, u.view(s.a, {lora_.r, s.proj.in}),
+                  u.view(s.b, {s.proj.out, lora_.r}), g.view(s.a, {lora_.r, s.proj.in}),
+                  g.view(s.b, {s.proj.out, lora_.r}), dx, acts, N, drop);
+  }
+}
+
 // ---- PEFT's adapter directory ----
 
 nlohmann::json adapter_config_json(const LoraConfig& c, bool fan_in_fan_out) {

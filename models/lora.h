@@ -20,13 +20,13 @@
 #include "engine/backend/backend.h"
 #include "engine/formats/safetensors.h"
 #include "engine/params/layout.h"
+#include "engine/params/unit_store.h"
 #include "models/config.h"
 #include "models/layout.h"
+#include "models/projection_adapters.h"
 
 namespace llmt {
 
-// A block weight matrix of llmt's layout (models/layout.h's BlockOffsets), [rows, in] as stored.
-enum class BlockMatrix { qkv, attn_proj, mlp_in, mlp_out };
 
 // One linear projection of a block as Hugging Face names it, and where it sits in llmt's weights.
 struct Projection {
@@ -132,6 +132,54 @@ void lora_forward(Backend& be, const Projection& p, int r, float scaling, Tensor
 // dx (act, [N, in]) += dropout's mask applied to dh A. x, A, B and acts.h as forward had them.
 void lora_backward(Backend& be, const Projection& p, int r, float scaling, Tensor dy, Tensor x, Tensor A, Tensor B,
                    Tensor dA, Tensor dB, Tensor dx, const LoraActs& acts, int64_t N, const LoraDropout& drop = {});
+
+// ---- the adapter on a model ----
+// PEFT's LoRA as the model's ProjectionAdapters: each adapted projection's A and B from the adapter
+// unit the store holds beside the model's own unit (an FsdpStore of the LoraLayout, trainable, with
+// the run's strategy; the base model's store frozen), its gradients into that store's grads(u), and
+// modules_to_save's lm_head copy in place of the head. Activations for batches of B x T rows: h
+// [B*T, r] per adapted projection of each block (kept for backward), one dh [B*T, r], and with
+// dropout one [B*T, largest in] scratch, in the backend's compute dtype. Set on a Transformer with
+// set_adapters; the layout and store must outlive it.
+class LoraAdapters : public ProjectionAdapters {
+ public:
+  LoraAdapters(const ModelConfig& cfg, const LoraConfig& lora, const LoraLayout& layout, Backend& be,
+               UnitStore& store, int B, int T);
+  ~LoraAdapters() override;
+  LoraAdapters(const LoraAdapters&) = delete;
+  LoraAdapters& operator=(const LoraAdapters&) = delete;
+  // Bytes of those activations (for a plan of the run).
+  static int64_t activation_bytes(const ModelConfig& cfg, const LoraConfig& lora, const LoraLayout& layout, int B,
+                                  int T, DType compute);
+
+  bool adapts(BlockMatrix m) const override { return adapts_[(int)m]; }
+  float dropout_p() const override { return (float)lora_.dropout; }
+  void forward(const AdapterSite& at, Tensor y, Tensor x) override;
+  void backward(const AdapterSite& at, Tensor dy, Tensor x, Tensor dx) override;
+  Tensor head_weight() override;
+  Tensor head_grad() override;
+  void acquire(int unit) override;
+  void prefetch(int unit) override;
+  void release(int unit) override;
+  void grads_done(int unit) override;
+  void backward_done() override { store_.backward_done(); }
+
+ private:
+  bool empty(int unit) const { return layout_.units[(size_t)unit].numel == 0; }
+  ModelConfig cfg_;
+  LoraConfig lora_;
+  const LoraLayout& layout_;
+  Backend& be_;
+  UnitStore& store_;
+  int64_t rows_;  // B * T: the most rows a call has
+  float scaling_;
+  bool adapts_[kBlockMatrices] = {false, false, false, false};
+  const LoraSavedModule* head_ = nullptr;  // modules_to_save's lm_head copy, if any
+  std::vector<Tensor> held_;               // each adapter unit's parameters while the model holds its unit
+  std::vector<std::vector<Tensor>> h_;     // [layer][slot]
+  Tensor dh_, xd_;
+  std::vector<void*> allocations_;
+};
 
 // ---- PEFT's adapter directory ----
 // adapter_config.json as PEFT's LoraConfig.save_pretrained writes it (every field PEFT reads, at its

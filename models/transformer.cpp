@@ -11,11 +11,14 @@ namespace llmt {
 namespace {
 // a parameter at offset `off` of a unit buffer (parameters or gradients), or an empty tensor where
 // the family has none
+// (or of a frozen unit's gradients, which are an empty tensor)
 Tensor P(const Tensor& unit, int64_t off, std::initializer_list<int64_t> dims) {
-  return off < 0 ? Tensor() : unit.view(off, dims);
+  return off < 0 || !unit.data ? Tensor() : unit.view(off, dims);
 }
 // dropout sites inside a layer (the embeddings are layer -1)
 enum DropSite { kEmbd = 0, kAttnProbs = 1, kAttnOut = 2, kMlpOut = 3 };
+// the adapters' dropout masks: a stream of their own under (seed, step), site (layer, matrix) in it
+constexpr uint64_t kAdapterDropStream = 0x6164617074ull;
 }  // namespace
 
 int64_t ActivationBuffer::bytes() const {
@@ -62,12 +65,14 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
          // GPT-2's GELU gradient comes out of matmul_dgelu straight into dmlp_in
          dmlp_act = cfg.arch == Arch::gpt2 ? Tensor() : t("grad mlp activation", dt, {N, FF});
   Tensor dropped = cfg.resid_pdrop > 0.0f ? t("dropout branch", dt, {N, C}) : Tensor();
+  Tensor frozen_norm_grad = t("frozen norm's discarded gradient", f32, {2 * C});
   if (!m) return;
   m->tokens_ = tokens, m->targets_ = targets, m->resid_ = resid, m->acts_ = acts;
   m->positions_ = positions, m->doc_start_ = doc_starts;
   m->lnf_ = lnf, m->lnf_mean_ = lnf_mean, m->lnf_rstd_ = lnf_rstd, m->logits_ = logits;
   m->dres_ = dres, m->dnorm_ = dnorm, m->dattn_ = dattn, m->dqkv_ = dqkv, m->dmlp_in_ = dmlp_in, m->dmlp_act_ = dmlp_act;
   m->dropped_ = dropped;
+  m->frozen_norm_grad_ = frozen_norm_grad;
   m->discarded_loss_ = discarded;
 }
 
@@ -230,6 +235,48 @@ Dropout Transformer::dropout_for(int layer, int site, float p) const {
   return d;
 }
 
+AdapterSite Transformer::adapter_site(int l, BlockMatrix m) const {
+  AdapterSite at;
+  at.layer = l, at.matrix = m, at.B = B_, at.T = cur_T_;
+  const float p = adapters_->dropout_p();
+  if (train_ && p > 0.0f) {
+    at.dropout.p = p;
+    at.dropout.key = stream_state(stream_state(stream_state(train_->dropout.seed, (uint64_t)train_->dropout.step),
+                                               kAdapterDropStream),
+                                  (uint64_t)l * kBlockMatrices + (uint64_t)m);
+    at.dropout.row0 = train_->dropout.first_sequence;
+  }
+  return at;
+}
+
+void Transformer::adapt_forward(int l, BlockMatrix m, Tensor y, Tensor x) {
+  if (adapted(m)) adapters_->forward(adapter_site(l, m), y, x);
+}
+
+void Transformer::adapt_backward(int l, BlockMatrix m, Tensor dy, Tensor x, Tensor dx) {
+  if (adapted(m)) adapters_->backward(adapter_site(l, m), dy, x, dx);
+}
+
+Tensor Transformer::acquire(UnitStore& store, int unit) {
+  if (adapters_) adapters_->acquire(unit);
+  return store.acquire(unit);
+}
+
+void Transformer::prefetch(UnitStore& store, int unit) {
+  if (adapters_) adapters_->prefetch(unit);
+  store.prefetch(unit);
+}
+
+void Transformer::release(UnitStore& store, int unit) {
+  if (adapters_) adapters_->release(unit);
+  store.release(unit);
+}
+
+void Transformer::grads_done(UnitStore& store, int unit) {
+  if (adapters_) adapters_->grads_done(unit);
+  store.grads_done(unit);
+}
+
 // The family's norm over the current batch's rows: LayerNorm (GPT-2, weight and bias) or RMSNorm
 // (LLaMA, weight only; mean unused). w_off/b_off are offsets into the unit `w`.
 void Transformer::norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, int64_t w_off, int64_t b_off) {
@@ -241,13 +288,19 @@ void Transformer::norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, T
 }
 
 // Backward of norm_forward: dres_ += dx (from dnorm_), and the weight (and bias) gradients into unit g.
+// A frozen unit (g empty): the ops compute dx and dw in one pass, so dw goes to a scratch of 2C
+// floats that nothing reads (one multiply-add an element; no product is skipped or added).
 void Transformer::norm_backward(Tensor x, Tensor mean, Tensor rstd, Tensor w, Tensor g, int64_t w_off, int64_t b_off) {
   const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model;
+  Tensor dw = P(g, w_off, {C}), db = P(g, b_off, {C});
+  if (!g.data) {
+    be_.zero(frozen_norm_grad_.data, frozen_norm_grad_.nbytes());
+    dw = frozen_norm_grad_.view(0, {C}), db = b_off >= 0 ? frozen_norm_grad_.view(C, {C}) : Tensor();
+  }
   if (cfg_.arch == Arch::gpt2)
-    be_.layernorm_backward(rows(dres_, C), P(g, w_off, {C}), P(g, b_off, {C}), rows(dnorm_, C), x, P(w, w_off, {C}),
-                           mean, rstd, N, (int)C);
+    be_.layernorm_backward(rows(dres_, C), dw, db, rows(dnorm_, C), x, P(w, w_off, {C}), mean, rstd, N, (int)C);
   else
-    be_.rmsnorm_backward(rows(dres_, C), P(g, w_off, {C}), rows(dnorm_, C), x, P(w, w_off, {C}), rstd, N, (int)C);
+    be_.rmsnorm_backward(rows(dres_, C), dw, rows(dnorm_, C), x, P(w, w_off, {C}), rstd, N, (int)C);
 }
 
 void Transformer::block_forward(int l, Tensor w) {
@@ -266,6 +319,7 @@ void Transformer::block_forward(int l, Tensor w) {
   // attention sub-block: resid_mid = x + dropout(proj(attention(norm1(x))))
   norm_forward(ln1, a.ln1_mean, a.ln1_rstd, x, w, o.ln1_w, o.ln1_b);
   be_.matmul(qkv, ln1, P(w, o.qkv_w, {QKV, C}), P(w, o.qkv_b, {QKV}), N, QKV, C, false, true, false);
+  adapt_forward(l, BlockMatrix::qkv, qkv, ln1);  // before RoPE, as the projections' outputs
   if (kv_on_) {  // generation: each row at its position, attending over the cache
     if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, Tensor(positions_.data, DType::i32, {N}));
     be_.attention_kv(attn_out, k_cache_[l], v_cache_[l], qkv, key_start_, B_, T, kv_len_, kv_cap_, NH, NKV, hs);
@@ -277,28 +331,34 @@ void Transformer::block_forward(int l, Tensor w) {
   if (out_drop_attn.active()) {
     Tensor branch = rows(dropped_, C);
     be_.matmul(branch, attn_out, P(w, o.attn_proj_w, {C, Q}), P(w, o.attn_proj_b, {C}), N, C, Q, false, true, false);
+    adapt_forward(l, BlockMatrix::attn_proj, branch, attn_out);
     be_.dropout(branch, B_, T, (int)C, out_drop_attn);
     be_.add(xm, x, branch, N * C);
-  } else {
+  } else {  // the adapter adds into the residual sum, which is linear
     be_.matmul_residual(xm, x, attn_out, P(w, o.attn_proj_w, {C, Q}), P(w, o.attn_proj_b, {C}), N, C, Q);
+    adapt_forward(l, BlockMatrix::attn_proj, xm, attn_out);
   }
 
   // MLP sub-block: resid[l+1] = resid_mid + dropout(mlp(norm2(resid_mid)))
   Tensor out = rows(resid_[l + 1], C);
   norm_forward(ln2, a.ln2_mean, a.ln2_rstd, xm, w, o.ln2_w, o.ln2_b);
-  if (gpt2) {  // one op, so that a GPU runs it as one cuBLASLt call
+  if (gpt2 && !adapted(BlockMatrix::mlp_in)) {  // one op, so that a GPU runs it as one cuBLASLt call
     be_.matmul_gelu(mlp_act, mlp_in, ln2, P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C);
-  } else {
+  } else {  // an adapter on c_fc adds before the GELU
     be_.matmul(mlp_in, ln2, P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C, false, true, false);
-    be_.swiglu_forward(mlp_act, mlp_in, N, (int)FF);
+    adapt_forward(l, BlockMatrix::mlp_in, mlp_in, ln2);
+    if (gpt2) be_.gelu_forward(mlp_act, mlp_in, N * FF);
+    else be_.swiglu_forward(mlp_act, mlp_in, N, (int)FF);
   }
   if (out_drop_mlp.active()) {
     Tensor branch = rows(dropped_, C);
     be_.matmul(branch, mlp_act, P(w, o.mlp_out_w, {C, FF}), P(w, o.mlp_out_b, {C}), N, C, FF, false, true, false);
+    adapt_forward(l, BlockMatrix::mlp_out, branch, mlp_act);
     be_.dropout(branch, B_, T, (int)C, out_drop_mlp);
     be_.add(out, xm, branch, N * C);
   } else {
     be_.matmul_residual(out, xm, mlp_act, P(w, o.mlp_out_w, {C, FF}), P(w, o.mlp_out_b, {C}), N, C, FF);
+    adapt_forward(l, BlockMatrix::mlp_out, out, mlp_act);
   }
 }
 
@@ -327,31 +387,42 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   };
 
   // MLP: resid[l+1] = resid_mid + dropout(mlp_act W_out^T + b_out)
+  // a frozen unit (g empty) skips every parameter-gradient product
+  const bool grads = g.data != nullptr;
   Tensor dbranch = branch_grad(kMlpOut);
-  be_.matmul(P(g, o.mlp_out_w, {C, FF}), dbranch, mlp_act, Tensor(), C, FF, N, true, false, true);
-  if (o.mlp_out_b >= 0) be_.bias_backward(P(g, o.mlp_out_b, {C}), dbranch, N, C);
-  if (gpt2) {
+  if (grads) be_.matmul(P(g, o.mlp_out_w, {C, FF}), dbranch, mlp_act, Tensor(), C, FF, N, true, false, true);
+  if (grads && o.mlp_out_b >= 0) be_.bias_backward(P(g, o.mlp_out_b, {C}), dbranch, N, C);
+  if (gpt2 && !adapted(BlockMatrix::mlp_out)) {
     be_.matmul_dgelu(dmlp_in, dbranch, P(w, o.mlp_out_w, {C, FF}), mlp_in, N, FF, C);
+  } else if (gpt2) {  // the adapter on mlp.c_proj adds its input gradient before GELU's (in place: FI == FF)
+    be_.matmul(dmlp_in, dbranch, P(w, o.mlp_out_w, {C, FF}), Tensor(), N, FF, C, false, false, false);
+    adapt_backward(l, BlockMatrix::mlp_out, dbranch, mlp_act, dmlp_in);
+    be_.gelu_backward(dmlp_in, mlp_in, dmlp_in, N * FF);
   } else {
     be_.matmul(dmlp_act, dbranch, P(w, o.mlp_out_w, {C, FF}), Tensor(), N, FF, C, false, false, false);
+    adapt_backward(l, BlockMatrix::mlp_out, dbranch, mlp_act, dmlp_act);
     be_.swiglu_backward(dmlp_in, dmlp_act, mlp_in, N, (int)FF);
   }
-  be_.matmul(P(g, o.mlp_in_w, {FI, C}), dmlp_in, ln2, Tensor(), FI, C, N, true, false, true);
-  if (o.mlp_in_b >= 0) be_.bias_backward(P(g, o.mlp_in_b, {FI}), dmlp_in, N, FI);
+  if (grads) be_.matmul(P(g, o.mlp_in_w, {FI, C}), dmlp_in, ln2, Tensor(), FI, C, N, true, false, true);
+  if (grads && o.mlp_in_b >= 0) be_.bias_backward(P(g, o.mlp_in_b, {FI}), dmlp_in, N, FI);
   be_.matmul(dnorm, dmlp_in, P(w, o.mlp_in_w, {FI, C}), Tensor(), N, C, FI, false, false, false);
+  adapt_backward(l, BlockMatrix::mlp_in, dmlp_in, ln2, dnorm);
   norm_backward(xm, a.ln2_mean, a.ln2_rstd, w, g, o.ln2_w, o.ln2_b);
 
   // attention: resid_mid = x + dropout(attn_out W_proj^T + b_proj)
   dbranch = branch_grad(kAttnOut);
-  be_.matmul(P(g, o.attn_proj_w, {C, Q}), dbranch, attn_out, Tensor(), C, Q, N, true, false, true);
-  if (o.attn_proj_b >= 0) be_.bias_backward(P(g, o.attn_proj_b, {C}), dbranch, N, C);
+  if (grads) be_.matmul(P(g, o.attn_proj_w, {C, Q}), dbranch, attn_out, Tensor(), C, Q, N, true, false, true);
+  if (grads && o.attn_proj_b >= 0) be_.bias_backward(P(g, o.attn_proj_b, {C}), dbranch, N, C);
   be_.matmul(dattn, dbranch, P(w, o.attn_proj_w, {C, Q}), Tensor(), N, Q, C, false, false, false);
+  adapt_backward(l, BlockMatrix::attn_proj, dbranch, attn_out, dattn);
   be_.attention_backward(dqkv, dattn, qkv, attn_out, lse, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
                          packed_docs());
   if (!gpt2) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
-  be_.matmul(P(g, o.qkv_w, {QKV, C}), dqkv, ln1, Tensor(), QKV, C, N, true, false, true);
-  if (o.qkv_b >= 0) be_.bias_backward(P(g, o.qkv_b, {QKV}), dqkv, N, QKV);  // after RoPE's inverse: the bias came before RoPE
+  if (grads) be_.matmul(P(g, o.qkv_w, {QKV, C}), dqkv, ln1, Tensor(), QKV, C, N, true, false, true);
+  // after RoPE's inverse: the bias came before RoPE
+  if (grads && o.qkv_b >= 0) be_.bias_backward(P(g, o.qkv_b, {QKV}), dqkv, N, QKV);
   be_.matmul(dnorm, dqkv, P(w, o.qkv_w, {QKV, C}), Tensor(), N, C, QKV, false, false, false);
+  adapt_backward(l, BlockMatrix::qkv, dqkv, ln1, dnorm);
   norm_backward(rows(resid_[l], C), a.ln1_mean, a.ln1_rstd, w, g, o.ln1_w, o.ln1_b);
 }
 
@@ -398,8 +469,8 @@ void Transformer::forward_units(UnitStore& store) {
   const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, V = cfg_.vocab_size;
   const RootOffsets& r = layout_.root;
   Tensor tok(tokens_.data, DType::i32, {N}), x0 = rows(resid_[0], C);
-  Tensor root = store.acquire(0);
-  store.prefetch(1 % (cfg_.n_layer + 1));
+  Tensor root = acquire(store, 0);
+  prefetch(store, 1 % (cfg_.n_layer + 1));
   if ((kv_on_ || packed_) && r.wpe >= 0) {  // wpe at each row's own position, added to wte (one rounding either way)
     Tensor wpe_rows = rows(dnorm_, C);  // backward's scratch, free until backward
     be_.embedding_forward(x0, tok, P(root, r.wte, {V, C}), Tensor(), B_, T, (int)C, (int)V);
@@ -410,17 +481,17 @@ void Transformer::forward_units(UnitStore& store) {
     be_.embedding_forward(x0, tok, P(root, r.wte, {V, C}), P(root, r.wpe, {cfg_.max_seq_len, C}), B_, T, (int)C, (int)V);
   }
   be_.dropout(x0, B_, T, (int)C, dropout_for(-1, kEmbd, cfg_.embd_pdrop));
-  store.release(0);
+  release(store, 0);
   for (int l = 0; l < cfg_.n_layer; l++) {
-    Tensor w = store.acquire(1 + l);
-    store.prefetch((2 + l) % (cfg_.n_layer + 1));  // the next block, or the root for the head
+    Tensor w = acquire(store, 1 + l);
+    prefetch(store, (2 + l) % (cfg_.n_layer + 1));  // the next block, or the root for the head
     block_forward(l, w);
-    store.release(1 + l);
+    release(store, 1 + l);
   }
-  root = store.acquire(0);
+  root = acquire(store, 0);
   norm_forward(rows(lnf_, C), lnf_mean_, lnf_rstd_, rows(resid_[cfg_.n_layer], C), root, r.lnf_w, r.lnf_b);
   head_forward(root);
-  store.release(0);
+  release(store, 0);
 }
 
 // The chunk at rows [c0, c0 + n) of a [N, cols] buffer.
@@ -433,7 +504,8 @@ static Tensor chunk_rows(const Tensor& t, int64_t c0, int64_t n, int64_t cols) {
 // only the losses, and backward recomputes them.
 void Transformer::head_forward(Tensor root) {
   const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model, V = cfg_.vocab_size;
-  Tensor w = P(root, layout_.root.lm_head, {V, C}), lg(logits_.data, dt_, {head_rows_, V_pad_});
+  Tensor w = adapters_ ? adapters_->head_weight() : Tensor(), lg(logits_.data, dt_, {head_rows_, V_pad_});
+  if (!w.data) w = P(root, layout_.root.lm_head, {V, C});
   const bool keep_dlogits = train_ && head_rows_ >= N;
   for (int64_t c0 = 0; c0 < N; c0 += head_rows_) {
     const int64_t n = std::min(head_rows_, N - c0);
@@ -449,7 +521,9 @@ void Transformer::head_forward(Tensor root) {
 // discarded: forward counted it).
 void Transformer::head_backward(Tensor root, Tensor groot) {
   const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model, V = cfg_.vocab_size;
-  Tensor w = P(root, layout_.root.lm_head, {V, C}), dw = P(groot, layout_.root.lm_head, {V, C});
+  Tensor w = adapters_ ? adapters_->head_weight() : Tensor(), dw = P(groot, layout_.root.lm_head, {V, C});
+  if (w.data) dw = adapters_->head_grad();  // a trainable copy of the head (the base's stays frozen)
+  else w = P(root, layout_.root.lm_head, {V, C});
   Tensor lg(logits_.data, dt_, {head_rows_, V_pad_});
   const bool recompute = head_rows_ < N;
   for (int64_t c0 = 0; c0 < N; c0 += head_rows_) {
@@ -460,7 +534,7 @@ void Transformer::head_backward(Tensor root, Tensor groot) {
       be_.cross_entropy(discarded_loss_, lg, lg, chunk_rows(targets_, c0, n, 1), n, (int)V, train_->grad_scale,
                         V_pad_);
     }
-    be_.matmul(dw, lg, lnf, Tensor(), V, C, n, true, false, true, V_pad_);
+    if (dw.data) be_.matmul(dw, lg, lnf, Tensor(), V, C, n, true, false, true, V_pad_);
     be_.matmul(chunk_rows(dnorm_, c0, n, C), lg, w, Tensor(), n, C, V, false, false, false, V_pad_);
   }
 }
@@ -473,36 +547,40 @@ void Transformer::backward(UnitStore& store) {
   const RootOffsets& r = layout_.root;
 
   // head: logits = norm_f(resid[L]) W_head^T; logits_ holds dloss/dlogits
-  Tensor root = store.acquire(0);
-  store.prefetch(cfg_.n_layer);
-  Tensor groot = store.grads(0);
+  Tensor root = acquire(store, 0);
+  prefetch(store, cfg_.n_layer);
+  Tensor groot = store.grads(0);  // empty: the root is frozen
   Tensor dres = rows(dres_, C);
   head_backward(root, groot);
   be_.zero(dres.data, dres.nbytes());
   norm_backward(rows(resid_[cfg_.n_layer], C), lnf_mean_, lnf_rstd_, root, groot, r.lnf_w, r.lnf_b);
-  store.release(0);
+  release(store, 0);
 
   for (int l = cfg_.n_layer - 1; l >= 0; l--) {
-    Tensor w = store.acquire(1 + l);
-    if (l > 0) store.prefetch(l);
+    Tensor w = acquire(store, 1 + l);
+    if (l > 0) prefetch(store, l);
     if (checkpointing_) block_forward(l, w);  // recompute what backward needs from the kept input
     block_backward(l, w, store.grads(1 + l));
-    store.release(1 + l);
-    store.grads_done(1 + l);
+    release(store, 1 + l);
+    grads_done(store, 1 + l);
   }
 
-  // the embedding's gradient needs no parameters, only the root's gradient buffer
-  be_.dropout(dres, B_, T, (int)C, dropout_for(-1, kEmbd, cfg_.embd_pdrop));
-  if (packed_ && r.wpe >= 0) {  // wpe's rows at each token's position within its document
-    be_.embedding_backward(P(groot, r.wte, {V, C}), Tensor(), dres, Tensor(tokens_.data, DType::i32, {N}), B_, T, (int)C);
-    be_.embedding_backward(P(groot, r.wpe, {cfg_.max_seq_len, C}), Tensor(), dres,
-                           Tensor(positions_.data, DType::i32, {N}), B_, T, (int)C);
-  } else {
-    be_.embedding_backward(P(groot, r.wte, {V, C}), P(groot, r.wpe, {cfg_.max_seq_len, C}), dres,
-                           Tensor(tokens_.data, DType::i32, {N}), B_, T, (int)C);
+  // the embedding's gradient needs no parameters, only the root's gradient buffer (none when frozen)
+  if (groot.data) {
+    be_.dropout(dres, B_, T, (int)C, dropout_for(-1, kEmbd, cfg_.embd_pdrop));
+    if (packed_ && r.wpe >= 0) {  // wpe's rows at each token's position within its document
+      be_.embedding_backward(P(groot, r.wte, {V, C}), Tensor(), dres, Tensor(tokens_.data, DType::i32, {N}), B_, T,
+                             (int)C);
+      be_.embedding_backward(P(groot, r.wpe, {cfg_.max_seq_len, C}), Tensor(), dres,
+                             Tensor(positions_.data, DType::i32, {N}), B_, T, (int)C);
+    } else {
+      be_.embedding_backward(P(groot, r.wte, {V, C}), P(groot, r.wpe, {cfg_.max_seq_len, C}), dres,
+                             Tensor(tokens_.data, DType::i32, {N}), B_, T, (int)C);
+    }
   }
-  store.grads_done(0);
+  grads_done(store, 0);
   store.backward_done();
+  if (adapters_) adapters_->backward_done();
 }
 
 void init_unit_params(const ModelConfig& cfg, const UnitLayout& unit, int unit_index, uint64_t seed, float* host) {

@@ -11,6 +11,7 @@
 #include "engine/params/unit_store.h"
 #include "models/config.h"
 #include "models/layout.h"
+#include "models/projection_adapters.h"
 
 namespace llmt {
 
@@ -80,8 +81,13 @@ class Transformer {
   // restart at each (transformers' DataCollatorWithFlattening / TRL's packing).
   void forward(UnitStore& store, const int32_t* tokens, const int32_t* targets, int seq_len, Tensor loss_sum,
                const TrainPass* train = nullptr, const int32_t* doc_start = nullptr);
-  // Adds this batch's gradients into store.grads(u); call after a training forward.
+  // Adds this batch's gradients into store.grads(u); call after a training forward. A unit whose
+  // grads(u) is empty is frozen: its parameter-gradient products (dW, bias, norm weights, embeddings)
+  // are skipped, the input gradients still computed.
   void backward(UnitStore& store);
+  // Adapters on the block projections (models/projection_adapters.h), or null; the model calls them
+  // from then on. Not owned.
+  void set_adapters(ProjectionAdapters* adapters) { adapters_ = adapters; }
   // Logits [B*T, logits_stride()] on the backend in the compute dtype (T of the last forward), valid
   // after an evaluation forward or a decode: each row's first V entries are the logits, the rest
   // padding that is never written (Backend::vocab_pad).
@@ -116,6 +122,16 @@ class Transformer {
   void head_forward(Tensor root);
   void head_backward(Tensor root, Tensor groot);
   Dropout dropout_for(int layer, int site, float p) const;
+  // the adapters' hook at block l's matrix m (nothing without adapters on it)
+  AdapterSite adapter_site(int l, BlockMatrix m) const;
+  void adapt_forward(int l, BlockMatrix m, Tensor y, Tensor x);
+  void adapt_backward(int l, BlockMatrix m, Tensor dy, Tensor x, Tensor dx);
+  bool adapted(BlockMatrix m) const { return adapters_ && adapters_->adapts(m); }
+  // the store's unit calls, and the adapters' beside them
+  Tensor acquire(UnitStore& store, int unit);
+  void prefetch(UnitStore& store, int unit);
+  void release(UnitStore& store, int unit);
+  void grads_done(UnitStore& store, int unit);
   void norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, int64_t w_off, int64_t b_off);
   void norm_backward(Tensor x, Tensor mean, Tensor rstd, Tensor w, Tensor g, int64_t w_off, int64_t b_off);
   void block_forward(int l, Tensor w);
@@ -154,6 +170,8 @@ class Transformer {
   Tensor discarded_loss_;  // f64: backward's recomputed chunks add their losses here, never read
   // backward scratch; dropped_ holds a residual branch's output (forward) or gradient (backward) under dropout
   Tensor dres_, dnorm_, dattn_, dqkv_, dmlp_in_, dmlp_act_, dropped_;
+  Tensor frozen_norm_grad_;  // f32 [2C]: a frozen norm's weight and bias gradients, discarded
+  ProjectionAdapters* adapters_ = nullptr;
 
   // packed documents (the last forward's): positions_ and doc_start_ hold each token's
   bool packed_ = false;
