@@ -13,7 +13,10 @@ int64_t count_targets(const int32_t* targets, int64_t n) {
 }
 
 StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control, DataComm& data,
-                      StepScalars& scalars, const std::vector<MicroBatch>& micro, const StepSettings& s) {
+                      StepScalars& scalars, const std::vector<MicroBatch>& micro, const StepSettings& s,
+                      FsdpStore* adapter) {
+  LLMT_CHECK(!adapter || store.frozen(), "train_step: with adapters the model's own store must be frozen");
+  FsdpStore& trained = adapter ? *adapter : store;
   StepResult r;
   Backend& be = store.backend();
   const int B = model.batch();
@@ -26,7 +29,7 @@ StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control
   LLMT_CHECK(both.dtype == DType::f64 && both.numel() == 2, "train_step: the step's scalars are f64[2]");
   be.zero(both.data, both.nbytes());
   Tensor loss_sum = both.view(0, {1}), grad_sq = both.view(1, {1});
-  store.zero_grads();
+  trained.zero_grads();
   for (const MicroBatch& mb : micro) {
     // scaled by the global count, the reduce-scatter's sum is the gradient of the global mean loss
     TrainPass pass;
@@ -36,7 +39,7 @@ StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control
     model.backward(store);
   }
   data.all_reduce_async(loss_sum.data, 1, DType::f64, ReduceOp::sum)->wait();
-  store.grad_sq_sum(grad_sq);
+  trained.grad_sq_sum(grad_sq);
   double host[2];
   be.copy_to_host(host, both.data, sizeof(host));  // the step's one read
   r.loss = host[0] / r.counted;
@@ -48,7 +51,7 @@ StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1
   float clip = 1.0f;
   if (s.max_grad_norm > 0.0) clip = (float)std::min(1.0, s.max_grad_norm / (r.grad_norm + 1e-6));
-  store.optimizer_step(s.lr, s.adamw, clip);
+  trained.optimizer_step(s.lr, s.adamw, clip);
   return r;
 }
 

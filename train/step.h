@@ -43,9 +43,12 @@ struct StepResult {
 };
 
 // control: host agreement (token counts); data: the world's data communicator (the loss);
-// scalars: the caller's, zeroed here.
+// scalars: the caller's, zeroed here. adapter: the trainable store of adapters the model's hook
+// holds (LoRA), the model's own store then frozen; gradients, their norm and AdamW are the
+// adapter's. Null: the model's store is the one trained.
 StepResult train_step(Transformer& model, FsdpStore& store, ControlComm& control, DataComm& data,
-                      StepScalars& scalars, const std::vector<MicroBatch>& micro, const StepSettings& s);
+                      StepScalars& scalars, const std::vector<MicroBatch>& micro, const StepSettings& s,
+                      FsdpStore* adapter = nullptr);
 
 // Tokens with a target in a batch of n tokens.
 int64_t count_targets(const int32_t* targets, int64_t n);
