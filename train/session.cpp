@@ -159,7 +159,8 @@ Session make_session(ControlComm& world, const LaunchInfo& launch, const Session
                "--map-by slot, or ppr:N:node); rank %d sits on node %d", world.rank(), launch.node);
   test_stop_point("store", world.rank());
   out.store = std::make_unique<FsdpStore>(*out.backend, out.layout(), s.strategy, *out.data, shard_group,
-                                          s.reduce_dtype);
+                                          s.reduce_dtype, s.frozen);
+  out.shard_group = shard_group;
   return out;
 }
 

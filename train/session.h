@@ -42,6 +42,7 @@ struct SessionSettings {
   bool packing = false;        // packed documents (which attention kernels take them, on the gpu line)
   Strategy strategy = Strategy::full_shard;
   DType reduce_dtype = DType::f32;
+  bool frozen = false;         // the model's store holds parameters only (LoRA's base: engine/fsdp/fsdp.h)
   int shard_group_size = 0;    // hybrid_shard's shard group; 0 = the ranks of a node
   // Before the model is allocated: llmt plan's per-rank total against this rank's memory (with
   // `accum` micro-batches), an error naming the flags to lower when it does not fit.
@@ -59,6 +60,7 @@ struct Session {
   std::unique_ptr<Transformer> model;        // null when batch == 0
   std::unique_ptr<ModelLayout> own_layout;   // the layout when there is no model
   std::unique_ptr<FsdpStore> store;
+  int shard_group = 1;                       // the store's local_size argument (another store shards alike)
   PlanArgs plan;                             // what `llmt plan` is asked for this session (make_plan)
   const ModelLayout& layout() const { return model ? model->layout() : *own_layout; }
 };

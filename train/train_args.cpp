@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -65,6 +66,21 @@ void read_ignored(Flags& f, const char* name, TrainArgs&) {
 #define DATA_UNSET(member) &read_data<&DataArgs::member>, nullptr
 #define IGNORED(name, help) {name, "accepted and ignored, with a warning", "", help, &read_ignored, nullptr}
 
+// What PEFT or TRL offer and llmt does not train: refused by name when set (their defaults pass, so
+// TRL's commands that spell them out run unchanged).
+void read_refused(Flags& f, const char* name, TrainArgs&) {
+  if (!f.has(name)) return;
+  const std::string v = f.get_string(name, "");
+  static const std::map<std::string, std::string> defaults = {
+      {"use_dora", "False"}, {"load_in_4bit", "False"}, {"load_in_8bit", "False"}, {"use_bnb_nested_quant", "False"},
+      {"lora_task_type", "CAUSAL_LM"}, {"bnb_4bit_quant_type", "nf4"}};
+  auto d = defaults.find(name);
+  const bool is_default = d != defaults.end() && (v == d->second || (d->second == "False" && v == "false"));
+  LLMT_CHECK(is_default, "--%s %s: llmt does not implement it (LoRA as PEFT's LoraConfig with use_dora False, "
+             "bias none, task_type CAUSAL_LM, on an unquantized base)", name, v.c_str());
+}
+#define REFUSED(name, help) {name, "LoRA", "", help, &read_refused, nullptr}
+
 }  // namespace
 
 const std::vector<TrainFlag>& train_flags() {
@@ -82,6 +98,32 @@ const std::vector<TrainFlag>& train_flags() {
       {"llama3_special_tokens", "model", "auto|3.0|3.1",
        "names of the special tokens of a bare Llama 3 tokenizer.model (3.1: also 3.2, 3.3); auto: as the files "
        "beside it show, else 3.0", ARG(llama3_special_tokens)},
+      // LoRA, TRL's ModelConfig names
+      {"use_peft", "LoRA", "True|False",
+       "train a PEFT LoRA adapter on the frozen --model_name_or_path; output_dir becomes a PEFT adapter directory",
+       ARG(use_peft)},
+      {"lora_r", "LoRA", "N", "the adapters' rank", ARG(lora_r)},
+      {"lora_alpha", "LoRA", "X", "scaling alpha / r (alpha / sqrt(r) with --use_rslora)", ARG(lora_alpha)},
+      {"lora_dropout", "LoRA", "X", "dropout on the adapters' input", ARG(lora_dropout)},
+      {"lora_target_modules", "LoRA", "NAMES",
+       "the projections adapted, a space or comma list as PEFT matches it (one entry: TRL hands PEFT a string, a "
+       "regular expression the whole module path must match, or all-linear); unset: PEFT's default for the model "
+       "type (c_attn for GPT-2, q_proj v_proj for LLaMA, Mistral, Qwen2)",
+       ARG_UNSET(lora_target_modules)},
+      {"lora_modules_to_save", "LoRA", "NAMES", "modules trained whole beside the adapters: lm_head",
+       ARG_UNSET(lora_modules_to_save)},
+      {"use_rslora", "LoRA", "True|False", "rank-stabilized scaling alpha / sqrt(r)", ARG(use_rslora)},
+      {"adapter_name_or_path", "LoRA", "DIR",
+       "continue training this PEFT adapter (its adapter_config.json sets r, alpha, dropout and the targets)",
+       ARG(adapter_name_or_path)},
+      REFUSED("use_dora", "refused when True: DoRA"),
+      REFUSED("load_in_4bit", "refused when True: a quantized base"),
+      REFUSED("load_in_8bit", "refused when True: a quantized base"),
+      REFUSED("use_bnb_nested_quant", "refused when True"),
+      REFUSED("bnb_4bit_quant_type", "refused unless nf4 (its default): a quantized base"),
+      REFUSED("bnb_4bit_quant_storage", "refused: a quantized base"),
+      REFUSED("lora_target_parameters", "refused: PEFT's target_parameters"),
+      REFUSED("lora_task_type", "refused unless CAUSAL_LM"),
       // data
       {"data_path", "data", "FILE", "Alpaca or chat records (messages, conversations, prompt/completion), JSON or "
        "JSON Lines; the format is read from the records", DATA(data_path)},
@@ -324,6 +366,10 @@ ConfigFields train_config_fields(const TrainArgs& a) {
       {"--alpaca_output_field", x.output_field},
       {"--chat_template", x.chat_template}, {"--assistant_only_loss", b(x.assistant_only_loss)},
       {"--completion_only_loss", b(x.completion_only_loss)}, {"--validation_split_percentage", i(x.validation_split_percentage)},
+      {"--use_peft", b(a.use_peft)}, {"--lora_r", i(a.lora_r)}, {"--lora_alpha", d(a.lora_alpha)},
+      {"--lora_dropout", d(a.lora_dropout)}, {"--lora_target_modules", a.lora_target_modules},
+      {"--lora_modules_to_save", a.lora_modules_to_save}, {"--use_rslora", b(a.use_rslora)},
+      {"--adapter_name_or_path", a.adapter_name_or_path},
       {"--output_dir", a.output_dir}, {"--max_steps", i(a.max_steps)}, {"--num_train_epochs", d(a.num_train_epochs)},
       {"--per_device_train_batch_size", i(a.per_device_train_batch_size)},
       {"--per_device_eval_batch_size", i(a.per_device_eval_batch_size)},
@@ -457,6 +503,25 @@ TrainArgs parse_train_args(Flags& f) {
              "--save_strategy must be no, steps or epoch, got \"%s\"", a.save_strategy.c_str());
   LLMT_CHECK(a.save_strategy != "steps" || a.save_steps > 0, "--save_steps must be positive");
   LLMT_CHECK(a.save_total_limit >= 0, "--save_total_limit must not be negative");
+  // LoRA: its flags mean nothing without --use_peft (they would be silently ignored)
+  for (const char* n : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save",
+                        "use_rslora", "adapter_name_or_path"})
+    LLMT_CHECK(a.use_peft || !f.has(n), "--%s without --use_peft True: nothing would use it", n);
+  if (a.use_peft) {
+    LLMT_CHECK(!a.model_name_or_path.empty(), "--use_peft trains an adapter on a pretrained model: give "
+               "--model_name_or_path (a Hugging Face directory), not --model_config");
+    LLMT_CHECK(a.save_strategy == "no" && a.resume_from_checkpoint.empty(),
+               "--use_peft: llmt's checkpoints do not hold an adapter's training state yet; give --save_strategy no "
+               "(the adapter is written to --output_dir at the end) and no --resume_from_checkpoint");
+    for (const char* n : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save",
+                          "use_rslora"})
+      LLMT_CHECK(a.adapter_name_or_path.empty() || !f.has(n), "--%s with --adapter_name_or_path: the adapter's "
+                 "adapter_config.json sets it", n);
+    LLMT_CHECK(a.lora_r > 0, "--lora_r %d: expected a positive rank", a.lora_r);
+    LLMT_CHECK(std::isfinite(a.lora_alpha) && a.lora_alpha > 0, "--lora_alpha %g: expected a positive value",
+               a.lora_alpha);
+    in_range("--lora_dropout", a.lora_dropout, 0.0, 1.0, true);
+  }
   // validate spellings now, before any rank starts work
   make_schedule(a.lr_scheduler_type, 1, a.warmup_steps, a.warmup_ratio, a.lr_scheduler_kwargs, a.learning_rate);
   // torch.optim.AdamW under every name the Trainer gives it (adamw_hf was transformers' own AdamW, the
@@ -491,6 +556,20 @@ int64_t total_train_steps(const TrainArgs& a, int64_t steps_per_epoch, int64_t g
              : strformat("--num_train_epochs %g x %lld steps per epoch", a.num_train_epochs,
                          (long long)steps_per_epoch).c_str(), steps, (long long)global_batch);
   return (int64_t)steps;
+}
+
+std::vector<std::string> split_name_list(const std::string& list) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : list + " ") {
+    if (c == ' ' || c == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  return out;
 }
 
 DType parse_reduce_dtype(const std::string& name) {

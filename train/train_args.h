@@ -76,6 +76,15 @@ struct TrainArgs : ParallelismConfig, PrecisionConfig {
   bool save_only_model = false;            // checkpoints without the training state (they cannot be resumed)
   uint64_t seed = 42;
   std::string torch_dtype;                 // dtype of saved models: float32 (unset), bfloat16, float16, auto
+  // LoRA, as TRL's ModelConfig names it (--use_peft True): the base frozen, PEFT's adapter trained
+  bool use_peft = false;
+  int lora_r = 16;
+  double lora_alpha = 32;
+  double lora_dropout = 0.05;
+  std::string lora_target_modules;         // space/comma list; one entry is PEFT's regular expression; "" = PEFT's default
+  std::string lora_modules_to_save;        // space/comma list (lm_head)
+  bool use_rslora = false;
+  std::string adapter_name_or_path;        // a PEFT adapter directory to continue training
   std::string deepspeed;                   // --deepspeed FILE (or inline JSON): applied to the members above
   std::string deepspeed_summary;           // what was taken from it, for the log (train/deepspeed_config.h)
   int64_t deepspeed_train_batch_size = 0;  // its train_batch_size, checked once the world is known (0: none)
@@ -112,6 +121,9 @@ std::string train_flags_markdown();  // the README's flag list
 // The run's optimizer steps: --max_steps, or --num_train_epochs passes of steps_per_epoch, checked
 // to be at least one and countable (steps x global_batch sequences within 2^53).
 int64_t total_train_steps(const TrainArgs& args, int64_t steps_per_epoch, int64_t global_batch);
+
+// --lora_target_modules / --lora_modules_to_save: the names of a space- or comma-separated list.
+std::vector<std::string> split_name_list(const std::string& list);
 
 // --mixed_precision_reduce: float32 (default) or bfloat16.
 DType parse_reduce_dtype(const std::string& name);

@@ -39,6 +39,7 @@
 #include "models/transformer.h"
 #include "train/checkpointer.h"
 #include "train/export.h"
+#include "train/lora_run.h"
 #include "train/metrics.h"
 #include "train/output_path.h"
 #include "train/run_dir.h"
@@ -186,6 +187,7 @@ class Trainer {
   const int W_ = world_.size();
   ModelConfig cfg_;
   Session session_;  // the backend, the data communicator, the model and its store (train/session.h)
+  std::unique_ptr<LoraRun> lora_;  // --use_peft: the adapter trained on the frozen model (train/lora_run.h)
   std::unique_ptr<StepScalars> scalars_;  // the step's loss and norm sums, kept for the run
   std::unique_ptr<Tokenizer> tok_;
   std::string tokenizer_dir_;  // its files copied beside saved models
@@ -373,12 +375,17 @@ void Trainer::load_parameters(const TrainArgs& a) {
   ss.check_memory = true;
   ss.accum = a.gradient_accumulation_steps;
   ss.packing = a.packing;
+  ss.frozen = a.use_peft;
   session_ = make_session(world_, launch_, ss, cfg_);
   scalars_ = std::make_unique<StepScalars>(*session_.backend);
   std::unique_ptr<SafetensorsCheckpoint> ckpt;
   if (!a.model_name_or_path.empty()) ckpt = std::make_unique<SafetensorsCheckpoint>(a.model_name_or_path);
   save_dtype_ = saved_model_dtype(a, ckpt.get());
-  if (ckpt) return load_hf_parameters(session_, cfg_, *ckpt, a.model_name_or_path);
+  if (ckpt) {
+    load_hf_parameters(session_, cfg_, *ckpt, a.model_name_or_path);
+    if (a.use_peft) lora_ = start_lora(a, session_, cfg_);
+    return;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t made = init_parameters(session_, cfg_, a.seed);
   log_info("init   this rank's shard of the random init (%.2fM values, seed %llu) in %.2f s", made / 1e6,
@@ -392,14 +399,22 @@ void Trainer::describe(const TrainArgs& a) {
   const Plan plan = plan_run(cfg_, session_.plan);
   log_info("model  %s, %.2fM parameters (%s)", cfg_.describe().c_str(), L.total_numel / 1e6,
            a.model_name_or_path.empty() ? "random init" : a.model_name_or_path.c_str());
-  log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (master, grad, m, v%s), "
+  log_info("fsdp   %s: shards over %d rank%s x %d replica%s; per rank %.1f MiB of state (%s%s), "
            "activations %.1f MiB%s; compute %s, gradients reduced in %s, models saved in %s",
            strategy_name(session_.store->strategy()), g.shard_size, g.shard_size == 1 ? "" : "s", g.replica_size,
-           g.replica_size == 1 ? "" : "s", session_.store->persistent_bytes() / kMiB, a.bf16 ? ", bf16 copy" : "",
+           g.replica_size == 1 ? "" : "s", session_.store->persistent_bytes() / kMiB,
+           lora_ ? "frozen: parameters only" : "master, grad, m, v", a.bf16 ? ", bf16 copy" : "",
            Transformer::activation_bytes(cfg_, B_, T_, a.gradient_checkpointing, session_.backend->compute_dtype(),
                                          session_.backend->vocab_pad(), a.logits_chunk_tokens) / kMiB,
            a.gradient_checkpointing ? " (gradient checkpointing)" : "", dtype_name(session_.backend->compute_dtype()),
            dtype_name(session_.store->reduce_dtype()), save_dtype_.c_str());
+  if (lora_)
+    log_info("lora   %s frozen (%.1f MiB of parameters per rank); adapter r %d, alpha %g, dropout %g, scaling %g on "
+             "%zu projections a block%s: %.3fM parameters (%.1f MiB of state per rank)",
+             a.model_name_or_path.c_str(), session_.store->persistent_bytes() / kMiB, lora_->config.r,
+             lora_->config.alpha, lora_->config.dropout, lora_->config.scaling(), lora_->layout.slots.size(),
+             lora_->layout.saved.empty() ? "" : " and modules_to_save", lora_->layout.total_numel / 1e6,
+             lora_->store->persistent_bytes() / kMiB);
   if (!a.deepspeed_summary.empty()) log_info("config %s", a.deepspeed_summary.c_str());
   log_info("plan   per rank: gathered buffers at most %.1f MiB; %.1f MiB sent per step at the longest batches "
            "(llmt plan)",
@@ -464,13 +479,15 @@ void Trainer::run() {
   }
   metrics_->start();
   run_start_ = loop_start_ = now_s();
-  comm_before_ = session_.store->comm_bytes() + session_.data->stats().total();
+  comm_before_ = session_.store->comm_bytes() + session_.data->stats().total() +
+                 (lora_ ? lora_->store->comm_bytes() : 0.0);
   for (int64_t s = first_step_; s < total_steps_; s++) {
     if (s - first_step_ == ls_.throughput_warmup_steps) run_start_ = now_s(), run_tokens_ = 0, run_eval_s_ = 0.0;
     watchdog_set_step(s + 1);  // steps are counted from 1 in the log
     StepResult r = step(s);
     if (s == first_step_) {
-      comm_first_step_ = session_.store->comm_bytes() + session_.data->stats().total() - comm_before_;
+      comm_first_step_ = session_.store->comm_bytes() + session_.data->stats().total() +
+                         (lora_ ? lora_->store->comm_bytes() : 0.0) - comm_before_;
       metrics_->set_first_step_comm(comm_first_step_, planned_comm_bytes_);
     }
     if (s == first_step_ && session_.nccl_logs) report_nccl_transports(world_, ls_.nccl_log_dir);
@@ -522,7 +539,8 @@ StepResult Trainer::step(int64_t s) {
   ss.max_grad_norm = ls_.max_grad_norm;
   ss.seed = ls_.seed;
   ss.step = s;
-  StepResult r = train_step(*session_.model, *session_.store, world_, *session_.data, *scalars_, micro, ss);
+  StepResult r = train_step(*session_.model, *session_.store, world_, *session_.data, *scalars_, micro, ss,
+                            lora_ ? lora_->store.get() : nullptr);
   metrics_->add_step(r.loss, step_tokens * W_, flops, now_s() - start, comm_wait_s() - waited_before);
   train_loss_sum_ += r.loss;
   total_flos_ += flops * W_;
@@ -556,7 +574,13 @@ bool Trainer::maybe_save(int64_t s) {
 bool Trainer::stop_requested(int64_t s, bool saved) {
   if (s + 1 >= total_steps_ || world_.all_reduce_sum(stop_signal() != 0 ? 1.0 : 0.0) == 0) return false;
   log_info("signal received: saving at step %lld and stopping", (long long)s + 1);
-  if (!saved) save_checkpoint(s + 1);
+  if (lora_) {  // no checkpoint holds an adapter's state yet: the adapter as it stands
+    save_lora(world_, *lora_, ls_.output_dir, tokenizer_dir_);
+    log_info("saved  the adapter after step %lld in %s (PEFT's files; no checkpoint to resume from)",
+             (long long)s + 1, ls_.output_dir.c_str());
+  } else if (!saved) {
+    save_checkpoint(s + 1);
+  }
   return true;
 }
 
@@ -592,6 +616,12 @@ void Trainer::finish() {
     eval["eval_samples"] = eval_.size();
   }
   // a signal arriving now changes nothing: this is the end of the run
+  if (lora_) {  // output_dir is a PEFT adapter directory
+    save_lora(world_, *lora_, ls_.output_dir, tokenizer_dir_);
+    write_results(train, eval);
+    log_info("saved  %s (adapter_config.json, adapter_model.safetensors in F32)", ls_.output_dir.c_str());
+    return;
+  }
   try {
     write_hf_model(world_, *session_.store, cfg_, session_.model->layout(), ls_.output_dir, save_dtype_,
                    tokenizer_dir_, model_dir_);

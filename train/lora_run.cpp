@@ -1,0 +1,90 @@
+#include "train/lora_run.h"
+
+#include <vector>
+
+#include "engine/core/error.h"
+#include "engine/dist/agree.h"
+#include "engine/formats/safetensors.h"
+#include "models/hf_checkpoint.h"
+
+namespace llmt {
+
+LoraConfig lora_config_from_args(const TrainArgs& a, const ModelConfig& cfg) {
+  LoraConfig c;
+  c.r = a.lora_r;
+  c.alpha = a.lora_alpha;
+  c.dropout = a.lora_dropout;
+  c.rslora = a.use_rslora;
+  c.base_model_name_or_path = a.model_name_or_path;
+  std::vector<std::string> targets = split_name_list(a.lora_target_modules);
+  if (targets.empty())  // PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING for the families llmt trains
+    targets = cfg.arch == Arch::gpt2 ? std::vector<std::string>{"c_attn"} : std::vector<std::string>{"q_proj", "v_proj"};
+  else if (targets.size() == 1 && targets[0] != "all-linear")  // TRL's ModelConfig: one entry is a string
+    c.target_regex = targets[0];
+  if (c.target_regex.empty()) c.target_modules = targets;
+  c.modules_to_save = split_name_list(a.lora_modules_to_save);
+  return c;
+}
+
+std::unique_ptr<LoraRun> start_lora(const TrainArgs& a, Session& session, const ModelConfig& cfg) {
+  LLMT_CHECK(session.model && session.store->frozen(), "LoRA needs a session with a model and a frozen store");
+  auto run = std::make_unique<LoraRun>();
+  const bool from_dir = !a.adapter_name_or_path.empty();
+  run->config = from_dir ? read_adapter_config(a.adapter_name_or_path + "/adapter_config.json")
+                         : lora_config_from_args(a, cfg);
+  run->config.base_model_name_or_path = a.model_name_or_path;
+  try {
+    run->config = resolve_lora_config(run->config, cfg);
+  } catch (const Error& e) {
+    if (from_dir || run->config.target_regex.empty()) throw;
+    fail("--lora_target_modules %s: TRL hands PEFT a one-entry list as a string, a regular expression the whole "
+         "module path must match (as model.layers.0.self_attn.q_proj): write .*%s, or name two or more modules (%s)",
+         run->config.target_regex.c_str(), run->config.target_regex.c_str(), e.what());
+  }
+  run->layout = make_lora_layout(cfg, run->config);
+  Backend& be = *session.backend;
+  run->store = std::make_unique<FsdpStore>(be, run->layout, session.store->strategy(), *session.data,
+                                           session.shard_group, session.store->reduce_dtype());
+  std::unique_ptr<SafetensorsFile> file;
+  if (from_dir) {
+    file = std::make_unique<SafetensorsFile>(a.adapter_name_or_path + "/adapter_model.safetensors");
+    check_adapter_tensors(*file, run->layout);
+  }
+  const ModelLayout& base = session.model->layout();
+  std::vector<float> base_root;
+  if (!from_dir && !run->layout.saved.empty()) {  // modules_to_save start as copies of the base's tensors
+    base_root.resize((size_t)base.units[0].numel);
+    session.store->get_unit(0, base_root.data());
+  }
+  std::vector<float> host;
+  for (size_t u = 0; u < run->layout.units.size(); u++) {
+    host.assign((size_t)run->layout.units[u].numel, 0.0f);
+    if (file) load_adapter_unit(*file, run->layout, (int)u, host.data());
+    else init_lora_unit(run->layout, (int)u, a.seed, base, base_root.data(), host.data());
+    run->store->set_unit((int)u, host.data());
+  }
+  run->hook = std::make_unique<LoraAdapters>(cfg, run->config, run->layout, be, *run->store,
+                                             session.model->batch(), session.model->seq_len());
+  session.model->set_adapters(run->hook.get());
+  return run;
+}
+
+void save_lora(ControlComm& world, LoraRun& run, const std::string& dir, const std::string& tokenizer_dir) {
+  std::vector<std::vector<float>> units(run.layout.units.size());
+  for (size_t u = 0; u < units.size(); u++) {
+    units[u].resize((size_t)run.layout.units[u].numel);
+    run.store->get_unit((int)u, units[u].data());  // collective over the shard group
+  }
+  std::string error;
+  if (world.rank() == 0) try {
+      std::vector<const float*> ptrs;
+      for (auto& u : units) ptrs.push_back(u.data());
+      save_adapter(dir, run.config, run.layout, ptrs);
+      if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, dir);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  agree_or_throw(world, error.empty(), error);
+}
+
+}  // namespace llmt
