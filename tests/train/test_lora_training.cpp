@@ -80,14 +80,14 @@ struct LoraRun {
 
   // adapter: which of the case's adapters to start from
   LoraRun(const std::string& name, const std::string& base_name, int T, bool frozen = true,
-          const std::string& adapter_dir = "adapter_init") {
+          const std::string& adapter_dir = "adapter_init", bool checkpointing = false) {
     dir = llmt_test::reference_dir() + "/lora/" + name;
     base_dir = llmt_test::reference_dir() + "/" + base_name;
     cfg = config_from_json_file(base_dir + "/config.json");
     lora = read_adapter_config(dir + "/" + adapter_dir + "/adapter_config.json");
     AL = make_lora_layout(cfg, lora);
     be = make_cpu_backend(2, DType::f32);
-    model = std::make_unique<Transformer>(cfg, *be, 1, T);
+    model = std::make_unique<Transformer>(cfg, *be, 1, T, checkpointing);
     const ModelLayout& L = model->layout();
     base = std::make_unique<FsdpStore>(*be, L, Strategy::no_shard, *solo, 1, DType::f32, frozen);
     SafetensorsCheckpoint ckpt(base_dir);
@@ -257,4 +257,29 @@ TEST(LoraTraining, FrozenBaseGivesTheSameAdapterGradients) {
   EXPECT_GT(norm, 0.0);
   EXPECT_EQ(grads[0], grads[1]);
   EXPECT_LT(ops[1], ops[0]);
+}
+
+// Gradient checkpointing recomputes each block's forward, the adapters' h with it: the adapter's
+// gradients are those of the run that kept its activations, bit for bit.
+TEST(LoraTraining, CheckpointingGivesTheSameAdapterGradients) {
+  for (const auto& c : {kCases[0], kCases[2]}) {  // GPT-2 (the split GELU), LLaMA all-linear
+    SCOPED_TRACE(c[0]);
+    std::vector<std::vector<float>> grads[2];
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+      const int T = 13;
+      LoraRun run(c[0], c[1], T, true, "adapter_final", ckpt == 1);
+      std::vector<int32_t> ids((size_t)T), targets((size_t)T, kIgnoreIndex);
+      for (int t = 0; t < T; t++) ids[(size_t)t] = (t * 37 + 5) % run.cfg.vocab_size;
+      for (int t = 0; t + 1 < T; t++) targets[(size_t)t] = ids[(size_t)t + 1];
+      BackendBuffer loss(*run.be, DType::f64, {1});
+      TrainPass pass;
+      pass.grad_scale = 1.0f / (T - 1);
+      run.adapter->zero_grads();
+      run.model->forward(*run.base, ids.data(), targets.data(), 0, loss.tensor(), &pass);
+      run.model->backward(*run.base);
+      for (size_t u = 1; u < run.AL.units.size(); u++)
+        grads[ckpt].push_back(to_host(*run.be, run.adapter->shard_state((int)u).grad));
+    }
+    EXPECT_EQ(grads[0], grads[1]);
+  }
 }
