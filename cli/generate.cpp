@@ -15,6 +15,8 @@ int cli_generate(const std::vector<std::string>& args) {
         "llmt generate: text from a model, one JSONL record per prompt (index, prompt, prompt_tokens, ids, text,\n"
         "finish_reason) on stdout or into --output; progress on stderr. One process, no mpirun.\n\n"
         "  --model_name_or_path DIR    a Hugging Face directory, or a checkpoint (its exact state.h5, checksums verified)\n"
+        "  --adapter_name_or_path DIR  a PEFT LoRA adapter (llmt train --use_peft's output_dir), merged into the\n"
+        "                              model's weights as PEFT's merge_and_unload does (a Hugging Face directory only)\n"
         "  --tokenizer_name_or_path P  the tokenizer (default: the model's directory; \"bytes\" for byte ids)\n"
         "  --llama3_special_tokens V   auto|3.0|3.1, as llmt train takes it\n"
         "  --prompt TEXT               a prompt (repeatable)\n"
@@ -35,6 +37,7 @@ int cli_generate(const std::vector<std::string>& args) {
   GenerateArgs a;
   a.model_name_or_path = f.get_string("model_name_or_path", "");
   a.tokenizer_name_or_path = f.get_string("tokenizer_name_or_path", "");
+  a.adapter_name_or_path = f.get_string("adapter_name_or_path", "");
   a.llama3_special_tokens = f.get_string("llama3_special_tokens", a.llama3_special_tokens);
   a.prompts = f.get_all("prompt");
   a.prompts_file = f.get_string("prompts_file", "");

@@ -19,6 +19,8 @@
 #include "engine/core/log.h"
 #include "engine/formats/safetensors.h"
 #include "models/generate.h"
+#include "models/hf_checkpoint.h"
+#include "models/lora.h"
 #include "train/export.h"
 #include "train/output_path.h"
 #include "train/session.h"
@@ -175,6 +177,32 @@ class RecordWriter {
 
 }  // namespace
 
+// The base model's weights with a PEFT LoRA adapter merged in, unit by unit (merge_lora_unit: PEFT's
+// merge_and_unload, summed in double), after checking the adapter's tensors against its config.
+static void load_merged_adapter(Session& session, const ModelConfig& cfg, const std::string& dir, const std::string& adapter) {
+  const LoraConfig lora = read_adapter_config(adapter + "/adapter_config.json");
+  const LoraLayout AL = make_lora_layout(cfg, lora);
+  const ModelLayout& L = session.layout();
+  for (const LoraSavedModule& m : AL.saved)
+    LLMT_CHECK(!m.lm_head || L.root.lm_head != L.root.wte, "llmt generate --adapter_name_or_path %s: its lm_head copy "
+               "would untie the model's tied lm_head, which llmt does not do at load yet", adapter.c_str());
+  SafetensorsFile file(adapter + "/adapter_model.safetensors");
+  check_adapter_tensors(file, AL);
+  SafetensorsCheckpoint ckpt(dir);
+  check_hf_tensors(ckpt, cfg, L, dir);
+  std::vector<float> host, adapter_host;
+  for (size_t u = 0; u < L.units.size(); u++) {
+    host.resize((size_t)L.units[u].numel);
+    adapter_host.assign((size_t)AL.units[u].numel, 0.0f);
+    load_hf_unit(ckpt, cfg, L, (int)u, host.data());
+    load_adapter_unit(file, AL, (int)u, adapter_host.data());
+    merge_lora_unit(L, AL, lora.scaling(), (int)u, adapter_host.data(), host.data());
+    session.store->set_unit((int)u, host.data());
+  }
+  log_info("adapter %s merged (r %d, alpha %g, %zu projections a block%s)", adapter.c_str(), lora.r, lora.alpha,
+           AL.slots.size(), AL.saved.empty() ? "" : ", modules_to_save");
+}
+
 void run_generate(const GenerateArgs& a, ControlComm& world, const LaunchInfo& launch) {
   LLMT_CHECK(world.size() == 1, "llmt generate runs as one process (%d were started): run it without mpirun or srun",
              world.size());
@@ -199,6 +227,8 @@ void run_generate(const GenerateArgs& a, ControlComm& world, const LaunchInfo& l
 
   // the model: a checkpoint's exact training state, or a Hugging Face directory's weights
   const bool checkpoint = is_file(dir + "/state.h5") && is_file(dir + "/manifest.json");
+  LLMT_CHECK(!checkpoint || a.adapter_name_or_path.empty(), "llmt generate: --adapter_name_or_path goes with the "
+             "base model's Hugging Face directory, not a checkpoint");
   if (checkpoint) {
     std::vector<std::string> required = kCheckpointRequiredFiles;
     required.push_back("state.h5");
@@ -230,8 +260,10 @@ void run_generate(const GenerateArgs& a, ControlComm& world, const LaunchInfo& l
   Session session = make_session(world, launch, ss, cfg);
   if (checkpoint)
     load_train_state(dir + "/state.h5", world, session.layout(), *session.store, config_to_hf_json(cfg).dump());
-  else
+  else if (a.adapter_name_or_path.empty())
     load_hf_parameters(session, cfg, SafetensorsCheckpoint(dir), dir);
+  else
+    load_merged_adapter(session, cfg, dir, a.adapter_name_or_path);
 
   GenerateOptions o;
   o.max_new_tokens = a.max_new_tokens;

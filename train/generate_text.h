@@ -12,6 +12,7 @@ namespace llmt {
 
 struct GenerateArgs {
   std::string model_name_or_path;      // a Hugging Face directory, or a checkpoint (its exact state.h5)
+  std::string adapter_name_or_path;    // a PEFT LoRA adapter merged into the weights at load ("" = none)
   std::string tokenizer_name_or_path;  // "" = the model's directory
   std::string llama3_special_tokens = "auto";
   std::vector<std::string> prompts;    // --prompt, repeatable

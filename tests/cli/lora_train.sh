@@ -2,8 +2,9 @@
 # llmt train --use_peft True (TRL's ModelConfig flags): a few steps of LoRA on the tiny LLaMA fixture
 # leave output_dir as a PEFT adapter directory (adapter_config.json, adapter_model.safetensors, no
 # model.safetensors), which PeftModel.from_pretrained loads when a Python with peft and torch is at
-# hand (LLMT_PEFT_PYTHON, /tmp/lora-venv, or python3; skipped otherwise); the flags PEFT has and
-# llmt does not train are refused by name, and LoRA flags without --use_peft too.
+# hand (LLMT_PEFT_PYTHON, /tmp/lora-venv, or python3; skipped otherwise), and whose greedy tokens
+# llmt generate --adapter_name_or_path gives; 2 ranks give one process's losses; the flags PEFT has
+# and llmt does not train are refused by name, and LoRA flags without --use_peft too.
 # Usage: lora_train.sh path/to/llmt
 set -uo pipefail
 llmt=$1
@@ -69,6 +70,18 @@ expect_error "a regular expression the whole module path must match" --use_peft 
   --lora_target_modules q_proj
 echo "refused: LoRA flags without --use_peft, DoRA, 4-bit, checkpoints, a one-entry name that matches nothing"
 
+# llmt generate with the adapter merged at load (PEFT's merge_and_unload): it changes what the model says
+gen() {
+  "$llmt" generate --model_name_or_path "$src/tests/reference/llama_tiny" --tokenizer_name_or_path bytes \
+    --prompt "lora line 7" --max_new_tokens 8 "$@" 2> "$work/gen.err" || { cat "$work/gen.err"; fail "generate $*"; }
+}
+gen > "$work/base.jsonl"
+gen --adapter_name_or_path "$work/out" > "$work/adapted.jsonl"
+grep -q "^adapter $work/out merged (r 4, alpha 8, 2 projections a block)" "$work/gen.err" ||
+  { cat "$work/gen.err"; fail "the adapter line"; }
+cmp -s "$work/base.jsonl" "$work/adapted.jsonl" && fail "the adapter changed nothing in generation"
+echo "generate: the adapter merged at load"
+
 py=${LLMT_PEFT_PYTHON:-}
 for cand in /tmp/lora-venv/bin/python python3; do
   [ -n "$py" ] && break
@@ -78,7 +91,7 @@ if [ -z "$py" ]; then
   echo "skipped: no Python with peft, torch and transformers for PeftModel.from_pretrained"
   exit 0
 fi
-"$py" - "$src/tests/reference/llama_tiny" "$work/out" <<'PY' 2> "$work/py.err" || { tail -5 "$work/py.err"; fail "PEFT"; }
+"$py" - "$src/tests/reference/llama_tiny" "$work/out" "$work/adapted.jsonl" <<'PY' 2> "$work/py.err" || { tail -5 "$work/py.err"; fail "PEFT"; }
 import sys, torch
 from transformers import AutoModelForCausalLM
 from peft import PeftModel
@@ -90,4 +103,12 @@ trained = sum(p.abs().sum().item() for n, p in model.named_parameters() if "lora
 assert trained > 0, "lora_B still zero: the adapter did not train"
 assert torch.isfinite(model(torch.tensor([[5, 6, 7]])).logits).all()
 print(f"PeftModel.from_pretrained loaded it: r {cfg.r}, targets {sorted(cfg.target_modules)}, |B| {trained:.3g}")
+# greedy generation through PEFT's adapted model gives llmt generate's tokens (byte ids)
+import json
+want = json.loads(open(sys.argv[3]).read())["ids"]
+prompt = torch.tensor([list(b"lora line 7")])
+got = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
+                     do_sample=False)[0, prompt.shape[1]:].tolist()
+assert got == want, f"PEFT generates {got}, llmt generate --adapter_name_or_path {want}"
+print(f"PEFT's greedy tokens are llmt generate's: {got}")
 PY
