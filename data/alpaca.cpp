@@ -212,12 +212,8 @@ TokenDataset load_alpaca_dataset(const DataArgs& args, const Tokenizer& tok, int
   h.add_file(path);
   add_tokenizer_to_key(h, tok, args.tokenizer_path);
   if (key) *key = h.hex();
-  std::string base = path.substr(path.find_last_of('/') + 1);
-  for (char& c : base)
-    if (!std::isalnum((unsigned char)c) && c != '.' && c != '-' && c != '_') c = '_';
-  const std::string dir = resolve_cache_dir(args.cache_dir), name = "alpaca-" + base;
-  if (args.overwrite_cache && rank == 0 && !dir.empty() && ::unlink(token_cache_path(dir, name, h.hex()).c_str()) == 0)
-    log_info("data   --overwrite_cache: removed %s", token_cache_path(dir, name, h.hex()).c_str());
+  const std::string dir = resolve_cache_dir(args.cache_dir), name = cache_entry_name("alpaca-", path);
+  overwrite_cache_entry(args.overwrite_cache, rank, dir, name, h.hex(), path);
   CacheStats st;
   CacheUse use = CacheUse::off;
   auto t0 = std::chrono::steady_clock::now();

@@ -468,10 +468,8 @@ TokenDataset load_chat_dataset(const DataArgs& args, RecordFormat format, const 
                : (opt.assistant_only_loss
                       ? (std::string("the assistant turns, found by ") + assistant_turns_method(tmpl)).c_str()
                       : "every token"));
-  std::string base = path.substr(path.find_last_of('/') + 1);
-  for (char& c : base)
-    if (!std::isalnum((unsigned char)c) && c != '.' && c != '-' && c != '_') c = '_';
-  const std::string dir = resolve_cache_dir(args.cache_dir), name = "chat-" + base;
+  const std::string dir = resolve_cache_dir(args.cache_dir), name = cache_entry_name("chat-", path);
+  overwrite_cache_entry(args.overwrite_cache, rank, dir, name, h.hex(), path);  // it was ignored for chat data
   CacheStats st;
   CacheUse use = CacheUse::off;
   auto t0 = std::chrono::steady_clock::now();

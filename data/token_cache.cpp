@@ -474,4 +474,18 @@ TokenDataset cached_dataset(const std::string& dir, const std::string& name, con
   }
 }
 
+std::string cache_entry_name(const std::string& prefix, const std::string& path) {
+  std::string base = path.substr(path.find_last_of('/') + 1);
+  for (char& c : base)
+    if (!std::isalnum((unsigned char)c) && c != '.' && c != '-' && c != '_') c = '_';
+  return prefix + base;
+}
+
+void overwrite_cache_entry(bool overwrite, int rank, const std::string& dir, const std::string& name,
+                           const std::string& key, const std::string& what) {
+  if (!overwrite || rank != 0 || dir.empty()) return;
+  const std::string file = token_cache_path(dir, name, key);
+  if (::unlink(file.c_str()) == 0) log_info("data   %s: --overwrite_cache: removed %s", what.c_str(), file.c_str());
+}
+
 }  // namespace llmt

@@ -52,6 +52,12 @@ struct CacheStats {
 
 // `<dir>/<name>-<key>.tokens`
 std::string token_cache_path(const std::string& dir, const std::string& name, const std::string& key);
+// The entry name for a data file: prefix + the file's base name, any byte but [A-Za-z0-9._-] as '_'.
+std::string cache_entry_name(const std::string& prefix, const std::string& path);
+// --overwrite_cache: rank 0 removes the entry (dir "" is no cache) so that it is built again, and
+// says so, naming `what`.
+void overwrite_cache_entry(bool overwrite, int rank, const std::string& dir, const std::string& name,
+                           const std::string& key, const std::string& what);
 // Writes ds atomically (unique temporary + rename). Throws naming the file on an I/O error.
 void write_token_cache(const std::string& path, const std::string& key, const TokenDataset& ds, const CacheStats& st);
 // Maps the file when present and valid for `key`. Returns false when absent; a damaged or mismatched

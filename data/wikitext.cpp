@@ -183,14 +183,10 @@ TokenDataset load_text_dataset(const std::string& path, LineRule rule, const Dat
   add_tokenizer_to_key(h, tok, args.tokenizer_path);
   if (part.pct > 0) h.add("percent-split").add_int(part.pct).add_int(part.head);
   if (key) *key = h.hex();
-  std::string base = path.substr(path.find_last_of('/') + 1);
-  for (char& c : base)
-    if (!std::isalnum((unsigned char)c) && c != '.' && c != '-' && c != '_') c = '_';
+  std::string base = cache_entry_name("", path);
   if (part.pct > 0) base += strformat("-%s%d", part.head ? "first" : "after", part.pct);
   const std::string dir = resolve_cache_dir(args.cache_dir);
-  if (args.overwrite_cache && rank == 0 && !dir.empty() &&
-      ::unlink(token_cache_path(dir, "text-" + base, h.hex()).c_str()) == 0)
-    log_info("data   %s: --overwrite_cache: removed %s", what.c_str(), token_cache_path(dir, "text-" + base, h.hex()).c_str());
+  overwrite_cache_entry(args.overwrite_cache, rank, dir, "text-" + base, h.hex(), what);
   CacheStats st;
   CacheUse use = CacheUse::off;
   auto t0 = std::chrono::steady_clock::now();

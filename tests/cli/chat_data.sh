@@ -68,6 +68,15 @@ data_line packed "loss on the assistant turns, found by rendering each turn's pr
 data_line packed "data   --packing: 24 examples (1271 tokens) in"
 echo "messages --packing True: 4 steps, losses $(losses packed)"
 
+# the token cache: a second run maps the first's file; --overwrite_cache removes it and tokenizes again
+trains cached1 --data_path chat.jsonl --cache_dir cache
+trains cached2 --data_path chat.jsonl --cache_dir cache
+data_line cached2 "from the token cache"
+trains cached3 --data_path chat.jsonl --cache_dir cache --overwrite_cache True
+data_line cached3 "--overwrite_cache: removed"
+grep -q "from the token cache" cached3.log && fail "--overwrite_cache True still read the cache"
+echo "chat data: cached, and --overwrite_cache tokenizes again"
+
 trains sharegpt --data_path sharegpt.jsonl --chat_template "$src/tests/reference/chat/templates/llama3_training.jinja"
 data_line sharegpt "data   chat sharegpt.jsonl: ShareGPT (conversations) records, the chat template of $src/tests/reference/chat/templates/llama3_training.jinja; loss on the assistant turns, found by {% generation %} blocks"
 [ "$(losses sharegpt)" = "$(losses messages)" ] || fail "ShareGPT + generation blocks: $(losses sharegpt), messages + prefixes: $(losses messages)"
