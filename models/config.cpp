@@ -394,20 +394,22 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
   return c;
 }
 
-ModelConfig config_from_json_file(const std::string& path) {
+nlohmann::json read_json_file(const std::string& path, const char* what) {
   std::ifstream f(path, std::ios::binary);
-  LLMT_CHECK(f.good(), "cannot open model config %s", path.c_str());
+  LLMT_CHECK(f.good(), "cannot open %s %s", what, path.c_str());
   std::stringstream ss;
   ss << f.rdbuf();
   const std::string text = ss.str();
   check_json_depth(text, path);
-  nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("%s: malformed JSON (%s)", path.c_str(), e.what());
   }
-  return config_from_json(j, path);
+}
+
+ModelConfig config_from_json_file(const std::string& path) {
+  return config_from_json(read_json_file(path, "model config"), path);
 }
 
 ModelConfig resolve_model_config(const std::string& name_or_path) {

@@ -59,6 +59,9 @@ struct ModelConfig {
 std::vector<std::string> preset_names();
 ModelConfig config_from_preset(const std::string& name);  // throws for an unknown name
 // Reads a Hugging Face config.json (model_type gpt2 or llama); errors name the file and the key.
+// A JSON file read whole and parsed after the depth check; `what` ("model config") names it when it
+// cannot be opened, and the path names it when it is malformed.
+nlohmann::json read_json_file(const std::string& path, const char* what);
 ModelConfig config_from_json_file(const std::string& path);
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& source);
 // The model as llmt computes it, as config.json keys: what checkpoints record and compare (the same

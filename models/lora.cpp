@@ -443,18 +443,7 @@ bool unset(const nlohmann::json& v) {  // a field at "nothing asked": null, fals
 }  // namespace
 
 LoraConfig read_adapter_config(const std::string& path, bool* fifo) {
-  std::ifstream f(path, std::ios::binary);
-  LLMT_CHECK(f.good(), "cannot open adapter config %s", path.c_str());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
-  check_json_depth(text, path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("%s: malformed JSON (%s)", path.c_str(), e.what());
-  }
+  nlohmann::json j = read_json_file(path, "adapter config");
   LLMT_CHECK(j.is_object(), "%s: not a JSON object", path.c_str());
   auto str = [&](const char* k) -> std::string {
     LLMT_CHECK(j[k].is_string(), "%s: %s must be a string", path.c_str(), k);
