@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "engine/core/error.h"
 #include "train/flags.h"
+#include "train/lora_run.h"
 #include "train/plan.h"
 #include "train/predict.h"
 #include "train/session.h"
@@ -23,6 +24,8 @@ int cli_plan(const std::vector<std::string>& args) {
         "  --gradient_checkpointing True|False\n"
         "  --bf16 True|False            bf16 compute copy, gathers and activations (fp32 master and moments)\n"
         "  --mixed_precision_reduce float32|bfloat16   what gradients are reduced in (float32)\n"
+        "  --use_peft True              a LoRA run: the model frozen, the adapter trained, with train's LoRA flags\n"
+        "                               (--lora_r, --lora_target_modules, --lora_modules_to_save, --adapter_name_or_path)\n"
         "  (train's other parallelism and precision flags are read as train reads them: --device, --tf32, ...)\n"
         "  --json                       one JSON line instead of the table\n"
         "  --predict                    also the step time, tokens/s per GPU and MFU on a cluster of:\n"
@@ -39,6 +42,8 @@ int cli_plan(const std::vector<std::string>& args) {
   read_parallelism(f, parallelism);
   PrecisionConfig precision;
   read_precision(f, precision);
+  LoraArgs lora;  // the LoRA flags as llmt train reads them
+  read_lora(f, lora);
   SessionSettings s = session_settings(parallelism, precision);
   s.batch = f.get_int("per_device_train_batch_size", 1);
   s.seq_len = f.get_int("seq_len", 512);
@@ -65,6 +70,7 @@ int cli_plan(const std::vector<std::string>& args) {
   PlanArgs a = plan_args(s, world, ranks_per_node);
   a.model = model;
   const ModelConfig cfg = resolve_model_config(model);
+  if (lora.use_peft) a.lora = lora_run_config(lora, cfg);
   if (predict) {
     const nlohmann::json p = predict_step(cfg, a, c);
     if (json) std::printf("%s\n", p.dump().c_str());

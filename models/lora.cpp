@@ -123,6 +123,17 @@ const LoraSlot* LoraLayout::slot(BlockMatrix m, int64_t row0) const {
   return nullptr;
 }
 
+double lora_flops_per_token(const ModelConfig& cfg, const ModelLayout& base, const LoraConfig& lora,
+                            const LoraLayout& layout, int T) {
+  double adapter = 0.0;  // A and B of every adapted projection of every block
+  for (const LoraSlot& s : layout.slots) adapter += (double)lora.r * (double)(s.proj.in + s.proj.out);
+  adapter *= cfg.n_layer;
+  double head_copy = 0.0;
+  for (const LoraSavedModule& m : layout.saved)
+    if (m.lm_head) head_copy = (double)cfg.vocab_size * cfg.d_model;
+  return 4.0 * (double)base.matmul_numel + 2.0 * head_copy + 6.0 * adapter + 12.0 * cfg.n_layer * cfg.d_model * T;
+}
+
 std::string lora_key(const ModelConfig& cfg, int layer, const Projection& p, bool b) {
   return kPeftPrefix + block_module_prefix(cfg, layer) + p.module + (b ? ".lora_B.weight" : ".lora_A.weight");
 }

@@ -89,6 +89,13 @@ struct LoraLayout : ParamLayout {
 };
 LoraLayout make_lora_layout(const ModelConfig& cfg, const LoraConfig& lora);
 
+// FLOPs of one token's training step with the base frozen, by Transformer::flops_per_token's
+// convention: the base's matrix products forward and for dx only (4 N_matmul; its dW products are
+// skipped), an lm_head copy's dW too (+2 V C), each adapter's A and B forward and backward
+// (6 (r in + out r) a projection), and the attention's 12 L d T.
+double lora_flops_per_token(const ModelConfig& cfg, const ModelLayout& base, const LoraConfig& lora,
+                            const LoraLayout& layout, int T);
+
 // PEFT's saved key for a block projection's A or B: "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight".
 std::string lora_key(const ModelConfig& cfg, int layer, const Projection& p, bool b);
 

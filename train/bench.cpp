@@ -25,6 +25,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "models/transformer.h"
+#include "train/lora_run.h"
 #include "train/output_path.h"
 #include "train/plan.h"
 #include "train/session.h"
@@ -38,6 +39,7 @@ BenchArgs parse_bench_args(Flags& f) {
   a.model = f.get_string("model", a.model);
   read_parallelism(f, a);  // --device, --threads, --ddp_backend, --fsdp, ... as llmt train reads them
   read_precision(f, a);    // --bf16, --tf32, --mixed_precision_reduce
+  read_lora(f, a);         // --use_peft, --lora_r, --lora_target_modules, ...
   a.batch = f.get_int("per_device_train_batch_size", a.batch);
   a.seq_len = f.get_int("seq_len", a.seq_len);
   a.steps = f.get_int("steps", a.steps);
@@ -71,6 +73,21 @@ void check_bench_point(const BenchArgs& a, const std::string& where) {
   }
   LLMT_CHECK(a.seq_len <= cfg.max_seq_len, "llmt bench: --seq_len %d%s exceeds the context of %s (%d tokens)",
              a.seq_len, where.c_str(), a.model.c_str(), cfg.max_seq_len);
+  if (a.use_peft) try {
+      lora_run_config(a, cfg);
+    } catch (const Error& e) {
+      fail("llmt bench%s: %s", where.c_str(), e.what());
+    }
+}
+
+// The session training would build for these settings: the same backend, communicators and store
+// (frozen, with the adapter counted by the memory check, under --use_peft).
+static SessionSettings bench_session_settings(const BenchArgs& a, const ModelConfig& cfg) {
+  SessionSettings sset = session_settings(a, a);
+  sset.batch = a.batch;
+  sset.seq_len = a.seq_len;
+  if (a.use_peft) sset.lora = lora_run_config(a, cfg);
+  return sset;
 }
 
 void apply_bench_setting(BenchArgs& a, const std::string& key, const std::string& value) {
@@ -84,11 +101,13 @@ void apply_bench_setting(BenchArgs& a, const std::string& key, const std::string
   else if (key == "bf16") a.bf16 = f.get_bool(key, false);
   else if (key == "tf32") a.tf32 = f.get_bool(key, false);
   else if (key == "mixed_precision_reduce") a.mixed_precision_reduce = value, parse_reduce_dtype(value);
+  else if (key == "use_peft") a.use_peft = f.get_bool(key, false);
+  else if (key == "lora_r") a.lora_r = f.get_int(key, a.lora_r);
   else
     fail("llmt bench --sweep %s: not a sweepable setting (per_device_train_batch_size, seq_len, threads, model, fsdp, "
-         "gradient_checkpointing, bf16, tf32, mixed_precision_reduce)", key.c_str());
-  LLMT_CHECK(a.batch > 0 && a.seq_len > 1 && a.threads >= 0, "llmt bench --sweep %s=%s: out of range", key.c_str(),
-             value.c_str());
+         "gradient_checkpointing, bf16, tf32, mixed_precision_reduce, use_peft, lora_r)", key.c_str());
+  LLMT_CHECK(a.batch > 0 && a.seq_len > 1 && a.threads >= 0 && a.lora_r > 0, "llmt bench --sweep %s=%s: out of range",
+             key.c_str(), value.c_str());
 }
 
 std::vector<std::vector<std::pair<std::string, std::string>>> bench_points(const std::vector<std::string>& sweeps) {
@@ -175,13 +194,18 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
     if (cfg.arch == Arch::gpt2) cfg.embd_pdrop = cfg.resid_pdrop = (float)a.dropout;
     validate_config(cfg, "--dropout");
   }
-  // the session training would build for these flags: the same backend, communicators and store
-  SessionSettings sset = session_settings(a, a);
+  SessionSettings sset = bench_session_settings(a, cfg);
   sset.log = false;  // stdout is for the JSON lines
-  sset.batch = a.batch;
-  sset.seq_len = a.seq_len;
   Session session = make_session(world, launch, sset, cfg);
   init_parameters(session, cfg, 1337);
+  std::unique_ptr<LoraRun> lora;  // --use_peft: a fresh adapter (PEFT's init) on the frozen model
+  if (a.use_peft) {
+    TrainArgs t;
+    static_cast<LoraArgs&>(t) = a;
+    t.seed = 1337;
+    lora = start_lora(t, session, cfg);
+  }
+  FsdpStore* adapter = lora ? lora->store.get() : nullptr;
   const bool cuda = a.device == "cuda";
   const DType compute = a.bf16 ? DType::bf16 : DType::f32;
   const int gpu = session.gpu;
@@ -213,15 +237,15 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
   int64_t step_syncs = 0;  // host syncs inside train_step itself, not the timing's synchronize below
   auto timed_step = [&](int it) {
     world.barrier();
-    double comm0 = store.comm_bytes() + data->stats().total();
+    double comm0 = store.comm_bytes() + data->stats().total() + (adapter ? adapter->comm_bytes() : 0.0);
     auto t0 = std::chrono::steady_clock::now();
     ss.step = it;
     const int64_t syncs0 = be.counters().host_syncs;
-    StepResult r = train_step(model, store, world, *data, scalars, micro, ss);
+    StepResult r = train_step(model, store, world, *data, scalars, micro, ss, adapter);
     if (it >= a.warmup) step_syncs += be.counters().host_syncs - syncs0;
     be.synchronize();
     double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    comm_per_step = store.comm_bytes() + data->stats().total() - comm0;
+    comm_per_step = store.comm_bytes() + data->stats().total() + (adapter ? adapter->comm_bytes() : 0.0) - comm0;
     return std::make_pair(dt, r.loss);
   };
   BackendCounters counted;  // at the first measured step
@@ -255,8 +279,10 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
   // AdamW reads p, g, m, v and writes p, m, v: 28 bytes per parameter of this rank's shards, 2 more
   // for the bf16 compute copy it writes
   double shard_params = 0.0;
-  for (size_t u = 0; u < L.units.size(); u++) {
-    FsdpStore::ShardState st = store.shard_state((int)u);
+  FsdpStore& stepped = adapter ? *adapter : store;  // the store AdamW steps
+  const size_t stepped_units = adapter ? lora->layout.units.size() : L.units.size();
+  for (size_t u = 0; u < stepped_units; u++) {
+    FsdpStore::ShardState st = stepped.shard_state((int)u);
     shard_params += (double)std::max<int64_t>(st.hi - st.lo, 0);
   }
   const double adamw_bytes = shard_params * (28.0 + (a.bf16 ? 2.0 : 0.0));
@@ -266,7 +292,8 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
   // the slowest rank sets the pace: report the median over steps of rank 0's times (all ranks
   // finish a step together, since each step ends in collectives)
   double median = median_of(ms);
-  double flops_per_token = Transformer::flops_per_token(cfg, L, a.seq_len);
+  double flops_per_token = lora ? lora_flops_per_token(cfg, L, lora->config, lora->layout, a.seq_len)
+                                : Transformer::flops_per_token(cfg, L, a.seq_len);
   const int W = world.size();
   double global_tokens = (double)N * W;
   std::vector<double> sorted = ms;
@@ -285,6 +312,8 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
                       {"batch", a.batch},
                       {"seq_len", a.seq_len},
                       {"params", L.total_numel},
+                      {"lora_r", lora ? nlohmann::json(lora->config.r) : nlohmann::json(nullptr)},
+                      {"trained_params", lora ? lora->layout.total_numel : L.total_numel},
                       {"steps", a.steps},
                       {"step_ms_median", median},
                       {"step_ms_min", sorted.front()},
@@ -348,11 +377,9 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
 // Whether a point fits before anything is allocated: llmt plan's per-rank total against the GPU's
 // free memory or the node's available memory over its ranks; "" when it fits (agreed over ranks).
 static std::string bench_memory_problem(const BenchArgs& a, ControlComm& world, const LaunchInfo& launch) {
-  SessionSettings sset = session_settings(a, a);
-  sset.batch = a.batch;
-  sset.seq_len = a.seq_len;
-  const PlanArgs pa = plan_args(sset, world.size(), launch.local_size);
-  const double need = plan_run(resolve_model_config(a.model), pa).total_gib;
+  const ModelConfig cfg = resolve_model_config(a.model);
+  const PlanArgs pa = plan_args(bench_session_settings(a, cfg), world.size(), launch.local_size);
+  const double need = plan_run(cfg, pa).total_gib;
   std::string where;
   std::unique_ptr<Backend> gpu;  // a device's memory is its backend's to tell
   if (a.device == "cuda")

@@ -16,8 +16,9 @@
 
 namespace llmt {
 
-// The parallelism and precision parts are llmt train's, read by its flag table (train_args.h).
-struct BenchArgs : ParallelismConfig, PrecisionConfig {
+// The parallelism, precision and LoRA parts are llmt train's, read by its flag table (train_args.h):
+// with --use_peft True a step trains a fresh adapter on the randomly initialised, frozen model.
+struct BenchArgs : ParallelismConfig, PrecisionConfig, LoraArgs {
   std::string model = "gpt2";   // preset or config.json
   int batch = 4;
   int seq_len = 64;

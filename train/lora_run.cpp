@@ -9,13 +9,12 @@
 
 namespace llmt {
 
-LoraConfig lora_config_from_args(const TrainArgs& a, const ModelConfig& cfg) {
+LoraConfig lora_config_from_args(const LoraArgs& a, const ModelConfig& cfg) {
   LoraConfig c;
   c.r = a.lora_r;
   c.alpha = a.lora_alpha;
   c.dropout = a.lora_dropout;
   c.rslora = a.use_rslora;
-  c.base_model_name_or_path = a.model_name_or_path;
   std::vector<std::string> targets = split_name_list(a.lora_target_modules);
   if (targets.empty())  // PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING for the families llmt trains
     targets = cfg.arch == Arch::gpt2 ? std::vector<std::string>{"c_attn"} : std::vector<std::string>{"q_proj", "v_proj"};
@@ -26,21 +25,26 @@ LoraConfig lora_config_from_args(const TrainArgs& a, const ModelConfig& cfg) {
   return c;
 }
 
+LoraConfig lora_run_config(const LoraArgs& a, const ModelConfig& cfg) {
+  const bool from_dir = !a.adapter_name_or_path.empty();
+  LoraConfig c = from_dir ? read_adapter_config(a.adapter_name_or_path + "/adapter_config.json")
+                          : lora_config_from_args(a, cfg);
+  try {
+    return resolve_lora_config(c, cfg);
+  } catch (const Error& e) {
+    if (from_dir || c.target_regex.empty()) throw;
+    fail("--lora_target_modules %s: TRL hands PEFT a one-entry list as a string, a regular expression the whole "
+         "module path must match (as model.layers.0.self_attn.q_proj): write .*%s, or name two or more modules (%s)",
+         c.target_regex.c_str(), c.target_regex.c_str(), e.what());
+  }
+}
+
 std::unique_ptr<LoraRun> start_lora(const TrainArgs& a, Session& session, const ModelConfig& cfg) {
   LLMT_CHECK(session.model && session.store->frozen(), "LoRA needs a session with a model and a frozen store");
   auto run = std::make_unique<LoraRun>();
   const bool from_dir = !a.adapter_name_or_path.empty();
-  run->config = from_dir ? read_adapter_config(a.adapter_name_or_path + "/adapter_config.json")
-                         : lora_config_from_args(a, cfg);
-  run->config.base_model_name_or_path = a.model_name_or_path;
-  try {
-    run->config = resolve_lora_config(run->config, cfg);
-  } catch (const Error& e) {
-    if (from_dir || run->config.target_regex.empty()) throw;
-    fail("--lora_target_modules %s: TRL hands PEFT a one-entry list as a string, a regular expression the whole "
-         "module path must match (as model.layers.0.self_attn.q_proj): write .*%s, or name two or more modules (%s)",
-         run->config.target_regex.c_str(), run->config.target_regex.c_str(), e.what());
-  }
+  run->config = lora_run_config(a, cfg);
+  run->config.base_model_name_or_path = a.model_name_or_path;  // recorded in adapter_config.json
   run->layout = make_lora_layout(cfg, run->config);
   Backend& be = *session.backend;
   run->store = std::make_unique<FsdpStore>(be, run->layout, session.store->strategy(), *session.data,

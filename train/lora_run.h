@@ -16,7 +16,11 @@ namespace llmt {
 
 // TRL's ModelConfig flags as the LoraConfig TRL hands PEFT: a one-entry --lora_target_modules becomes
 // PEFT's string form (a regular expression, or all-linear); unset, PEFT's default for the model type.
-LoraConfig lora_config_from_args(const TrainArgs& a, const ModelConfig& cfg);
+LoraConfig lora_config_from_args(const LoraArgs& a, const ModelConfig& cfg);
+
+// The run's adapter config, resolved against the model: --adapter_name_or_path's adapter_config.json,
+// else TRL's flags (lora_config_from_args). What start_lora trains and what the plan counts.
+LoraConfig lora_run_config(const LoraArgs& a, const ModelConfig& cfg);
 
 struct LoraRun {
   LoraConfig config;

@@ -3,6 +3,7 @@
 // laptop, a login node).
 #pragma once
 #include <map>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include "engine/backend/backend.h"
 #include "engine/fsdp/fsdp.h"
 #include "models/config.h"
+#include "models/lora.h"
 
 namespace llmt {
 
@@ -26,6 +28,8 @@ struct PlanArgs {
   DType reduce_dtype = DType::f32;  // what gradients travel in
   int vocab_pad = 1;                // the logits' row padding: 1 on the CPU, kDeviceVocabPad on a GPU
   int logits_chunk_tokens = 0;      // the LM head's rows at a time (0: the micro-batch)
+  // --use_peft: the model's store frozen, this adapter (resolved against the model) trained beside it
+  std::optional<LoraConfig> lora;
 };
 
 // What a run holds and sends per rank. Per rank: persistent state, peak gathered buffers,
@@ -35,6 +39,8 @@ struct PlanArgs {
 struct Plan {
   std::string model;  // the config, described
   int64_t params = 0;
+  std::string adapter;          // "LoRA r 16 on 6 projections a block" under --use_peft, else empty
+  int64_t adapter_params = 0;   // the adapter's trained parameters
   int world = 1, ranks_per_node = 1, shard_group = 1, replicas = 1;
   Strategy strategy = Strategy::full_shard;
   int batch = 1, seq_len = 1, accum = 1;

@@ -125,6 +125,7 @@ PlanArgs plan_args(const SessionSettings& s, int world, int node_ranks) {
   a.reduce_dtype = s.reduce_dtype;
   a.vocab_pad = s.device == "cuda" ? kDeviceVocabPad : 1;
   a.logits_chunk_tokens = s.logits_chunk_tokens;
+  a.lora = s.lora;
   return a;
 }
 
@@ -159,7 +160,7 @@ Session make_session(ControlComm& world, const LaunchInfo& launch, const Session
                "--map-by slot, or ppr:N:node); rank %d sits on node %d", world.rank(), launch.node);
   test_stop_point("store", world.rank());
   out.store = std::make_unique<FsdpStore>(*out.backend, out.layout(), s.strategy, *out.data, shard_group,
-                                          s.reduce_dtype, s.frozen);
+                                          s.reduce_dtype, s.lora.has_value());
   out.shard_group = shard_group;
   return out;
 }

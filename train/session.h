@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/backend/backend.h"
@@ -42,7 +43,9 @@ struct SessionSettings {
   bool packing = false;        // packed documents (which attention kernels take them, on the gpu line)
   Strategy strategy = Strategy::full_shard;
   DType reduce_dtype = DType::f32;
-  bool frozen = false;         // the model's store holds parameters only (LoRA's base: engine/fsdp/fsdp.h)
+  // --use_peft: this adapter trained on the model, whose store then holds parameters only (frozen:
+  // engine/fsdp/fsdp.h); the plan and the memory check count both
+  std::optional<LoraConfig> lora;
   int shard_group_size = 0;    // hybrid_shard's shard group; 0 = the ranks of a node
   // Before the model is allocated: llmt plan's per-rank total against this rank's memory (with
   // `accum` micro-batches), an error naming the flags to lower when it does not fit.

@@ -402,6 +402,10 @@ const std::vector<const char*> kParallelismFlags = {"device", "threads", "ddp_ba
                                                     "hybrid_shard_group_size", "gradient_checkpointing",
                                                     "logits_chunk_tokens"};
 const std::vector<const char*> kPrecisionFlags = {"bf16", "tf32", "mixed_precision_reduce"};
+const std::vector<const char*> kLoraFlags = {
+    "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save", "use_rslora",
+    "adapter_name_or_path", "use_dora", "load_in_4bit", "load_in_8bit", "use_bnb_nested_quant", "bnb_4bit_quant_type",
+    "bnb_4bit_quant_storage", "lora_target_parameters", "lora_task_type"};
 
 // Reads the named flags of train's table into `a` (each as llmt train reads it).
 void read_named(Flags& f, TrainArgs& a, const std::vector<const char*>& names) {
@@ -447,6 +451,32 @@ void read_parallelism(Flags& f, ParallelismConfig& part) {
   static_cast<ParallelismConfig&>(a) = part;
   read_named(f, a, kParallelismFlags);
   check_parallelism(a);
+  part = a;
+}
+
+// The LoRA flags on their own (llmt train checks the rest of a LoRA run beside the other flags).
+static void check_lora(Flags& f, const TrainArgs& a) {
+  // they mean nothing without --use_peft (they would be silently ignored)
+  for (const char* n : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save",
+                        "use_rslora", "adapter_name_or_path"})
+    LLMT_CHECK(a.use_peft || !f.has(n), "--%s without --use_peft True: nothing would use it", n);
+  if (!a.use_peft) return;
+  for (const char* n : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save",
+                        "use_rslora"})
+    LLMT_CHECK(a.adapter_name_or_path.empty() || !f.has(n), "--%s with --adapter_name_or_path: the adapter's "
+               "adapter_config.json sets it", n);
+  LLMT_CHECK(a.lora_r > 0, "--lora_r %d: expected a positive rank", a.lora_r);
+  LLMT_CHECK(std::isfinite(a.lora_alpha) && a.lora_alpha > 0, "--lora_alpha %g: expected a positive value",
+             a.lora_alpha);
+  LLMT_CHECK(a.lora_dropout >= 0.0 && a.lora_dropout < 1.0, "--lora_dropout %g: expected a value in [0, 1)",
+             a.lora_dropout);
+}
+
+void read_lora(Flags& f, LoraArgs& part) {
+  TrainArgs a;
+  static_cast<LoraArgs&>(a) = part;
+  read_named(f, a, kLoraFlags);
+  check_lora(f, a);
   part = a;
 }
 
@@ -503,24 +533,13 @@ TrainArgs parse_train_args(Flags& f) {
              "--save_strategy must be no, steps or epoch, got \"%s\"", a.save_strategy.c_str());
   LLMT_CHECK(a.save_strategy != "steps" || a.save_steps > 0, "--save_steps must be positive");
   LLMT_CHECK(a.save_total_limit >= 0, "--save_total_limit must not be negative");
-  // LoRA: its flags mean nothing without --use_peft (they would be silently ignored)
-  for (const char* n : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save",
-                        "use_rslora", "adapter_name_or_path"})
-    LLMT_CHECK(a.use_peft || !f.has(n), "--%s without --use_peft True: nothing would use it", n);
+  check_lora(f, a);
   if (a.use_peft) {
     LLMT_CHECK(!a.model_name_or_path.empty(), "--use_peft trains an adapter on a pretrained model: give "
                "--model_name_or_path (a Hugging Face directory), not --model_config");
     LLMT_CHECK(a.save_strategy == "no" && a.resume_from_checkpoint.empty(),
                "--use_peft: llmt's checkpoints do not hold an adapter's training state yet; give --save_strategy no "
                "(the adapter is written to --output_dir at the end) and no --resume_from_checkpoint");
-    for (const char* n : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save",
-                          "use_rslora"})
-      LLMT_CHECK(a.adapter_name_or_path.empty() || !f.has(n), "--%s with --adapter_name_or_path: the adapter's "
-                 "adapter_config.json sets it", n);
-    LLMT_CHECK(a.lora_r > 0, "--lora_r %d: expected a positive rank", a.lora_r);
-    LLMT_CHECK(std::isfinite(a.lora_alpha) && a.lora_alpha > 0, "--lora_alpha %g: expected a positive value",
-               a.lora_alpha);
-    in_range("--lora_dropout", a.lora_dropout, 0.0, 1.0, true);
   }
   // validate spellings now, before any rank starts work
   make_schedule(a.lr_scheduler_type, 1, a.warmup_steps, a.warmup_ratio, a.lr_scheduler_kwargs, a.learning_rate);

@@ -14,7 +14,7 @@
 namespace llmt {
 
 // The parts of a run's configuration that more than one command takes. A command's arguments
-// inherit the parts it takes (llmt train's all of them, llmt bench's these two), and each part is
+// inherit the parts it takes (llmt train's all of them, llmt bench's these three, llmt plan reads them), and each part is
 // read by llmt train's one flag table (read_parallelism, read_precision): every flag is named,
 // read, checked and documented once.
 struct ParallelismConfig {
@@ -34,7 +34,19 @@ struct PrecisionConfig {
   std::string mixed_precision_reduce = "float32";  // gradients reduced in float32 or bfloat16 (torchtitan's name)
 };
 
-struct TrainArgs : ParallelismConfig, PrecisionConfig {
+// LoRA, as TRL's ModelConfig names it (--use_peft True): the base frozen, PEFT's adapter trained
+struct LoraArgs {
+  bool use_peft = false;
+  int lora_r = 16;
+  double lora_alpha = 32;
+  double lora_dropout = 0.05;
+  std::string lora_target_modules;         // space/comma list; one entry is PEFT's regular expression; "" = PEFT's default
+  std::string lora_modules_to_save;        // space/comma list (lm_head)
+  bool use_rslora = false;
+  std::string adapter_name_or_path;        // a PEFT adapter directory to continue training
+};
+
+struct TrainArgs : ParallelismConfig, PrecisionConfig, LoraArgs {
   std::string model_name_or_path;    // a Hugging Face directory: config.json + safetensors (+ tokenizer)
   std::string model_config;          // or a preset name / config.json, randomly initialised
   std::string tokenizer_name_or_path;  // default: model_name_or_path; "bytes" = byte-level
@@ -76,15 +88,6 @@ struct TrainArgs : ParallelismConfig, PrecisionConfig {
   bool save_only_model = false;            // checkpoints without the training state (they cannot be resumed)
   uint64_t seed = 42;
   std::string torch_dtype;                 // dtype of saved models: float32 (unset), bfloat16, float16, auto
-  // LoRA, as TRL's ModelConfig names it (--use_peft True): the base frozen, PEFT's adapter trained
-  bool use_peft = false;
-  int lora_r = 16;
-  double lora_alpha = 32;
-  double lora_dropout = 0.05;
-  std::string lora_target_modules;         // space/comma list; one entry is PEFT's regular expression; "" = PEFT's default
-  std::string lora_modules_to_save;        // space/comma list (lm_head)
-  bool use_rslora = false;
-  std::string adapter_name_or_path;        // a PEFT adapter directory to continue training
   std::string deepspeed;                   // --deepspeed FILE (or inline JSON): applied to the members above
   std::string deepspeed_summary;           // what was taken from it, for the log (train/deepspeed_config.h)
   int64_t deepspeed_train_batch_size = 0;  // its train_batch_size, checked once the world is known (0: none)
@@ -108,6 +111,9 @@ ConfigFields train_config_fields(const TrainArgs& args);
 // A part's flags from train's table, its own values the defaults, checked as llmt train checks them.
 void read_parallelism(Flags& flags, ParallelismConfig& part);
 void read_precision(Flags& flags, PrecisionConfig& part);
+// The LoRA flags (--use_peft, --lora_*, --adapter_name_or_path, and PEFT's options llmt refuses),
+// checked as llmt train checks them on their own.
+void read_lora(Flags& flags, LoraArgs& part);
 
 // --threads: 0 (this rank's share of the node's cores) to the node's CPUs, else an error; every
 // command that takes it checks it here.

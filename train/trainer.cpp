@@ -375,7 +375,7 @@ void Trainer::load_parameters(const TrainArgs& a) {
   ss.check_memory = true;
   ss.accum = a.gradient_accumulation_steps;
   ss.packing = a.packing;
-  ss.frozen = a.use_peft;
+  if (a.use_peft) ss.lora = lora_run_config(a, cfg_);  // the memory check counts the adapter
   session_ = make_session(world_, launch_, ss, cfg_);
   scalars_ = std::make_unique<StepScalars>(*session_.backend);
   std::unique_ptr<SafetensorsCheckpoint> ckpt;
@@ -530,7 +530,10 @@ StepResult Trainer::step(int64_t s) {
     for (int64_t i : idx) real += packing_ ? packed_.row_tokens[(size_t)i] : train_.length(i);
     metrics_->add_padding((int64_t)B_ * len, real);
     step_tokens += (int64_t)B_ * len;
-    flops += (double)B_ * len * Transformer::flops_per_token(cfg_, session_.model->layout(), len);
+    const ModelLayout& L = session_.model->layout();
+    flops += (double)B_ * len *
+             (lora_ ? lora_flops_per_token(cfg_, L, lora_->config, lora_->layout, len)  // the base's dW skipped
+                    : Transformer::flops_per_token(cfg_, L, len));
   }
   lr_ = ls_.learning_rate * sched_.multiplier(s);
   StepSettings ss;

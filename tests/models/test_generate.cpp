@@ -17,6 +17,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "models/generate.h"
 #include "models/hf_checkpoint.h"
+#include "models/lora.h"
 #include "models/transformer.h"
 #include "tests/test_util.h"
 #include "train/plan.h"
@@ -247,6 +248,43 @@ TEST(Plan, LogitsRowsArePaddedOnAGpu) {
   auto m = load("gpt2_tiny", "cuda", DType::bf16, 1, 4);  // vocabulary 259: rows of 384 on the device
   EXPECT_EQ(m->model->logits_stride(), 384);
   EXPECT_EQ(load("gpt2_tiny", "cpu", DType::f32, 1, 4)->model->logits_stride(), 259);
+}
+
+// llmt plan under --use_peft (LLaMA-7B, 8 ranks, bf16, the figure): the frozen base keeps its
+// bf16 shards only (no master, gradients or moments), the adapter keeps a trainable store's 18 bytes
+// a parameter, the base's reduce-scatters disappear, and a step's FLOPs drop the base's dW products
+// (4 N_matmul + 6 N_adapter). The store's measured bytes are checked in mpi.lora_equivalence.
+TEST(Plan, LoraCountsTheFrozenBaseAndTheAdapter) {
+  PlanArgs a;
+  a.model = "llama-7b", a.world = 8, a.batch = 4, a.seq_len = 512, a.bf16 = true, a.gradient_checkpointing = true;
+  const ModelConfig cfg = config_from_preset(a.model);
+  const Plan full = plan_run(cfg, a);
+  LoraConfig lora;
+  lora.target_modules = {"all-linear"};
+  a.lora = resolve_lora_config(lora, cfg);
+  const Plan p = plan_run(cfg, a);
+  const ModelLayout L = make_layout(cfg);
+  const LoraLayout AL = make_lora_layout(cfg, *a.lora);
+  // r 16 on q, k, v, o, gate, up, down: 16 (in + out) each, 32 blocks
+  const int64_t C = 4096, F = 11008;
+  EXPECT_EQ(p.adapter_params, 32 * 16 * (4 * (C + C) + 2 * (C + F) + (F + C)));
+  EXPECT_EQ(p.adapter_params, AL.total_numel);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  auto shards = [](const ParamLayout& l) {  // a rank's elements over 8 shards
+    double n = 0.0;
+    for (auto& u : l.units) n += (double)((u.numel + 7) / 8);
+    return n;
+  };
+  EXPECT_NEAR(p.persistent_gib * gib, 2.0 * shards(L) + 18.0 * shards(AL), 1.0);
+  EXPECT_NEAR(full.persistent_gib * gib, 18.0 * shards(L), 1.0);
+  EXPECT_LT(p.total_gib, full.total_gib / 4);
+  // the base gathers as before; the adapter's blocks (its root is empty) gather twice in bf16 and
+  // reduce-scatter once in f32, each rank sending 7 of 8 shards
+  EXPECT_NEAR(p.comm_all_gather_bytes, full.comm_all_gather_bytes + 7.0 * 2 * shards(AL) * 2, 1.0);
+  EXPECT_NEAR(p.comm_reduce_scatter_bytes, 7.0 * shards(AL) * 4, 1.0);
+  const double attention = 12.0 * 32 * 4096 * 512;
+  EXPECT_DOUBLE_EQ(full.flops_per_token, 6.0 * L.matmul_numel + attention);
+  EXPECT_DOUBLE_EQ(p.flops_per_token, 4.0 * L.matmul_numel + 6.0 * p.adapter_params + attention);
 }
 
 TEST(Generate, RefusesWhatItCannotDo) {

@@ -19,6 +19,7 @@
 #include "models/transformer.h"
 #include "tests/test_util.h"
 #include "tests/tolerances.h"
+#include "train/plan.h"
 #include "train/step.h"
 
 using namespace llmt;
@@ -37,6 +38,10 @@ struct Outcome {
   // what a trainable base would send beyond the gathers in a step of one micro-batch: one f32
   // reduce-scatter of every unit and the gradient norm's f64 all-reduce
   double reduce_bytes = 0.0;
+  // what llmt plan predicts: step 1's bytes sent (both stores and the step's scalars), the stores'
+  // persistent bytes and their gathered buffers' peaks
+  double step1_bytes = 0.0, persistent = 0.0, peak_gathered = 0.0;
+  int micro_batches = 0;
 };
 
 // The case's 5 steps on `comm`: rank r takes sequences r, r + W, ... of the global batch of B, as the
@@ -98,6 +103,7 @@ Outcome run_case(const std::string& name, const std::string& base_name, ControlC
                             : train_step(model, base, comm, *data, scalars, micro, s);
     out.losses.push_back(res.loss);
     if (step == 0) out.base_bytes = base.comm_bytes() - before;
+    if (step == 0) out.step1_bytes = base.comm_bytes() + adapter.comm_bytes() + data->stats().total();
     if (step == 0 && W == 1)
       for (size_t u = 0; u < AL.units.size(); u++) {
         out.grads.emplace_back((size_t)AL.units[u].numel);
@@ -106,6 +112,9 @@ Outcome run_case(const std::string& name, const std::string& base_name, ControlC
       }
     if (!frozen) break;
   }
+  out.micro_batches = (int)micro.size();
+  out.persistent = (double)(base.persistent_bytes() + adapter.persistent_bytes());
+  out.peak_gathered = (double)(base.peak_gathered_bytes() + adapter.peak_gathered_bytes());
   for (size_t u = 0; u < AL.units.size(); u++) {
     out.adapter.emplace_back((size_t)AL.units[u].numel);
     if (AL.units[u].numel) adapter.get_unit((int)u, out.adapter.back().data());
@@ -149,8 +158,36 @@ void check_case(const std::string& name, const std::string& base_name) {
   }
 }
 
+// llmt plan under --use_peft: the frozen base's gathers and the adapter's collectives are the bytes
+// step 1 sends, both stores' shards its persistent bytes, and the two stores' gathered peaks stay
+// within its bound.
+void check_plan(const std::string& name, const std::string& base_name) {
+  SCOPED_TRACE(name);
+  const Outcome got = run_case(name, base_name, *g_world, Strategy::full_shard);
+  const std::string dir = llmt_test::reference_dir() + "/lora/" + name;
+  const ModelConfig cfg = config_from_json_file(llmt_test::reference_dir() + "/" + base_name + "/config.json");
+  PlanArgs pa;
+  pa.world = pa.ranks_per_node = g_world->size();
+  pa.fsdp = "full_shard";
+  pa.batch = 1;
+  SafetensorsFile ref(dir + "/reference.safetensors");
+  pa.seq_len = (int)ref.find("input_ids")->shape[1];
+  pa.accum = got.micro_batches;
+  pa.lora = read_adapter_config(dir + "/adapter_init/adapter_config.json");
+  const Plan plan = plan_run(cfg, pa);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  EXPECT_NEAR(got.step1_bytes, plan.comm_total_bytes, 1e-9 * plan.comm_total_bytes + 1e-6);
+  EXPECT_NEAR(got.persistent, plan.persistent_gib * gib, 1e-9 * got.persistent);
+  EXPECT_LE(got.peak_gathered, plan.gathered_peak_gib * gib * (1 + 1e-9));
+  EXPECT_GT(plan.adapter_params, 0);
+}
+
 }  // namespace
 
+TEST(LoraEquivalence, PlanCountsTheFrozenBaseAndTheAdapter) {
+  check_plan("gpt2_c_attn_c_proj", "gpt2_tiny");
+  check_plan("qwen2_all_linear_lm_head", "qwen2_tiny");
+}
 TEST(LoraEquivalence, Gpt2ShardedEqualsOneProcess) { check_case("gpt2_c_attn_c_proj", "gpt2_tiny"); }
 TEST(LoraEquivalence, Qwen2LmHeadShardedEqualsOneProcess) { check_case("qwen2_all_linear_lm_head", "qwen2_tiny"); }
 

@@ -32,6 +32,11 @@ TEST(BenchSweep, SettingsApplyOrAreRefusedByName) {
   EXPECT_TRUE(a.bf16);
   EXPECT_EQ(a.model, "llama-tiny");
   EXPECT_EQ(a.fsdp, "hybrid_shard");
+  apply_bench_setting(a, "use_peft", "True");
+  apply_bench_setting(a, "lora_r", "8");
+  EXPECT_TRUE(a.use_peft);
+  EXPECT_EQ(a.lora_r, 8);
+  llmt_test::expect_error([&] { apply_bench_setting(a, "lora_r", "0"); }, {"out of range"});
   llmt_test::expect_error([&] { apply_bench_setting(a, "learning_rate", "1"); }, {"--sweep learning_rate", "not a sweepable"});
   llmt_test::expect_error([&] { apply_bench_setting(a, "seq_len", "long"); }, {"seq_len"});
   llmt_test::expect_error([&] { apply_bench_setting(a, "per_device_train_batch_size", "0"); }, {"out of range"});
