@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/backend/backend.h"
 #include "engine/core/error.h"
 
 namespace llmt_test {
@@ -81,5 +82,18 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };
+
+// A backend tensor (f32 or bf16) as host floats.
+inline std::vector<float> to_host(llmt::Backend& be, const llmt::Tensor& t) {
+  std::vector<float> out((size_t)t.numel());
+  if (t.dtype == llmt::DType::f32) {
+    be.copy_to_host(out.data(), t.data, t.nbytes());
+  } else {
+    std::vector<uint16_t> h((size_t)t.numel());
+    be.copy_to_host(h.data(), t.data, t.nbytes());
+    for (size_t i = 0; i < h.size(); i++) out[i] = llmt::bf16_to_f32(h[i]);
+  }
+  return out;
+}
 
 }  // namespace llmt_test

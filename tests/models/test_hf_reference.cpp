@@ -19,6 +19,7 @@
 
 using namespace llmt;
 using llmt_test::rel_error;
+using llmt_test::to_host;
 
 namespace {
 
@@ -52,19 +53,6 @@ std::vector<float> hf_view(const float* unit, const ParamSpec& p) {
     int64_t rows = p.shape[0], cols = p.shape[1];
     for (int64_t r = 0; r < rows; r++)
       for (int64_t c = 0; c < cols; c++) out[(size_t)(c * rows + r)] = unit[p.offset + r * cols + c];
-  }
-  return out;
-}
-
-// A backend tensor (f32 or bf16) as host floats.
-std::vector<float> to_host(Backend& be, const Tensor& t) {
-  std::vector<float> out((size_t)t.numel());
-  if (t.dtype == DType::f32) {
-    be.copy_to_host(out.data(), t.data, t.nbytes());
-  } else {
-    std::vector<uint16_t> h((size_t)t.numel());
-    be.copy_to_host(h.data(), t.data, t.nbytes());
-    for (size_t i = 0; i < h.size(); i++) out[i] = bf16_to_f32(h[i]);
   }
   return out;
 }

@@ -9,6 +9,9 @@ tests/reference/lora/<case>/:
   reference.safetensors  the batch, step 1's logits, the loss before each step, step 1's gradients,
                       the logits after the last step
   merged/             (gpt2_c_attn_c_proj only) merge_and_unload() of the final adapter, save_pretrained
+  reference_bf16.safetensors  the same 5 steps from adapter_init under torch.autocast(bfloat16) (the
+                      parameters and AdamW in fp32, as the Trainer's --bf16): step 1's logits and
+                      gradients, the 5 losses
 See README.md ("LoRA") for the exact conventions.
 
 Regenerate (CPU, seconds):
@@ -95,29 +98,9 @@ def make_case(case):
     save_adapter(model, os.path.join(out, "adapter_init"), base_dir)
 
     input_ids, labels = make_batch()
-    targets = labels[:, 1:]                   # the model's shift: position t predicts labels[t + 1]
-    counted = int((targets != -100).sum())   # the step's target tokens, over both micro-batches
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    opt = torch.optim.AdamW([p for _, p in named], lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
     ref = {"input_ids": input_ids.to(torch.int32), "labels": labels.to(torch.int32)}
-    losses = []
-    for step in range(STEPS):
-        opt.zero_grad()
-        loss_sum = 0.0
-        logits = []
-        for mb in range(B):  # gradient accumulation 2: micro-batch k is the batch's sequence k
-            lg = model(input_ids=input_ids[mb:mb + 1]).logits
-            loss = F.cross_entropy(lg[0, :-1].float(), targets[mb], ignore_index=-100, reduction="sum") / counted
-            loss.backward()
-            loss_sum += loss.item()
-            logits.append(lg.detach())
-        losses.append(loss_sum)
-        if step == 0:
-            ref["logits"] = torch.cat(logits).float()
-            for n, p in named:
-                ref["grad." + peft_key(n)] = p.grad.detach().clone()
-        opt.step()
-    ref["losses"] = torch.tensor(losses, dtype=torch.float32)
+    ref.update(train_steps(model, autocast=False))
+    losses = ref["losses"].tolist()
     with torch.no_grad():  # the trained adapter's logits on the whole batch: what a merged model must give
         ref["logits_final"] = model(input_ids=input_ids).logits.float()
     save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out, "reference.safetensors"))
@@ -142,6 +125,48 @@ def make_case(case):
             sizes[os.path.relpath(os.path.join(root, f), out)] = os.path.getsize(os.path.join(root, f))
     print(f"{case}: {len(final)} adapter tensors, scaling {scaling:g}, losses {[round(x, 6) for x in losses]}")
     print("  files " + ", ".join(f"{f} {s / 1024:.1f} KiB" for f, s in sorted(sizes.items())))
+
+
+def train_steps(model, autocast):
+    """The fixtures' 5 steps (accumulation 2, AdamW, no clipping) on a PEFT model in train mode: step 1's
+    logits and trainable gradients, and the loss before each step."""
+    input_ids, labels = make_batch()
+    targets = labels[:, 1:]                   # the model's shift: position t predicts labels[t + 1]
+    counted = int((targets != -100).sum())   # the step's target tokens, over both micro-batches
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([p for _, p in named], lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+    ref = {}
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss_sum = 0.0
+        logits = []
+        for mb in range(B):  # gradient accumulation 2: micro-batch k is the batch's sequence k
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                lg = model(input_ids=input_ids[mb:mb + 1]).logits
+            loss = F.cross_entropy(lg[0, :-1].float(), targets[mb], ignore_index=-100, reduction="sum") / counted
+            loss.backward()
+            loss_sum += loss.item()
+            logits.append(lg.detach())
+        losses.append(loss_sum)
+        if step == 0:
+            ref["logits"] = torch.cat(logits).float()
+            for n, p in named:
+                ref["grad." + peft_key(n)] = p.grad.detach().clone()
+        opt.step()
+    ref["losses"] = torch.tensor(losses, dtype=torch.float32)
+    return ref
+
+
+def make_bf16(case):
+    """reference_bf16.safetensors: the case's steps from its adapter_init under bf16 autocast."""
+    base_dir, _ = CASES[case]
+    out = os.path.join(OUT, case)
+    model = PeftModel.from_pretrained(load_base(base_dir), os.path.join(out, "adapter_init"), is_trainable=True)
+    model.train()
+    ref = train_steps(model, autocast=True)
+    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out, "reference_bf16.safetensors"))
+    print(f"{case} bf16 autocast: losses {[round(x, 6) for x in ref['losses'].tolist()]}")
 
 
 def check(path, case, against="final", quiet=False):
@@ -176,6 +201,7 @@ def main():
     ap.add_argument("--case", choices=sorted(CASES), help="the fixture case --check compares with")
     ap.add_argument("--against", choices=["init", "final"], default="final")
     ap.add_argument("--only", choices=sorted(CASES), action="append", help="make these cases only")
+    ap.add_argument("--bf16_only", action="store_true", help="only reference_bf16.safetensors, from adapter_init")
     args = ap.parse_args()
     torch.set_default_dtype(torch.float32)
     torch.set_num_threads(1)  # one fixed reduction order
@@ -184,7 +210,9 @@ def main():
             ap.error("--check needs --case")
         return check(args.check, args.case, args.against)
     for case in args.only or CASES:
-        make_case(case)
+        if not args.bf16_only:
+            make_case(case)
+        make_bf16(case)
     return 0
 
 

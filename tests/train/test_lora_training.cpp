@@ -17,6 +17,7 @@
 
 #include "engine/fsdp/fsdp.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/lora.h"
 #include "models/transformer.h"
@@ -26,6 +27,7 @@
 
 using namespace llmt;
 using llmt_test::rel_error;
+using llmt_test::to_host;
 namespace tol = llmt_test::tol;
 
 namespace {
@@ -53,12 +55,6 @@ std::vector<float> read_f32(const SafetensorsFile& f, const std::string& name) {
   return v;
 }
 
-std::vector<float> to_host(Backend& be, const Tensor& t) {
-  std::vector<float> v((size_t)t.numel());
-  be.copy_to_host(v.data(), t.data, t.nbytes());
-  return v;
-}
-
 const char* const kCases[][2] = {{"gpt2_c_attn_c_proj", "gpt2_tiny"},
                                  {"llama_q_v", "llama_tiny"},
                                  {"llama_all_linear_rslora", "llama_tiny"},
@@ -79,14 +75,16 @@ struct LoraRun {
   std::unique_ptr<LoraAdapters> hook;
 
   // adapter: which of the case's adapters to start from
+  // device: "cpu", or "cuda" (the SIMT emulator in ctest); compute: the backend's compute dtype
   LoraRun(const std::string& name, const std::string& base_name, int T, bool frozen = true,
-          const std::string& adapter_dir = "adapter_init", bool checkpointing = false) {
+          const std::string& adapter_dir = "adapter_init", bool checkpointing = false,
+          const std::string& device = "cpu", DType compute = DType::f32) {
     dir = llmt_test::reference_dir() + "/lora/" + name;
     base_dir = llmt_test::reference_dir() + "/" + base_name;
     cfg = config_from_json_file(base_dir + "/config.json");
     lora = read_adapter_config(dir + "/" + adapter_dir + "/adapter_config.json");
     AL = make_lora_layout(cfg, lora);
-    be = make_cpu_backend(2, DType::f32);
+    be = device == "cpu" ? make_cpu_backend(2, compute) : make_cuda_backend(0, compute, false);
     model = std::make_unique<Transformer>(cfg, *be, 1, T, checkpointing);
     const ModelLayout& L = model->layout();
     base = std::make_unique<FsdpStore>(*be, L, Strategy::no_shard, *solo, 1, DType::f32, frozen);
@@ -109,92 +107,133 @@ struct LoraRun {
   }
 };
 
+
+// Step 1's logits, step 1's adapter gradients, 5 losses and the final adapter against PEFT's, in fp32;
+// in bf16 (the base's bf16 copy, the adapter's fp32 master) against PEFT under torch.autocast(bfloat16)
+// within the bf16 model rows, and no further from PEFT's fp32 run than autocast is (the final adapter
+// is not compared in bf16: Adam's first steps move each weight by about lr whatever the gradient's
+// size, so a gradient a few bf16 roundings away can flip a small weight's step).
+void check_case(const char* const c[2], const std::string& device, DType compute) {
+  const bool margins = std::getenv("LLMT_TEST_MARGINS") != nullptr;
+  const bool bf16 = compute == DType::bf16;
+  const std::string tag = std::string(c[0]) + " " + device + (bf16 ? " bf16" : "");
+  SCOPED_TRACE(tag);
+  SafetensorsFile ref32(llmt_test::reference_dir() + "/lora/" + c[0] + "/reference.safetensors");
+  SafetensorsFile ref(llmt_test::reference_dir() + "/lora/" + c[0] +
+                      (bf16 ? "/reference_bf16.safetensors" : "/reference.safetensors"));
+  const double tol_logits = bf16 ? tol::kBf16ModelLogits : tol::kF32Logits;
+  const double tol_loss = bf16 ? tol::kBf16ModelLoss : tol::kF32Loss;
+  const double tol_grad = bf16 ? tol::kBf16ModelGrad : tol::kF32Grad;
+  // bf16: llmt's distance from PEFT's fp32 run at most kBf16VsAutocast times autocast's own, plus a rounding
+  auto no_worse_than_autocast = [&](const std::string& key, const std::vector<float>& ours) {
+    if (!bf16) return;
+    const std::vector<float> exact = read_f32(ref32, key), theirs = read_f32(ref, key);
+    const double e_ours = rel_error(ours.data(), exact.data(), (int64_t)exact.size());
+    const double e_theirs = rel_error(theirs.data(), exact.data(), (int64_t)exact.size());
+    EXPECT_LT(e_ours, tol::kBf16VsAutocast * e_theirs + tol::kUnitBf16)
+        << key << ": llmt bf16 is " << e_ours << " from fp32, autocast " << e_theirs;
+    if (margins) std::printf("margin %s vs-autocast %s %.3g (autocast %.3g)\n", tag.c_str(), key.c_str(), e_ours,
+                             e_theirs);
+  };
+  const StTensor* ids_t = ref32.find("input_ids");
+  ASSERT_TRUE(ids_t);
+  const int B = (int)ids_t->shape[0], T = (int)ids_t->shape[1];
+  std::vector<int32_t> ids((size_t)B * T), labels(ids.size()), targets(ids.size(), kIgnoreIndex);
+  std::memcpy(ids.data(), ref32.data(*ids_t), ids.size() * 4);
+  std::memcpy(labels.data(), ref32.data(*ref32.find("labels")), labels.size() * 4);
+  for (int b = 0; b < B; b++)  // transformers' shift: position t predicts labels[t + 1]
+    for (int t = 0; t + 1 < T; t++) targets[(size_t)(b * T + t)] = labels[(size_t)(b * T + t + 1)];
+  LoraRun run(c[0], c[1], T, true, "adapter_init", false, device, compute);
+  Backend& be = *run.be;
+  const int64_t V = run.cfg.vocab_size, stride = run.model->logits_stride();
+
+  // step 1's logits, each sequence as its own micro-batch (PEFT's train-mode forward; dropout 0)
+  std::vector<float> want_logits = read_f32(ref, "logits"), logits;
+  for (int b = 0; b < B; b++) {
+    run.model->forward(*run.base, ids.data() + (size_t)b * T, nullptr, 0, Tensor());
+    std::vector<float> padded = to_host(be, run.model->logits());
+    for (int t = 0; t < T; t++)
+      logits.insert(logits.end(), padded.begin() + t * stride, padded.begin() + t * stride + V);
+  }
+  const double e_logits = rel_error(logits.data(), want_logits.data(), (int64_t)want_logits.size());
+  EXPECT_LT(e_logits, tol_logits);
+  if (margins) std::printf("margin %s logits %.3g of %.3g\n", tag.c_str(), e_logits, tol_logits);
+  no_worse_than_autocast("logits", logits);
+
+  SoloControl control;
+  StepScalars scalars(be);
+  StepSettings s;
+  s.lr = kLr;
+  s.max_grad_norm = 0.0;  // PEFT's loop does not clip
+  std::vector<MicroBatch> micro;
+  for (int b = 0; b < B; b++) micro.push_back({ids.data() + (size_t)b * T, targets.data() + (size_t)b * T, T, b});
+  const std::vector<float> want_losses = read_f32(ref, "losses");
+  std::vector<std::vector<float>> grad0(run.AL.units.size());
+  for (int step = 0; step < kSteps; step++) {
+    s.step = step;
+    StepResult r = train_step(*run.model, *run.base, control, *run.solo, scalars, micro, s, run.adapter.get());
+    const double e = std::fabs(r.loss / want_losses[(size_t)step] - 1.0);
+    EXPECT_LT(e, tol_loss) << "loss before step " << step + 1 << ": " << r.loss << ", PEFT "
+                           << want_losses[(size_t)step];
+    if (margins) std::printf("margin %s loss %d %.3g of %.3g\n", tag.c_str(), step + 1, e, tol_loss);
+    if (step > 0) continue;
+    int checked = 0;  // step 1's gradients, before AdamW used them (one rank: the shard is the unit)
+    for (size_t u = 0; u < run.AL.units.size(); u++) {
+      if (run.AL.units[u].numel == 0) continue;
+      grad0[u] = to_host(be, run.adapter->shard_state((int)u).grad);
+      for (const ParamSpec& p : run.AL.units[u].params) {
+        std::vector<float> want = read_f32(ref, "grad." + p.hf_name);
+        ASSERT_EQ((int64_t)want.size(), p.numel()) << p.hf_name;
+        const double eg = rel_error(grad0[u].data() + p.offset, want.data(), p.numel());
+        EXPECT_LT(eg, tol_grad) << "gradient of " << p.hf_name;
+        if (margins) std::printf("margin %s grad %s %.3g of %.3g\n", tag.c_str(), p.hf_name.c_str(), eg, tol_grad);
+        no_worse_than_autocast("grad." + p.hf_name,
+                               std::vector<float>(grad0[u].begin() + p.offset, grad0[u].begin() + p.offset + p.numel()));
+        checked++;
+      }
+    }
+    // every adapter gradient PEFT recorded was compared (the fixture: ids, labels, logits,
+    // logits_final, losses and one gradient a trainable tensor; the bf16 one: logits, losses, gradients)
+    EXPECT_EQ((size_t)checked + (bf16 ? 2 : 5), ref.tensors().size());
+  }
+  if (bf16) return;
+
+  // the final adapter, element by element within Adam's bound
+  SafetensorsFile fin(llmt_test::reference_dir() + "/lora/" + c[0] + "/adapter_final/adapter_model.safetensors");
+  for (size_t u = 0; u < run.AL.units.size(); u++) {
+    const int64_t n = run.AL.units[u].numel;
+    if (n == 0) continue;
+    std::vector<float> got((size_t)n), want((size_t)n);
+    run.adapter->get_unit((int)u, got.data());
+    load_adapter_unit(fin, run.AL, (int)u, want.data());
+    double worst = 0.0;
+    EXPECT_EQ(tol::check_adam_params(got.data(), want.data(), grad0[u].data(), n, tol::kF32Grad, kLr, kSteps,
+                                     tol::kUnitF32, &worst),
+              "")
+        << "adapter unit " << u;
+    if (margins)
+      std::printf("margin %s final unit %zu %.3g of its bound (rel %.3g)\n", tag.c_str(), u, worst,
+                  rel_error(got.data(), want.data(), n));
+  }
+}
+
 }  // namespace
 
-// Step 1's logits, step 1's adapter gradients, 5 losses and the final adapter against PEFT's.
 TEST(LoraTraining, FiveStepsEqualPeft) {
-  const bool margins = std::getenv("LLMT_TEST_MARGINS") != nullptr;
-  for (const auto& c : kCases) {
-    SCOPED_TRACE(c[0]);
-    SafetensorsFile ref(llmt_test::reference_dir() + "/lora/" + c[0] + "/reference.safetensors");
-    const StTensor* ids_t = ref.find("input_ids");
-    ASSERT_TRUE(ids_t);
-    const int B = (int)ids_t->shape[0], T = (int)ids_t->shape[1];
-    std::vector<int32_t> ids((size_t)B * T), labels(ids.size()), targets(ids.size(), kIgnoreIndex);
-    std::memcpy(ids.data(), ref.data(*ids_t), ids.size() * 4);
-    std::memcpy(labels.data(), ref.data(*ref.find("labels")), labels.size() * 4);
-    for (int b = 0; b < B; b++)  // transformers' shift: position t predicts labels[t + 1]
-      for (int t = 0; t + 1 < T; t++) targets[(size_t)(b * T + t)] = labels[(size_t)(b * T + t + 1)];
-    LoraRun run(c[0], c[1], T);
-    Backend& be = *run.be;
-    const int64_t V = run.cfg.vocab_size, stride = run.model->logits_stride();
-
-    // step 1's logits, each sequence as its own micro-batch (PEFT's train-mode forward; dropout 0)
-    std::vector<float> want_logits = read_f32(ref, "logits"), logits;
-    for (int b = 0; b < B; b++) {
-      run.model->forward(*run.base, ids.data() + (size_t)b * T, nullptr, 0, Tensor());
-      std::vector<float> padded = to_host(be, run.model->logits());
-      for (int t = 0; t < T; t++)
-        logits.insert(logits.end(), padded.begin() + t * stride, padded.begin() + t * stride + V);
-    }
-    const double e_logits = rel_error(logits.data(), want_logits.data(), (int64_t)want_logits.size());
-    EXPECT_LT(e_logits, tol::kF32Logits);
-    if (margins) std::printf("margin %s logits %.3g of %.3g\n", c[0], e_logits, tol::kF32Logits);
-
-    SoloControl control;
-    StepScalars scalars(be);
-    StepSettings s;
-    s.lr = kLr;
-    s.max_grad_norm = 0.0;  // PEFT's loop does not clip
-    std::vector<MicroBatch> micro;
-    for (int b = 0; b < B; b++)
-      micro.push_back({ids.data() + (size_t)b * T, targets.data() + (size_t)b * T, T, b});
-    const std::vector<float> want_losses = read_f32(ref, "losses");
-    std::vector<std::vector<float>> grad0(run.AL.units.size());
-    for (int step = 0; step < kSteps; step++) {
-      s.step = step;
-      StepResult r = train_step(*run.model, *run.base, control, *run.solo, scalars, micro, s, run.adapter.get());
-      const double e = std::fabs(r.loss / want_losses[(size_t)step] - 1.0);
-      EXPECT_LT(e, tol::kF32Loss) << "loss before step " << step + 1 << ": " << r.loss << ", PEFT "
-                                  << want_losses[(size_t)step];
-      if (margins) std::printf("margin %s loss %d %.3g of %.3g\n", c[0], step + 1, e, tol::kF32Loss);
-      if (step > 0) continue;
-      int checked = 0;  // step 1's gradients, before AdamW used them (one rank: the shard is the unit)
-      for (size_t u = 0; u < run.AL.units.size(); u++) {
-        if (run.AL.units[u].numel == 0) continue;
-        grad0[u] = to_host(be, run.adapter->shard_state((int)u).grad);
-        for (const ParamSpec& p : run.AL.units[u].params) {
-          std::vector<float> want = read_f32(ref, "grad." + p.hf_name);
-          ASSERT_EQ((int64_t)want.size(), p.numel()) << p.hf_name;
-          const double eg = rel_error(grad0[u].data() + p.offset, want.data(), p.numel());
-          EXPECT_LT(eg, tol::kF32Grad) << "gradient of " << p.hf_name;
-          if (margins) std::printf("margin %s grad %s %.3g of %.3g\n", c[0], p.hf_name.c_str(), eg, tol::kF32Grad);
-          checked++;
-        }
-      }
-      // every adapter gradient PEFT recorded was compared (the fixture: ids, labels, logits,
-      // logits_final, losses and one gradient a trainable tensor)
-      EXPECT_EQ((size_t)checked + 5, ref.tensors().size());
-    }
-
-    // the final adapter, element by element within Adam's bound
-    SafetensorsFile fin(llmt_test::reference_dir() + "/lora/" + c[0] + "/adapter_final/adapter_model.safetensors");
-    for (size_t u = 0; u < run.AL.units.size(); u++) {
-      const int64_t n = run.AL.units[u].numel;
-      if (n == 0) continue;
-      std::vector<float> got((size_t)n), want((size_t)n);
-      run.adapter->get_unit((int)u, got.data());
-      load_adapter_unit(fin, run.AL, (int)u, want.data());
-      double worst = 0.0;
-      EXPECT_EQ(tol::check_adam_params(got.data(), want.data(), grad0[u].data(), n, tol::kF32Grad, kLr, kSteps,
-                                       tol::kUnitF32, &worst),
-                "")
-          << "adapter unit " << u;
-      if (margins)
-        std::printf("margin %s final unit %zu %.3g of its bound (rel %.3g)\n", c[0], u, worst,
-                    rel_error(got.data(), want.data(), n));
-    }
-  }
+  for (const auto& c : kCases) check_case(c, "cpu", DType::f32);
+}
+TEST(LoraTraining, FiveStepsBf16EqualPeftAutocast) {
+  for (const auto& c : kCases) check_case(c, "cpu", DType::bf16);
+}
+// The CUDA backend's kernels (the SIMT emulator in ctest) under the same adapters: no op was added
+// for LoRA, so this is the existing matmul (strided output columns) and elementwise kernels at
+// LoRA's shapes. GPT-2 (Conv1D, the split GELU matmuls) and Qwen2 (all-linear, an lm_head copy): the
+// emulator's minute is spent where the CPU cases add nothing new.
+TEST(LoraTrainingCuda, FiveStepsEqualPeft) {
+  for (int i : {0, 3}) check_case(kCases[i], "cuda", DType::f32);
+}
+TEST(LoraTrainingCuda, FiveStepsBf16EqualPeftAutocast) {
+  for (int i : {0, 3}) check_case(kCases[i], "cuda", DType::bf16);
 }
 
 // A frozen store keeps the compute copy only: no gradient or moments (nor, under bf16, an f32
