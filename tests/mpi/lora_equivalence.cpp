@@ -47,7 +47,7 @@ struct Outcome {
 // The case's 5 steps on `comm`: rank r takes sequences r, r + W, ... of the global batch of B, as the
 // sampler slices it, accumulating the rest.
 Outcome run_case(const std::string& name, const std::string& base_name, ControlComm& comm, Strategy adapter_strategy,
-                 bool frozen = true) {
+                 bool frozen = true, Strategy base_strategy = Strategy::full_shard) {
   const std::string dir = llmt_test::reference_dir() + "/lora/" + name;
   const std::string base_dir = llmt_test::reference_dir() + "/" + base_name;
   SafetensorsFile ref(dir + "/reference.safetensors");
@@ -66,7 +66,7 @@ Outcome run_case(const std::string& name, const std::string& base_name, ControlC
   std::unique_ptr<DataComm> data = make_mpi_data_comm(comm);
   Transformer model(cfg, *be, 1, T);
   const ModelLayout& L = model.layout();
-  FsdpStore base(*be, L, Strategy::full_shard, *data, 1, DType::f32, frozen);
+  FsdpStore base(*be, L, base_strategy, *data, 1, DType::f32, frozen);
   SafetensorsCheckpoint ckpt(base_dir);
   for (size_t u = 0; u < L.units.size(); u++) {
     std::vector<float> host((size_t)L.units[u].numel);
@@ -128,9 +128,12 @@ void check_case(const std::string& name, const std::string& base_name) {
   std::unique_ptr<ControlComm> self = g_world->split(r, 0);
   const Outcome want = run_case(name, base_name, *self, Strategy::full_shard);
   const bool margins = std::getenv("LLMT_TEST_MARGINS") && r == 0;
-  for (Strategy s : {Strategy::full_shard, Strategy::shard_grad_op}) {
+  // hybrid_shard with a shard group of one rank (local size 1): both stores replicated, the adapter's
+  // gradients all-reduced over the replicas, the frozen base's not at all
+  for (Strategy s : {Strategy::full_shard, Strategy::shard_grad_op, Strategy::hybrid_shard}) {
     const std::string what = std::string("adapter ") + strategy_name(s);
-    const Outcome got = run_case(name, base_name, *g_world, s);
+    const Outcome got = run_case(name, base_name, *g_world, s, true,
+                                 s == Strategy::hybrid_shard ? Strategy::hybrid_shard : Strategy::full_shard);
     for (int i = 0; i < kSteps; i++) {
       EXPECT_NEAR(got.losses[(size_t)i], want.losses[(size_t)i], tol::kF32Loss * std::fabs(want.losses[(size_t)i]))
           << what << " step " << i + 1;
