@@ -22,15 +22,21 @@ namespace llmt {
 
 std::string Checkpointer::save(int64_t step, const std::vector<nlohmann::json>& log_history, double total_flos,
                                const std::string& model_dtype) {
+  const std::string lora_identity = lora_ ? lora_state_identity(world_, *lora_) : "";
   std::string dir = save_checkpoint_dir(s_.output_dir, step, world_, [&](const std::string& tmp) {
-    write_hf_model(world_, store_, cfg_, layout_, tmp, model_dtype.empty() ? s_.save_dtype : model_dtype,
-                   s_.tokenizer_dir, s_.model_dir);
+    if (lora_)  // PEFT's adapter directory, as the Trainer's checkpoints of a PeftModel
+      save_lora(world_, *lora_, tmp, s_.tokenizer_dir);
+    else
+      write_hf_model(world_, store_, cfg_, layout_, tmp, model_dtype.empty() ? s_.save_dtype : model_dtype,
+                     s_.tokenizer_dir, s_.model_dir);
     nlohmann::json scalars = {{"global_step", step},
                               {"seed", s_.seed},
                               {"steps_per_epoch", s_.steps_per_epoch},
                               {"global_batch", s_.global_batch},
                               {"train_data", data_identity_json()}};
-    if (!s_.save_only_model)  // --save_only_model: the model alone, as the Trainer's; nothing to resume from
+    if (!s_.save_only_model && lora_)  // the adapter's state; the frozen base is read again on resume
+      save_train_state(tmp + "/state.h5", world_, lora_->layout, *lora_->store, step, scalars.dump(), lora_identity);
+    else if (!s_.save_only_model)  // --save_only_model: the model alone, as the Trainer's; nothing to resume from
       save_train_state(tmp + "/state.h5", world_, layout_, store_, step, scalars.dump(),
                        config_to_hf_json(cfg_).dump());
     std::string error;
@@ -85,7 +91,17 @@ Checkpointer::Resumed Checkpointer::resume(const std::string& want, bool ignore_
   LLMT_CHECK(::stat((ck + "/state.h5").c_str(), &sb) == 0,
              "%s holds no training state (it was saved with --save_only_model), so it cannot be resumed; start a "
              "new run from its weights with --model_name_or_path %s", ck.c_str(), ck.c_str());
-  LoadedTrainState st = load_train_state(ck + "/state.h5", world_, layout_, store_, config_to_hf_json(cfg_).dump());
+  LoadedTrainState st;
+  if (lora_) {  // a base other than the one trained on: config_diff names the config key or weight file
+    try {
+      st = load_train_state(ck + "/state.h5", world_, lora_->layout, *lora_->store, lora_state_identity(world_, *lora_));
+    } catch (const Error& e) {  // every rank, together
+      fail("%s: resuming the LoRA run (base model --model_name_or_path %s): %s", ck.c_str(),
+           lora_->base_dir.c_str(), e.what());
+    }
+  } else {
+    st = load_train_state(ck + "/state.h5", world_, layout_, store_, config_to_hf_json(cfg_).dump());
+  }
   out.step = st.global_step;
   if (world_.rank() == 0) {  // the log so far, so trainer_state.json keeps the whole history
     std::ifstream f(ck + "/trainer_state.json", std::ios::binary);
@@ -155,6 +171,24 @@ void Checkpointer::check_resumed_data(const std::string& ck, const nlohmann::jso
            diff.c_str());
 }
 
+const std::vector<std::string>& Checkpointer::required_files() const {
+  return lora_ ? kLoraCheckpointRequiredFiles : kCheckpointRequiredFiles;
+}
+
+std::string Checkpointer::kind_problem(const std::string& dir) const {
+  struct stat sb;
+  const bool adapter = ::stat((dir + "/adapter_config.json").c_str(), &sb) == 0;
+  const bool model = ::stat((dir + "/config.json").c_str(), &sb) == 0;
+  if (lora_ && !adapter && model)
+    return strformat("%s is a checkpoint of a full fine-tune (config.json, no adapter_config.json); a --use_peft run "
+                     "resumes a LoRA run's checkpoints only (start a LoRA run on it with --model_name_or_path %s)",
+                     dir.c_str(), dir.c_str());
+  if (!lora_ && adapter)
+    return strformat("%s is a LoRA run's checkpoint (adapter_config.json): resume it with --use_peft True, the same "
+                     "LoRA flags and the base model as --model_name_or_path", dir.c_str());
+  return "";
+}
+
 // The checkpoint `want` names ("latest"/"True": the newest complete one whose checksums verify),
 // agreed on every rank; "" when not resuming.
 std::string Checkpointer::resume_path(const std::string& want) {
@@ -162,7 +196,8 @@ std::string Checkpointer::resume_path(const std::string& want) {
   if (want != "latest" && want != "True" && want != "true") {
     std::string problem;
     if (world_.rank() == 0) try {
-        verify_checkpoint(want, kCheckpointRequiredFiles);
+        problem = kind_problem(want);
+        if (problem.empty()) verify_checkpoint(want, required_files());
       } catch (const Error& e) {
         problem = e.what();
       }
@@ -180,7 +215,10 @@ std::string Checkpointer::resume_path(const std::string& want) {
     std::string latest;
     int failed = 0;
     for (size_t i = all.size(); i-- > 0 && latest.empty();) {
-      const std::string why = checkpoint_problem(all[i].path, true, kCheckpointRequiredFiles);
+      // a checkpoint of the other kind is no damage: said, and left where it is
+      problem = kind_problem(all[i].path);
+      if (!problem.empty()) break;
+      const std::string why = checkpoint_problem(all[i].path, true, required_files());
       if (why.empty()) {
         latest = all[i].path;
         break;
@@ -193,7 +231,9 @@ std::string Checkpointer::resume_path(const std::string& want) {
                moved ? strformat("moved aside to %s", aside.c_str()).c_str()
                      : strformat("could not move it aside (%s)", std::strerror(errno)).c_str());
     }
-    if (latest.empty())
+    if (!problem.empty())
+      problem = strformat("--resume_from_checkpoint %s: %s", want.c_str(), problem.c_str());
+    else if (latest.empty())
       problem = failed ? strformat("--resume_from_checkpoint %s: %s holds %d checkpoint%s and every one failed its "
                                    "checks (see the warnings above; they were moved aside as *.corrupt)",
                                    want.c_str(), s_.output_dir.c_str(), failed, failed == 1 ? "" : "s")

@@ -14,6 +14,7 @@
 #include "engine/fsdp/fsdp.h"
 #include "models/config.h"
 #include "models/layout.h"
+#include "train/lora_run.h"
 
 namespace llmt {
 
@@ -35,9 +36,12 @@ struct CheckpointSettings {
 
 class Checkpointer {
  public:
+  // lora: a LoRA run (--use_peft), whose checkpoints hold the adapter (PEFT's adapter directory, and
+  // the adapter store's state in state.h5 with lora_state_identity as its config) instead of the
+  // frozen model, which a resume reads again from --model_name_or_path.
   Checkpointer(ControlComm& world, const CheckpointSettings& s, const ModelConfig& cfg, const ModelLayout& layout,
-               FsdpStore& store)
-      : world_(world), s_(s), cfg_(cfg), layout_(layout), store_(store) {}
+               FsdpStore& store, LoraRun* lora = nullptr)
+      : world_(world), s_(s), cfg_(cfg), layout_(layout), store_(store), lora_(lora) {}
 
   // Collective: output_dir/checkpoint-<step>, written under a temporary name, checksummed and
   // renamed (complete or absent), with `log_history` in its trainer_state.json; then the oldest
@@ -65,6 +69,10 @@ class Checkpointer {
  private:
   std::string resume_path(const std::string& want);
   nlohmann::json data_identity_json() const;
+  // The files this run's checkpoints always hold (a LoRA run's are PEFT's, a full fine-tune's the model's).
+  const std::vector<std::string>& required_files() const;
+  // "" when checkpoint `dir` is of this run's kind (LoRA or full), else why it cannot be resumed.
+  std::string kind_problem(const std::string& dir) const;
   void check_resumed_data(const std::string& ck, const nlohmann::json& recorded, bool ignore_data_skip,
                           int64_t step);
 
@@ -73,6 +81,7 @@ class Checkpointer {
   const ModelConfig& cfg_;
   const ModelLayout& layout_;
   FsdpStore& store_;
+  LoraRun* lora_;
 };
 
 }  // namespace llmt

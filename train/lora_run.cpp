@@ -1,13 +1,22 @@
 #include "train/lora_run.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
+#include "engine/ckpt/checkpoint.h"
+#include "engine/core/crc32c.h"
 #include "engine/core/error.h"
 #include "engine/dist/agree.h"
 #include "engine/formats/safetensors.h"
 #include "models/hf_checkpoint.h"
 
 namespace llmt {
+
+const std::vector<std::string> kLoraCheckpointRequiredFiles = {"adapter_config.json", "adapter_model.safetensors",
+                                                               "trainer_state.json"};
 
 LoraConfig lora_config_from_args(const LoraArgs& a, const ModelConfig& cfg) {
   LoraConfig c;
@@ -45,6 +54,8 @@ std::unique_ptr<LoraRun> start_lora(const TrainArgs& a, Session& session, const 
   const bool from_dir = !a.adapter_name_or_path.empty();
   run->config = lora_run_config(a, cfg);
   run->config.base_model_name_or_path = a.model_name_or_path;  // recorded in adapter_config.json
+  run->base_config = cfg;
+  run->base_dir = a.model_name_or_path;
   run->layout = make_lora_layout(cfg, run->config);
   Backend& be = *session.backend;
   run->store = std::make_unique<FsdpStore>(be, run->layout, session.store->strategy(), *session.data,
@@ -89,6 +100,58 @@ void save_lora(ControlComm& world, LoraRun& run, const std::string& dir, const s
       error = e.what();
     }
   agree_or_throw(world, error.empty(), error);
+}
+
+}  // namespace llmt
+
+namespace llmt {
+
+const std::string& lora_state_identity(ControlComm& world, LoraRun& run) {
+  if (!run.identity.empty()) return run.identity;
+  nlohmann::json id = config_to_hf_json(run.base_config);
+  nlohmann::json peft = adapter_config_json(run.config, run.base_config.arch == Arch::gpt2);
+  peft.erase("base_model_name_or_path");
+  peft.erase("inference_mode");
+  for (auto it = peft.begin(); it != peft.end(); ++it) id["lora " + it.key()] = it.value();
+  // every rank hashes its slice [size * r / W, size * (r + 1) / W) of each file; rank order combines them
+  std::vector<std::string> files;
+  std::vector<int64_t> sizes;
+  std::string error;
+  try {
+    files = SafetensorsCheckpoint(run.base_dir).file_paths();
+    for (const std::string& f : files) {
+      struct stat st;
+      LLMT_CHECK(::stat(f.c_str(), &st) == 0, "%s: cannot stat: %s", f.c_str(), std::strerror(errno));
+      sizes.push_back((int64_t)st.st_size);
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree_or_throw(world, error.empty(), error);
+  const int W = world.size(), r = world.rank();
+  std::vector<int32_t> mine(files.size()), all(files.size() * (size_t)W);
+  try {
+    for (size_t i = 0; i < files.size(); i++) {
+      const int64_t b = sizes[i] * r / W, e = sizes[i] * (r + 1) / W;
+      mine[i] = e > b ? (int32_t)crc32c_file(files[i], b, e) : 0;
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree_or_throw(world, error.empty(), error);
+  world.all_gather(mine.data(), all.data(), (int64_t)mine.size(), DType::i32);
+  for (size_t i = 0; i < files.size(); i++) {
+    uint32_t crc = 0;
+    for (int q = 0; q < W; q++) {
+      const int64_t b = sizes[i] * q / W, e = sizes[i] * (q + 1) / W;
+      if (e > b) crc = crc32c_combine(crc, (uint32_t)all[(size_t)q * files.size() + i], (uint64_t)(e - b));
+    }
+    const size_t slash = files[i].rfind('/');
+    const std::string name = slash == std::string::npos ? files[i] : files[i].substr(slash + 1);
+    id["base model weights " + name] = strformat("%lld bytes, CRC-32C %08x", (long long)sizes[i], crc);
+  }
+  run.identity = id.dump();
+  return run.identity;
 }
 
 }  // namespace llmt

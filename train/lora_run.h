@@ -5,6 +5,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/dist/communicator.h"
 #include "engine/fsdp/fsdp.h"
@@ -27,7 +28,22 @@ struct LoraRun {
   LoraLayout layout;
   std::unique_ptr<FsdpStore> store;
   std::unique_ptr<LoraAdapters> hook;
+  ModelConfig base_config;  // the frozen base model's
+  std::string base_dir;     // --model_name_or_path, read again on resume
+  std::string identity;     // lora_state_identity's, once made
 };
+
+// The files every checkpoint of a LoRA run holds besides state.h5: PEFT's adapter directory (as the
+// Hugging Face Trainer's checkpoints of a PeftModel) and trainer_state.json.
+extern const std::vector<std::string> kLoraCheckpointRequiredFiles;
+
+// What a LoRA checkpoint's training state belongs to, as the config JSON state.h5 records and
+// compares on resume (engine/ckpt/train_state.h's config_diff names each key that differs): the base
+// model's config.json keys, "lora <field>" for the adapter_config.json fields that shape the training
+// (not base_model_name_or_path: the same base may move), and "base model weights <file>" with each
+// weight file's size and CRC-32C (each rank hashes a slice of every file; the pieces are combined).
+// Made on first use and kept in run.identity. Collective.
+const std::string& lora_state_identity(ControlComm& world, LoraRun& run);
 
 // The adapter for a session whose base parameters are loaded: from --adapter_name_or_path, or fresh
 // (PEFT's init, seeded by --seed), set on the session's model. Collective over the session's ranks.

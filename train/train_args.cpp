@@ -100,7 +100,8 @@ const std::vector<TrainFlag>& train_flags() {
        "beside it show, else 3.0", ARG(llama3_special_tokens)},
       // LoRA, TRL's ModelConfig names
       {"use_peft", "LoRA", "True|False",
-       "train a PEFT LoRA adapter on the frozen --model_name_or_path; output_dir becomes a PEFT adapter directory",
+       "train a PEFT LoRA adapter on the frozen --model_name_or_path; output_dir and each checkpoint become PEFT "
+       "adapter directories (checkpoints also hold the adapter's training state)",
        ARG(use_peft)},
       {"lora_r", "LoRA", "N", "the adapters' rank", ARG(lora_r)},
       {"lora_alpha", "LoRA", "X", "scaling alpha / r (alpha / sqrt(r) with --use_rslora)", ARG(lora_alpha)},
@@ -537,9 +538,6 @@ TrainArgs parse_train_args(Flags& f) {
   if (a.use_peft) {
     LLMT_CHECK(!a.model_name_or_path.empty(), "--use_peft trains an adapter on a pretrained model: give "
                "--model_name_or_path (a Hugging Face directory), not --model_config");
-    LLMT_CHECK(a.save_strategy == "no" && a.resume_from_checkpoint.empty(),
-               "--use_peft: llmt's checkpoints do not hold an adapter's training state yet; give --save_strategy no "
-               "(the adapter is written to --output_dir at the end) and no --resume_from_checkpoint");
   }
   // validate spellings now, before any rank starts work
   make_schedule(a.lr_scheduler_type, 1, a.warmup_steps, a.warmup_ratio, a.lr_scheduler_kwargs, a.learning_rate);

@@ -444,7 +444,7 @@ void Trainer::resume(const TrainArgs& a) {
   cs.eval_steps = ls_.eval_every;
   cs.logging_steps = a.logging_steps;
   cs.train_batch_size = B_;
-  ckpt_ = std::make_unique<Checkpointer>(world_, cs, cfg_, session_.model->layout(), *session_.store);
+  ckpt_ = std::make_unique<Checkpointer>(world_, cs, cfg_, session_.model->layout(), *session_.store, lora_.get());
   Checkpointer::Resumed resumed = ckpt_->resume(a.resume_from_checkpoint, a.ignore_data_skip, total_steps_);
   first_step_ = resumed.step;
   total_flos_ = resumed.total_flos;
@@ -498,8 +498,8 @@ void Trainer::run() {
     maybe_evaluate(s);
     bool saved = maybe_save(s);
     if (stop_requested(s, saved)) {
-      log_info("stopped at step %lld of %lld by a signal; checkpoint-%lld holds the model", (long long)s + 1,
-               (long long)total_steps_, (long long)s + 1);
+      log_info("stopped at step %lld of %lld by a signal; checkpoint-%lld holds the %s", (long long)s + 1,
+               (long long)total_steps_, (long long)s + 1, lora_ ? "adapter" : "model");
       metrics_->close();
       release_output_dir(lock_fd_, ls_.output_dir);
       return;
@@ -577,13 +577,7 @@ bool Trainer::maybe_save(int64_t s) {
 bool Trainer::stop_requested(int64_t s, bool saved) {
   if (s + 1 >= total_steps_ || world_.all_reduce_sum(stop_signal() != 0 ? 1.0 : 0.0) == 0) return false;
   log_info("signal received: saving at step %lld and stopping", (long long)s + 1);
-  if (lora_) {  // no checkpoint holds an adapter's state yet: the adapter as it stands
-    save_lora(world_, *lora_, ls_.output_dir, tokenizer_dir_);
-    log_info("saved  the adapter after step %lld in %s (PEFT's files; no checkpoint to resume from)",
-             (long long)s + 1, ls_.output_dir.c_str());
-  } else if (!saved) {
-    save_checkpoint(s + 1);
-  }
+  if (!saved) save_checkpoint(s + 1);
   return true;
 }
 

@@ -66,6 +66,12 @@ class SafetensorsCheckpoint {
   std::vector<std::string> names() const;  // every tensor name, sorted
   // nullptr when absent; else the tensor, and the file that holds it in *file (when file is not null).
   const StTensor* find(const std::string& name, const SafetensorsFile** file) const;
+  // The weight files it reads, in the order opened (model.safetensors, or the index's shards).
+  std::vector<std::string> file_paths() const {
+    std::vector<std::string> out;
+    for (const auto& f : files_) out.push_back(f->path());
+    return out;
+  }
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

@@ -65,10 +65,9 @@ expect_error "--lora_r with --adapter_name_or_path" --use_peft True --save_strat
   --adapter_name_or_path "$work/out"
 expect_error "--use_dora True: llmt does not implement it" --use_peft True --save_strategy no --use_dora True
 expect_error "--load_in_4bit True: llmt does not implement it" --use_peft True --save_strategy no --load_in_4bit True
-expect_error "give --save_strategy no" --use_peft True
 expect_error "a regular expression the whole module path must match" --use_peft True --save_strategy no \
   --lora_target_modules q_proj
-echo "refused: LoRA flags without --use_peft, DoRA, 4-bit, checkpoints, a one-entry name that matches nothing"
+echo "refused: LoRA flags without --use_peft, DoRA, 4-bit, a one-entry name that matches nothing"
 
 # llmt generate with the adapter merged at load (PEFT's merge_and_unload): it changes what the model says
 gen() {
