@@ -14,6 +14,7 @@
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 #include "engine/core/rng.h"
+#include "models/hf_checkpoint.h"
 
 namespace llmt {
 
@@ -243,6 +244,41 @@ void merge_lora_unit(const ModelLayout& base, const LoraLayout& L, double scalin
         W[o * p.in + i] = (float)((double)W[o * p.in + i] + scaling * d);
       }
   }
+}
+
+ModelConfig merged_model_config(const ModelConfig& base, const LoraLayout& lora) {
+  ModelConfig out = base;  // PEFT 0.21's merge_and_unload says "no longer tied" and sets it false too
+  if (!lora.saved.empty()) out.tied_embeddings = false;
+  return out;
+}
+
+void load_merged_unit(const SafetensorsCheckpoint& base, const ModelConfig& base_cfg, const ModelLayout& base_layout,
+                      const SafetensorsFile& adapter, const LoraLayout& lora, double scaling,
+                      const ModelLayout& merged_layout, int unit, float* out) {
+  const UnitLayout& from = base_layout.units[(size_t)unit];
+  const UnitLayout& to = merged_layout.units[(size_t)unit];
+  std::vector<float> host((size_t)from.numel);
+  load_hf_unit(base, base_cfg, base_layout, unit, host.data());
+  if (from.numel == to.numel) {
+    std::copy(host.begin(), host.end(), out);
+  } else {  // the root of a base untied by the merge: every base tensor by name, lm_head from the embeddings
+    LLMT_CHECK(unit == 0 && merged_layout.root.lm_head != merged_layout.root.wte &&
+                   base_layout.root.lm_head == base_layout.root.wte,
+               "internal: load_merged_unit: unit %d of the merged model is laid out unlike the base's", unit);
+    std::fill(out, out + to.numel, 0.0f);
+    for (const ParamSpec& q : to.params) {
+      const ParamSpec* p = nullptr;
+      for (const ParamSpec& c : from.params)
+        if (c.hf_name == q.hf_name) p = &c;
+      const int64_t src = p ? p->offset : base_layout.root.wte;
+      LLMT_CHECK(p || q.offset == merged_layout.root.lm_head, "internal: load_merged_unit: %s is not in the base",
+                 q.hf_name.c_str());
+      std::copy(host.begin() + src, host.begin() + src + q.numel(), out + q.offset);
+    }
+  }
+  std::vector<float> a((size_t)lora.units[(size_t)unit].numel, 0.0f);
+  load_adapter_unit(adapter, lora, unit, a.data());
+  merge_lora_unit(merged_layout, lora, scaling, unit, a.data(), out);
 }
 
 // ---- one adapted projection ----

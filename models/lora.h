@@ -116,6 +116,18 @@ int64_t block_matrix_offset(const BlockOffsets& o, BlockMatrix m);
 void merge_lora_unit(const ModelLayout& base, const LoraLayout& lora, double scaling, int unit, const float* adapter,
                      float* base_host);
 
+// The model a merge of this adapter gives: the base's config, untied (tie_word_embeddings false) when
+// the adapter holds a modules_to_save copy (lm_head or embed_tokens) of a tensor the base ties, since
+// the merged head and embeddings then differ: one is the trained copy, the other the base's.
+ModelConfig merged_model_config(const ModelConfig& base, const LoraLayout& lora);
+// One unit of PEFT's merge_and_unload of an adapter file into a base model's weights: the base's
+// unit `unit` read from base (laid out as base_layout), moved into merged_layout (make_layout of
+// merged_model_config: an untied lm_head starts as the embeddings and is then the adapter's copy),
+// and the adapter's unit merged in (merge_lora_unit). out: merged_layout.units[unit].numel floats.
+void load_merged_unit(const SafetensorsCheckpoint& base, const ModelConfig& base_cfg, const ModelLayout& base_layout,
+                      const SafetensorsFile& adapter, const LoraLayout& lora, double scaling,
+                      const ModelLayout& merged_layout, int unit, float* out);
+
 // ---- one adapted projection on a backend ----
 // Scratch an adapted projection needs for N rows: h (kept from forward to backward) and dh, [N, r]
 // in the compute dtype each, and with dropout xd [N, in] in the compute dtype.

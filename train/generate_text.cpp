@@ -177,30 +177,28 @@ class RecordWriter {
 
 }  // namespace
 
-// The base model's weights with a PEFT LoRA adapter merged in, unit by unit (merge_lora_unit: PEFT's
-// merge_and_unload, summed in double), after checking the adapter's tensors against its config.
-static void load_merged_adapter(Session& session, const ModelConfig& cfg, const std::string& dir, const std::string& adapter) {
+// The base model's weights with a PEFT LoRA adapter merged in, unit by unit (load_merged_unit: PEFT's
+// merge_and_unload, summed in double), after checking the adapter's tensors against its config. The
+// session is the merged model's (merged_model_config: an lm_head copy on a tied base unties it).
+static void load_merged_adapter(Session& session, const ModelConfig& base_cfg, const std::string& dir,
+                                const std::string& adapter) {
   const LoraConfig lora = read_adapter_config(adapter + "/adapter_config.json");
-  const LoraLayout AL = make_lora_layout(cfg, lora);
-  const ModelLayout& L = session.layout();
-  for (const LoraSavedModule& m : AL.saved)
-    LLMT_CHECK(!m.lm_head || L.root.lm_head != L.root.wte, "llmt generate --adapter_name_or_path %s: its lm_head copy "
-               "would untie the model's tied lm_head, which llmt does not do at load yet", adapter.c_str());
+  const LoraLayout AL = make_lora_layout(base_cfg, lora);
+  const ModelLayout BL = make_layout(base_cfg);
   SafetensorsFile file(adapter + "/adapter_model.safetensors");
   check_adapter_tensors(file, AL);
   SafetensorsCheckpoint ckpt(dir);
-  check_hf_tensors(ckpt, cfg, L, dir);
-  std::vector<float> host, adapter_host;
+  check_hf_tensors(ckpt, base_cfg, BL, dir);
+  const ModelLayout& L = session.layout();
+  std::vector<float> host;
   for (size_t u = 0; u < L.units.size(); u++) {
     host.resize((size_t)L.units[u].numel);
-    adapter_host.assign((size_t)AL.units[u].numel, 0.0f);
-    load_hf_unit(ckpt, cfg, L, (int)u, host.data());
-    load_adapter_unit(file, AL, (int)u, adapter_host.data());
-    merge_lora_unit(L, AL, lora.scaling(), (int)u, adapter_host.data(), host.data());
+    load_merged_unit(ckpt, base_cfg, BL, file, AL, lora.scaling(), L, (int)u, host.data());
     session.store->set_unit((int)u, host.data());
   }
-  log_info("adapter %s merged (r %d, alpha %g, %zu projections a block%s)", adapter.c_str(), lora.r, lora.alpha,
-           AL.slots.size(), AL.saved.empty() ? "" : ", modules_to_save");
+  log_info("adapter %s merged (r %d, alpha %g, %zu projections a block%s)%s", adapter.c_str(), lora.r, lora.alpha,
+           AL.slots.size(), AL.saved.empty() ? "" : ", modules_to_save",
+           base_cfg.tied_embeddings && L.root.lm_head != L.root.wte ? "; its modules_to_save copy unties the base's tied lm_head" : "");
 }
 
 void run_generate(const GenerateArgs& a, ControlComm& world, const LaunchInfo& launch) {
@@ -234,7 +232,9 @@ void run_generate(const GenerateArgs& a, ControlComm& world, const LaunchInfo& l
     required.push_back("state.h5");
     verify_checkpoint(dir, required);
   }
-  const ModelConfig cfg = config_from_json_file(dir + "/config.json");
+  const ModelConfig base_cfg = config_from_json_file(dir + "/config.json");
+  const ModelConfig cfg = a.adapter_name_or_path.empty() ? base_cfg : merged_model_config(base_cfg,
+      make_lora_layout(base_cfg, read_adapter_config(a.adapter_name_or_path + "/adapter_config.json")));
   const std::unique_ptr<Tokenizer> tok = model_tokenizer(tok_source, a.llama3_special_tokens, cfg);
 
   // every prompt and batch checked before any runs: a prompt too long for the context in the second
@@ -263,7 +263,7 @@ void run_generate(const GenerateArgs& a, ControlComm& world, const LaunchInfo& l
   else if (a.adapter_name_or_path.empty())
     load_hf_parameters(session, cfg, SafetensorsCheckpoint(dir), dir);
   else
-    load_merged_adapter(session, cfg, dir, a.adapter_name_or_path);
+    load_merged_adapter(session, base_cfg, dir, a.adapter_name_or_path);
 
   GenerateOptions o;
   o.max_new_tokens = a.max_new_tokens;

@@ -3,6 +3,7 @@
 // tests/reference/lora (make_lora_fixtures.py) read back, refused where llmt cannot train them, and
 // written again byte for byte; the final adapters merged into their base models give PEFT's logits.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <fstream>
@@ -386,8 +387,8 @@ class PlainStore : public UnitStore {
 }  // namespace
 
 // The final adapter of each case merged into its base model (merge_lora_unit: PEFT's merge_and_unload)
-// and run by the existing forward gives PEFT's logits after the 5th step; for GPT-2 the merged weights
-// also equal the merged model PEFT saved. Checks the keys, the projections' rows inside llmt's fused
+// and run by the existing forward gives PEFT's logits after the 5th step; where the fixture saved PEFT's
+// merged model (GPT-2, LLaMA, Qwen2's tied head untied by its copy) the merged weights equal it. Checks the keys, the projections' rows inside llmt's fused
 // matrices, scaling and rsLoRA, and modules_to_save on a tied model, before the adapter runs in training.
 TEST(Lora, MergedFinalAdaptersGivePeftLogits) {
   for (const Case& c : kCases) {
@@ -396,36 +397,26 @@ TEST(Lora, MergedFinalAdaptersGivePeftLogits) {
     ModelConfig cfg = config_from_json_file(base_dir + "/config.json");
     LoraConfig lora = read_adapter_config(case_dir(c) + "/adapter_final/adapter_config.json");
     LoraLayout AL = make_lora_layout(cfg, lora);
-    ModelLayout BL = make_layout(cfg);
+    const ModelLayout base_layout = make_layout(cfg);
     SafetensorsCheckpoint ckpt(base_dir);
+    // PEFT's lm_head copy (and embed_tokens copy) unties a tied model
+    const ModelConfig merged_cfg = merged_model_config(cfg, AL);
+    const ModelLayout BL = make_layout(merged_cfg);
+    EXPECT_EQ(merged_cfg.tied_embeddings, cfg.tied_embeddings && AL.saved.empty());
+    SafetensorsFile fin(case_dir(c) + "/adapter_final/adapter_model.safetensors");
     std::vector<std::vector<float>> base;
     for (size_t u = 0; u < BL.units.size(); u++) {
       base.emplace_back((size_t)BL.units[u].numel);
-      load_hf_unit(ckpt, cfg, BL, (int)u, base.back().data());
+      load_merged_unit(ckpt, cfg, base_layout, fin, AL, lora.scaling(), BL, (int)u, base.back().data());
     }
-    ModelConfig merged_cfg = cfg;
-    bool saves_head = false;
-    for (auto& s : AL.saved) saves_head = saves_head || s.lm_head;
-    if (saves_head && cfg.tied_embeddings) {  // PEFT's lm_head copy unties the model
-      merged_cfg.tied_embeddings = false;
-      ModelLayout untied = make_layout(merged_cfg);
-      std::vector<float> root((size_t)untied.units[0].numel);
-      for (const ParamSpec& p : BL.units[0].params)
-        std::copy(base[0].begin() + p.offset, base[0].begin() + p.offset + p.numel(), root.begin() + p.offset);
-      base[0] = root;  // the untied lm_head is written by the merge below
-      BL = untied;
-    }
-    SafetensorsFile fin(case_dir(c) + "/adapter_final/adapter_model.safetensors");
-    for (size_t u = 0; u < BL.units.size(); u++) {
-      std::vector<float> a((size_t)AL.units[u].numel);
-      load_adapter_unit(fin, AL, (int)u, a.data());
-      merge_lora_unit(BL, AL, lora.scaling(), (int)u, a.data(), base[u].data());
-    }
-    if (c.name == "gpt2_c_attn_c_proj") {  // PEFT's merge_and_unload, saved
+    struct stat st;
+    if (::stat((case_dir(c) + "/merged").c_str(), &st) == 0) {  // PEFT's merge_and_unload, saved
       SafetensorsCheckpoint merged(case_dir(c) + "/merged");
+      EXPECT_EQ(config_from_json_file(case_dir(c) + "/merged/config.json").tied_embeddings, merged_cfg.tied_embeddings);
+      check_hf_tensors(merged, merged_cfg, BL, case_dir(c) + "/merged");
       for (size_t u = 0; u < BL.units.size(); u++) {
         std::vector<float> want((size_t)BL.units[u].numel);
-        load_hf_unit(merged, cfg, BL, (int)u, want.data());
+        load_hf_unit(merged, merged_cfg, BL, (int)u, want.data());
         EXPECT_LT(rel_error(base[u].data(), want.data(), (int64_t)want.size()), tol::kF32OpForward) << "unit " << u;
       }
     }

@@ -8,7 +8,7 @@ tests/reference/lora/<case>/:
   adapter_final/      save_pretrained after 5 AdamW steps
   reference.safetensors  the batch, step 1's logits, the loss before each step, step 1's gradients,
                       the logits after the last step
-  merged/             (gpt2_c_attn_c_proj only) merge_and_unload() of the final adapter, save_pretrained
+  merged/             (MERGED_CASES only) merge_and_unload() of the final adapter, save_pretrained
   reference_bf16.safetensors  the same 5 steps from adapter_init under torch.autocast(bfloat16) (the
                       parameters and AdamW in fp32, as the Trainer's --bf16): step 1's logits and
                       gradients, the 5 losses
@@ -46,8 +46,14 @@ CASES = {
     "llama_all_linear_rslora": ("llama_tiny", dict(target_modules="all-linear", use_rslora=True)),
     # qwen2_tiny ties lm_head to embed_tokens: PEFT's modules_to_save copy of lm_head unties it
     "qwen2_all_linear_lm_head": ("qwen2_tiny", dict(target_modules="all-linear", modules_to_save=["lm_head"])),
+    # a trained copy of the token embeddings; on the tied base PEFT's copy feeds the input only, and the
+    # head keeps the frozen base embeddings (merge_and_unload then unties the model)
+    "llama_q_v_embed_tokens": ("llama_tiny", dict(target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens"])),
+    "llama_tied_q_v_embed_tokens": ("llama_tied_tiny", dict(target_modules=["q_proj", "v_proj"],
+                                                            modules_to_save=["embed_tokens"])),
 }
-MERGED_CASE = "gpt2_c_attn_c_proj"
+# merge_and_unload() saved for these: Conv1D, LLaMA's fused projections, a tied head untied by its copy
+MERGED_CASES = ("gpt2_c_attn_c_proj", "llama_q_v", "qwen2_all_linear_lm_head")
 
 
 def make_batch():
@@ -107,7 +113,7 @@ def make_case(case):
     save_adapter(model, os.path.join(out, "adapter_final"), base_dir)
 
     scaling = next(m.scaling["default"] for m in model.modules() if isinstance(m, LoraLayer))
-    if case == MERGED_CASE:
+    if case in MERGED_CASES:
         merged = model.merge_and_unload()
         merged.save_pretrained(os.path.join(out, "merged"))
         for f in ("generation_config.json",):

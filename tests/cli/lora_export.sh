@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# llmt export --merge_adapter True: PEFT's merge_and_unload as a Hugging Face directory. For the
+# fixtures' final adapters (tests/reference/lora: GPT-2's Conv1D, LLaMA's q/v slices of the fused
+# q|k|v, Qwen2's tied head with an lm_head copy) every tensor equals the merged model PEFT saved
+# within tests/tolerances.h's kF32OpForward (1e-5 of the tensor's largest), with the same keys and
+# tie_word_embeddings (false where the copy unties the head); transformers loads the export and gives
+# PEFT's adapted logits (when a Python with torch is at hand). A LoRA run's checkpoint merges with its
+# base found through adapter_config.json; a damaged one is refused, as are the flags' misuses. llmt
+# generate --adapter_name_or_path unties a tied head as the export does: the same tokens.
+# Usage: lora_export.sh path/to/llmt
+set -uo pipefail
+llmt=$1
+src=$(cd "$(dirname "$0")/../.." && pwd)
+ref=$src/tests/reference
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+compare() {  # compare EXPORT_DIR PEFT_MERGED_DIR: keys, tie_word_embeddings, every tensor
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+import numpy as np
+def load(d):
+    b = open(d + "/model.safetensors", "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    out = {}
+    for k, v in h.items():
+        if k == "__metadata__":
+            continue
+        assert v["dtype"] == "F32", (k, v["dtype"])
+        s, e = v["data_offsets"]
+        out[k] = np.frombuffer(b[8 + n + s:8 + n + e], dtype=np.float32).reshape(v["shape"])
+    return out, json.load(open(d + "/config.json"))
+(a, ca), (b, cb) = load(sys.argv[1]), load(sys.argv[2])
+assert sorted(a) == sorted(b), (sorted(set(a) ^ set(b)))
+assert ca.get("tie_word_embeddings") == cb.get("tie_word_embeddings"), (ca.get("tie_word_embeddings"), cb.get("tie_word_embeddings"))
+worst = max(float(np.abs(a[k] - b[k]).max() / max(np.abs(b[k]).max(), 1e-30)) for k in a)
+assert worst <= 1e-5, worst  # tests/tolerances.h kF32OpForward
+print(f"{len(a)} tensors, tie_word_embeddings {ca.get('tie_word_embeddings')}, worst {worst:.3g}")
+PY
+}
+
+for c in gpt2_c_attn_c_proj:gpt2_tiny llama_q_v:llama_tiny qwen2_all_linear_lm_head:qwen2_tiny; do
+  case=${c%%:*} base=${c##*:}
+  "$llmt" export "$ref/lora/$case/adapter_final" "$work/$case" --merge_adapter True --model_name_or_path "$ref/$base" \
+    > "$work/$case.log" 2>&1 || { cat "$work/$case.log"; fail "$case: export"; }
+  got=$(compare "$work/$case" "$ref/lora/$case/merged") || { echo "$got"; fail "$case: the export differs from PEFT's merge"; }
+  echo "$case: PEFT's merge_and_unload: $got"
+done
+grep -q "copy unties the base's tied lm_head" "$work/qwen2_all_linear_lm_head.log" || fail "no untying line"
+
+# the misuses
+expect_error() {  # expect_error "what the message names" args...
+  local want=$1; shift
+  if "$llmt" export "$@" > "$work/bad.log" 2>&1; then fail "accepted: $*"; fi
+  grep -qF -- "$want" "$work/bad.log" || { tail -3 "$work/bad.log"; fail "$* did not say: $want"; }
+}
+expect_error "is not a directory here (llmt reads no hub ids)" "$ref/lora/llama_q_v/adapter_final" "$work/x" \
+  --merge_adapter True
+expect_error "it goes with --merge_adapter True" "$ref/lora/llama_q_v/adapter_final" "$work/x" \
+  --model_name_or_path "$ref/llama_tiny"
+expect_error "has no adapter_config.json" "$ref/llama_tiny" "$work/x" --merge_adapter True \
+  --model_name_or_path "$ref/llama_tiny"
+expect_error "does not fit the base model" "$ref/lora/llama_q_v/adapter_final" "$work/x" --merge_adapter True \
+  --model_name_or_path "$ref/gpt2_tiny"
+echo "refused: a base that is no directory here, --model_name_or_path alone, a whole model, another base's shapes"
+
+# a LoRA run's checkpoint: its base found through adapter_config.json; a damaged one refused
+for i in $(seq 100); do echo "lora line $i: the quick brown fox jumps over the lazy dog"; done > "$work/corpus.txt"
+"$llmt" train --model_name_or_path "$ref/llama_tiny" --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" \
+  --block_size 16 --threads 1 --cache_dir "$work/cache" --per_device_train_batch_size 2 --max_steps 2 --save_steps 2 \
+  --learning_rate 1e-2 --use_peft True --lora_r 4 --lora_alpha 8 --lora_target_modules q_proj,v_proj \
+  --output_dir "$work/run" > "$work/train.log" 2>&1 || { tail -5 "$work/train.log"; fail "training"; }
+"$llmt" export "$work/run/checkpoint-2" "$work/ck" --merge_adapter True > "$work/ck.log" 2>&1 ||
+  { cat "$work/ck.log"; fail "export of a checkpoint"; }
+grep -q "merged into $ref/llama_tiny" "$work/ck.log" || { cat "$work/ck.log"; fail "the base was not adapter_config.json's"; }
+"$llmt" export "$work/run" "$work/ck2" --merge_adapter True --model_name_or_path "$ref/llama_tiny" > /dev/null 2>&1 ||
+  fail "export of output_dir"
+cmp "$work/ck/model.safetensors" "$work/ck2/model.safetensors" || fail "checkpoint-2 and output_dir merge differently"
+cp -r "$work/run/checkpoint-2" "$work/bad"
+printf 'X' | dd of="$work/bad/adapter_model.safetensors" bs=1 seek=200 conv=notrunc 2> /dev/null
+expect_error "adapter_model.safetensors" "$work/bad" "$work/x" --merge_adapter True
+echo "a checkpoint merges onto adapter_config.json's base (as its output_dir does); a damaged one is refused"
+
+# llmt generate --adapter_name_or_path with an lm_head copy on a tied base: untied as the export, the same tokens
+gen() {
+  "$llmt" generate --tokenizer_name_or_path bytes --prompt "lora line 7" --max_new_tokens 8 "$@" 2> "$work/gen.err" ||
+    { cat "$work/gen.err"; fail "generate $*"; }
+}
+gen --model_name_or_path "$ref/qwen2_tiny" --adapter_name_or_path "$ref/lora/qwen2_all_linear_lm_head/adapter_final" \
+  > "$work/adapted.jsonl"
+grep -q "copy unties the base's tied lm_head" "$work/gen.err" || { cat "$work/gen.err"; fail "the untying line"; }
+gen --model_name_or_path "$work/qwen2_all_linear_lm_head" > "$work/merged.jsonl"
+cmp "$work/adapted.jsonl" "$work/merged.jsonl" || fail "generate with the adapter and with the merged export differ"
+echo "generate: an lm_head copy on a tied base merged at load gives the export's tokens"
+
+py=${LLMT_PEFT_PYTHON:-}
+for cand in /tmp/lora-venv/bin/python python3; do
+  [ -n "$py" ] && break
+  command -v "$cand" > /dev/null && "$cand" -c "import peft, torch, transformers" 2> /dev/null && py=$cand
+done
+if [ -z "$py" ]; then
+  echo "skipped: no Python with peft, torch and transformers to load the exports"
+  exit 0
+fi
+"$py" - "$ref" "$work" <<'PY' 2> "$work/py.err" || { tail -5 "$work/py.err"; fail "transformers"; }
+import sys, torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+ref, work = sys.argv[1], sys.argv[2]
+for case in ("gpt2_c_attn_c_proj", "llama_q_v", "qwen2_all_linear_lm_head"):
+    r = load_file(f"{ref}/lora/{case}/reference.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(f"{work}/{case}", dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        got = model(input_ids=r["input_ids"].long()).logits
+    want = r["logits_final"]  # PEFT's adapted model after the 5th step
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    assert err <= 1e-5, (case, err)  # tests/tolerances.h kF32Logits
+    print(f"{case}: transformers loads llmt's merged export; logits within {err:.3g} of PEFT's adapted model")
+PY
+echo "transformers loads the exports with PEFT's logits"
