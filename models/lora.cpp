@@ -348,11 +348,7 @@ LoraAdapters::LoraAdapters(const ModelConfig& cfg, const LoraConfig& lora, const
   LLMT_CHECK((int)layout.units.size() == cfg.n_layer + 1, "LoRA: an adapter of %zu units for a model of %d blocks",
              layout.units.size(), cfg.n_layer);
   for (const LoraSlot& s : layout.slots) adapts_[(int)s.proj.matrix] = true;
-  for (const LoraSavedModule& m : layout.saved) {
-    LLMT_CHECK(m.lm_head, "LoRA: modules_to_save \"%s\": llmt trains a copy of the output head (lm_head) only; the "
-               "token embeddings' copy is not wired into training yet", m.name.c_str());
-    head_ = &m;
-  }
+  for (const LoraSavedModule& m : layout.saved) (m.lm_head ? head_ : embed_) = &m;
   const DType dt = be.compute_dtype();
   auto take = [&](int64_t numel) {
     Tensor probe(nullptr, dt, {numel});
@@ -409,6 +405,20 @@ Tensor LoraAdapters::head_weight() {
 Tensor LoraAdapters::head_grad() {
   if (!head_) return Tensor();
   return store_.grads(0).view(head_->offset, {cfg_.vocab_size, cfg_.d_model});
+}
+
+// PEFT's embed_tokens copy feeds the input embeddings only: on a tied base the head keeps reading the
+// frozen base table (PEFT 0.21 without ensure_weight_tying), which the model does when only this is set.
+Tensor LoraAdapters::embed_weight() {
+  if (!embed_) return Tensor();
+  const Tensor& u = held_[0];
+  LLMT_CHECK(u.data, "LoRA: the embeddings' copy is read while the adapter's unit 0 is not held");
+  return u.view(embed_->offset, {cfg_.vocab_size, cfg_.d_model});
+}
+
+Tensor LoraAdapters::embed_grad() {
+  if (!embed_) return Tensor();
+  return store_.grads(0).view(embed_->offset, {cfg_.vocab_size, cfg_.d_model});
 }
 
 void LoraAdapters::forward(const AdapterSite& at, Tensor y, Tensor x) {

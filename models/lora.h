@@ -156,7 +156,8 @@ void lora_backward(Backend& be, const Projection& p, int r, float scaling, Tenso
 // PEFT's LoRA as the model's ProjectionAdapters: each adapted projection's A and B from the adapter
 // unit the store holds beside the model's own unit (an FsdpStore of the LoraLayout, trainable, with
 // the run's strategy; the base model's store frozen), its gradients into that store's grads(u), and
-// modules_to_save's lm_head copy in place of the head. Activations for batches of B x T rows: h
+// modules_to_save's lm_head copy in place of the head and embed_tokens copy in place of the input
+// embeddings. Activations for batches of B x T rows: h
 // [B*T, r] per adapted projection of each block (kept for backward), one dh [B*T, r], and with
 // dropout one [B*T, largest in] scratch, in the backend's compute dtype. Set on a Transformer with
 // set_adapters; the layout and store must outlive it.
@@ -177,6 +178,8 @@ class LoraAdapters : public ProjectionAdapters {
   void backward(const AdapterSite& at, Tensor dy, Tensor x, Tensor dx) override;
   Tensor head_weight() override;
   Tensor head_grad() override;
+  Tensor embed_weight() override;
+  Tensor embed_grad() override;
   void acquire(int unit) override;
   void prefetch(int unit) override;
   void release(int unit) override;
@@ -194,6 +197,7 @@ class LoraAdapters : public ProjectionAdapters {
   float scaling_;
   bool adapts_[kBlockMatrices] = {false, false, false, false};
   const LoraSavedModule* head_ = nullptr;  // modules_to_save's lm_head copy, if any
+  const LoraSavedModule* embed_ = nullptr;  // modules_to_save's embed_tokens copy, if any
   std::vector<Tensor> held_;               // each adapter unit's parameters while the model holds its unit
   std::vector<std::vector<Tensor>> h_;     // [layer][slot]
   Tensor dh_, xd_;

@@ -40,6 +40,11 @@ class ProjectionAdapters {
   // valid while unit 0 is held, or an empty tensor; and where its gradient goes (f32 [V, C]).
   virtual Tensor head_weight() { return Tensor(); }
   virtual Tensor head_grad() { return Tensor(); }
+  // The same for the token embeddings [V, C] (modules_to_save "embed_tokens"): the input embedding
+  // reads it instead of the base's table (a tied head keeps the base's), and the embedding's backward
+  // writes its gradient (f32 [V, C], valid until grads_done(0)).
+  virtual Tensor embed_weight() { return Tensor(); }
+  virtual Tensor embed_grad() { return Tensor(); }
   // Beside the model's UnitStore calls of the same names, for the same unit.
   virtual void acquire(int unit) = 0;
   virtual void prefetch(int unit) = 0;

@@ -471,14 +471,16 @@ void Transformer::forward_units(UnitStore& store) {
   Tensor tok(tokens_.data, DType::i32, {N}), x0 = rows(resid_[0], C);
   Tensor root = acquire(store, 0);
   prefetch(store, 1 % (cfg_.n_layer + 1));
+  Tensor wte = adapters_ ? adapters_->embed_weight() : Tensor();  // a trainable copy, the base's frozen
+  if (!wte.data) wte = P(root, r.wte, {V, C});
   if ((kv_on_ || packed_) && r.wpe >= 0) {  // wpe at each row's own position, added to wte (one rounding either way)
     Tensor wpe_rows = rows(dnorm_, C);  // backward's scratch, free until backward
-    be_.embedding_forward(x0, tok, P(root, r.wte, {V, C}), Tensor(), B_, T, (int)C, (int)V);
+    be_.embedding_forward(x0, tok, wte, Tensor(), B_, T, (int)C, (int)V);
     be_.embedding_forward(wpe_rows, Tensor(positions_.data, DType::i32, {N}), P(root, r.wpe, {cfg_.max_seq_len, C}),
                           Tensor(), B_, T, (int)C, cfg_.max_seq_len);
     be_.add(x0, x0, wpe_rows, N * C);
   } else {
-    be_.embedding_forward(x0, tok, P(root, r.wte, {V, C}), P(root, r.wpe, {cfg_.max_seq_len, C}), B_, T, (int)C, (int)V);
+    be_.embedding_forward(x0, tok, wte, P(root, r.wpe, {cfg_.max_seq_len, C}), B_, T, (int)C, (int)V);
   }
   be_.dropout(x0, B_, T, (int)C, dropout_for(-1, kEmbd, cfg_.embd_pdrop));
   release(store, 0);
@@ -565,17 +567,19 @@ void Transformer::backward(UnitStore& store) {
     grads_done(store, 1 + l);
   }
 
-  // the embedding's gradient needs no parameters, only the root's gradient buffer (none when frozen)
-  if (groot.data) {
+  // the embedding's gradient needs no parameters, only the root's gradient buffer (none when frozen),
+  // or the adapters' copy's
+  Tensor gwte = adapters_ ? adapters_->embed_grad() : Tensor(), gwpe = P(groot, r.wpe, {cfg_.max_seq_len, C});
+  if (!gwte.data) gwte = P(groot, r.wte, {V, C});
+  if (gwte.data || gwpe.data) {
     be_.dropout(dres, B_, T, (int)C, dropout_for(-1, kEmbd, cfg_.embd_pdrop));
     if (packed_ && r.wpe >= 0) {  // wpe's rows at each token's position within its document
-      be_.embedding_backward(P(groot, r.wte, {V, C}), Tensor(), dres, Tensor(tokens_.data, DType::i32, {N}), B_, T,
-                             (int)C);
-      be_.embedding_backward(P(groot, r.wpe, {cfg_.max_seq_len, C}), Tensor(), dres,
-                             Tensor(positions_.data, DType::i32, {N}), B_, T, (int)C);
+      if (gwte.data)
+        be_.embedding_backward(gwte, Tensor(), dres, Tensor(tokens_.data, DType::i32, {N}), B_, T, (int)C);
+      if (gwpe.data)
+        be_.embedding_backward(gwpe, Tensor(), dres, Tensor(positions_.data, DType::i32, {N}), B_, T, (int)C);
     } else {
-      be_.embedding_backward(P(groot, r.wte, {V, C}), P(groot, r.wpe, {cfg_.max_seq_len, C}), dres,
-                             Tensor(tokens_.data, DType::i32, {N}), B_, T, (int)C);
+      be_.embedding_backward(gwte, gwpe, dres, Tensor(tokens_.data, DType::i32, {N}), B_, T, (int)C);
     }
   }
   grads_done(store, 0);

@@ -111,7 +111,7 @@ const std::vector<TrainFlag>& train_flags() {
        "regular expression the whole module path must match, or all-linear); unset: PEFT's default for the model "
        "type (c_attn for GPT-2, q_proj v_proj for LLaMA, Mistral, Qwen2)",
        ARG_UNSET(lora_target_modules)},
-      {"lora_modules_to_save", "LoRA", "NAMES", "modules trained whole beside the adapters: lm_head",
+      {"lora_modules_to_save", "LoRA", "NAMES", "modules trained whole beside the adapters: lm_head, embed_tokens (GPT-2: wte)",
        ARG_UNSET(lora_modules_to_save)},
       {"use_rslora", "LoRA", "True|False", "rank-stabilized scaling alpha / sqrt(r)", ARG(use_rslora)},
       {"adapter_name_or_path", "LoRA", "DIR",

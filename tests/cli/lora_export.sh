@@ -6,7 +6,8 @@
 # tie_word_embeddings (false where the copy unties the head); transformers loads the export and gives
 # PEFT's adapted logits (when a Python with torch is at hand). A LoRA run's checkpoint merges with its
 # base found through adapter_config.json; a damaged one is refused, as are the flags' misuses. llmt
-# generate --adapter_name_or_path unties a tied head as the export does: the same tokens.
+# generate --adapter_name_or_path unties a tied head as the export does: the same tokens. An embed_tokens
+# copy trained on a tied base merges untied, with PEFT's logits.
 # Usage: lora_export.sh path/to/llmt
 set -uo pipefail
 llmt=$1
@@ -94,6 +95,18 @@ gen --model_name_or_path "$work/qwen2_all_linear_lm_head" > "$work/merged.jsonl"
 cmp "$work/adapted.jsonl" "$work/merged.jsonl" || fail "generate with the adapter and with the merged export differ"
 echo "generate: an lm_head copy on a tied base merged at load gives the export's tokens"
 
+# modules_to_save embed_tokens trained on a tied base: the merge unties it (the copy is the input
+# embeddings, lm_head the frozen base table), and the export reads back so
+"$llmt" train --model_name_or_path "$ref/llama_tied_tiny" --tokenizer_name_or_path bytes --train_file "$work/corpus.txt" \
+  --block_size 16 --threads 1 --cache_dir "$work/cache" --per_device_train_batch_size 2 --max_steps 2 \
+  --save_strategy no --learning_rate 1e-2 --use_peft True --lora_r 4 --lora_alpha 8 --lora_dropout 0 \
+  --lora_target_modules q_proj,v_proj --lora_modules_to_save embed_tokens --output_dir "$work/emb" \
+  > "$work/emb.log" 2>&1 || { tail -5 "$work/emb.log"; fail "training embed_tokens"; }
+"$llmt" export "$work/emb" "$work/emb_merged" --merge_adapter True --model_name_or_path "$ref/llama_tied_tiny" \
+  > "$work/emb_export.log" 2>&1 || { cat "$work/emb_export.log"; fail "export embed_tokens"; }
+grep -q '"tie_word_embeddings": false' "$work/emb_merged/config.json" || fail "the embed_tokens merge is still tied"
+echo "embed_tokens trained on a tied base; its merge is written untied"
+
 py=${LLMT_PEFT_PYTHON:-}
 for cand in /tmp/lora-venv/bin/python python3; do
   [ -n "$py" ] && break
@@ -117,5 +130,20 @@ for case in ("gpt2_c_attn_c_proj", "llama_q_v", "qwen2_all_linear_lm_head"):
     err = ((got - want).abs().max() / want.abs().max()).item()
     assert err <= 1e-5, (case, err)  # tests/tolerances.h kF32Logits
     print(f"{case}: transformers loads llmt's merged export; logits within {err:.3g} of PEFT's adapted model")
+PY
+"$py" - "$ref/llama_tied_tiny" "$work/emb" "$work/emb_merged" <<'PY' 2> "$work/py2.err" || { tail -5 "$work/py2.err"; fail "embed_tokens in PEFT"; }
+import sys, torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+base = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32, attn_implementation="eager")
+peft = PeftModel.from_pretrained(base, sys.argv[2]).eval()
+merged = AutoModelForCausalLM.from_pretrained(sys.argv[3], dtype=torch.float32, attn_implementation="eager")
+ids = torch.tensor([list(b"lora line 7: the quick")])
+with torch.no_grad():
+    want, got = peft(input_ids=ids).logits, merged(input_ids=ids).logits
+err = ((got - want).abs().max() / want.abs().max()).item()
+moved = (peft.base_model.model.model.embed_tokens.modules_to_save["default"].weight - base.lm_head.weight).abs().max().item()
+assert moved > 0 and err <= 1e-5, (moved, err)
+print(f"llama_tied_tiny + embed_tokens: PEFT loads llmt's adapter; the untied export gives its logits within {err:.3g}")
 PY
 echo "transformers loads the exports with PEFT's logits"

@@ -271,7 +271,9 @@ struct Case {
 const Case kCases[] = {{"gpt2_c_attn_c_proj", "gpt2_tiny", 12, 2.0, true},
                        {"llama_q_v", "llama_tiny", 8, 2.0, false},
                        {"llama_all_linear_rslora", "llama_tiny", 28, 4.0, false},
-                       {"qwen2_all_linear_lm_head", "qwen2_tiny", 29, 2.0, false}};
+                       {"qwen2_all_linear_lm_head", "qwen2_tiny", 29, 2.0, false},
+                       {"llama_q_v_embed_tokens", "llama_tiny", 9, 2.0, false},
+                       {"llama_tied_q_v_embed_tokens", "llama_tied_tiny", 9, 2.0, false}};
 std::string case_dir(const Case& c) { return llmt_test::reference_dir() + "/lora/" + c.name; }
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

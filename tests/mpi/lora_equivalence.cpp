@@ -193,6 +193,9 @@ TEST(LoraEquivalence, PlanCountsTheFrozenBaseAndTheAdapter) {
 }
 TEST(LoraEquivalence, Gpt2ShardedEqualsOneProcess) { check_case("gpt2_c_attn_c_proj", "gpt2_tiny"); }
 TEST(LoraEquivalence, Qwen2LmHeadShardedEqualsOneProcess) { check_case("qwen2_all_linear_lm_head", "qwen2_tiny"); }
+TEST(LoraEquivalence, TiedEmbedTokensShardedEqualsOneProcess) {
+  check_case("llama_tied_q_v_embed_tokens", "llama_tied_tiny");
+}
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);

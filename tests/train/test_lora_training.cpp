@@ -58,7 +58,9 @@ std::vector<float> read_f32(const SafetensorsFile& f, const std::string& name) {
 const char* const kCases[][2] = {{"gpt2_c_attn_c_proj", "gpt2_tiny"},
                                  {"llama_q_v", "llama_tiny"},
                                  {"llama_all_linear_rslora", "llama_tiny"},
-                                 {"qwen2_all_linear_lm_head", "qwen2_tiny"}};
+                                 {"qwen2_all_linear_lm_head", "qwen2_tiny"},
+                                 {"llama_q_v_embed_tokens", "llama_tiny"},
+                                 {"llama_tied_q_v_embed_tokens", "llama_tied_tiny"}};
 const int kSteps = 5;
 const float kLr = 1e-2f;
 
