@@ -90,7 +90,8 @@ Checkpointer::Resumed Checkpointer::resume(const std::string& want, bool ignore_
   struct stat sb;
   LLMT_CHECK(::stat((ck + "/state.h5").c_str(), &sb) == 0,
              "%s holds no training state (it was saved with --save_only_model), so it cannot be resumed; start a "
-             "new run from its weights with --model_name_or_path %s", ck.c_str(), ck.c_str());
+             "new run from its %s with %s %s", ck.c_str(), lora_ ? "adapter" : "weights",
+             lora_ ? "--adapter_name_or_path" : "--model_name_or_path", ck.c_str());
   LoadedTrainState st;
   if (lora_) {  // a base other than the one trained on: config_diff names the config key or weight file
     try {

@@ -225,6 +225,8 @@ void run_generate(const GenerateArgs& a, ControlComm& world, const LaunchInfo& l
 
   // the model: a checkpoint's exact training state, or a Hugging Face directory's weights
   const bool checkpoint = is_file(dir + "/state.h5") && is_file(dir + "/manifest.json");
+  LLMT_CHECK(!checkpoint || !is_file(dir + "/adapter_config.json"), "llmt generate: %s is a LoRA run's checkpoint (an "
+             "adapter): give the base model as --model_name_or_path and it as --adapter_name_or_path", dir.c_str());
   LLMT_CHECK(!checkpoint || a.adapter_name_or_path.empty(), "llmt generate: --adapter_name_or_path goes with the "
              "base model's Hugging Face directory, not a checkpoint");
   if (checkpoint) {

@@ -82,6 +82,20 @@ cp -r "$work/run/checkpoint-2" "$work/bad"
 printf 'X' | dd of="$work/bad/adapter_model.safetensors" bs=1 seek=200 conv=notrunc 2> /dev/null
 expect_error "adapter_model.safetensors" "$work/bad" "$work/x" --merge_adapter True
 echo "a checkpoint merges onto adapter_config.json's base (as its output_dir does); a damaged one is refused"
+# generate: a LoRA checkpoint is an adapter for --adapter_name_or_path, not a model
+if "$llmt" generate --model_name_or_path "$work/run/checkpoint-2" --tokenizer_name_or_path bytes --prompt "lora" \
+    --max_new_tokens 2 > /dev/null 2> "$work/g.err"; then
+  fail "generate took a LoRA checkpoint for a model"
+fi
+grep -q "is a LoRA run's checkpoint (an adapter): give the base model as --model_name_or_path" "$work/g.err" ||
+  { cat "$work/g.err"; fail "generate: no clear refusal"; }
+"$llmt" generate --model_name_or_path "$ref/llama_tiny" --adapter_name_or_path "$work/run/checkpoint-2" \
+  --tokenizer_name_or_path bytes --prompt "lora line 7" --max_new_tokens 8 > "$work/g1.jsonl" 2> "$work/g.err" ||
+  { cat "$work/g.err"; fail "generate with a checkpoint as the adapter"; }
+"$llmt" generate --model_name_or_path "$work/ck" --tokenizer_name_or_path bytes --prompt "lora line 7" \
+  --max_new_tokens 8 > "$work/g2.jsonl" 2> "$work/g.err" || { cat "$work/g.err"; fail "generate the merged checkpoint"; }
+cmp "$work/g1.jsonl" "$work/g2.jsonl" || fail "generate: the checkpoint as an adapter and its merged export differ"
+echo "generate: a LoRA checkpoint is refused as a model, and as an adapter gives its merged export's tokens"
 
 # llmt generate --adapter_name_or_path with an lm_head copy on a tied base: untied as the export, the same tokens
 gen() {
