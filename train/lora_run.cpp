@@ -3,12 +3,14 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
 #include "engine/ckpt/checkpoint.h"
 #include "engine/core/crc32c.h"
 #include "engine/core/error.h"
+#include "engine/core/log.h"
 #include "engine/dist/agree.h"
 #include "engine/formats/safetensors.h"
 #include "models/hf_checkpoint.h"
@@ -129,6 +131,7 @@ const std::string& lora_state_identity(ControlComm& world, LoraRun& run) {
   }
   agree_or_throw(world, error.empty(), error);
   const int W = world.size(), r = world.rank();
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> mine(files.size()), all(files.size() * (size_t)W);
   try {
     for (size_t i = 0; i < files.size(); i++) {
@@ -150,6 +153,11 @@ const std::string& lora_state_identity(ControlComm& world, LoraRun& run) {
     const std::string name = slash == std::string::npos ? files[i] : files[i].substr(slash + 1);
     id["base model weights " + name] = strformat("%lld bytes, CRC-32C %08x", (long long)sizes[i], crc);
   }
+  int64_t bytes = 0;
+  for (int64_t n : sizes) bytes += n;
+  log_info("lora   the base's fingerprint for checkpoints: %zu weight file%s, %.1f MiB hashed (CRC-32C, a slice per "
+           "rank) in %.2f s", files.size(), files.size() == 1 ? "" : "s", bytes / (1024.0 * 1024.0),
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   run.identity = id.dump();
   return run.identity;
 }
