@@ -348,6 +348,8 @@ TEST(Lora, AdapterConfigsLlmtCannotTrainAreRefusedByName) {
            {"exclude_modules", {"v_proj"}},
            {"layer_replication", {{0, 1}}},
            {"trainable_token_indices", {1, 2}},
+           // tying a modules_to_save copy to its tied twin: llmt trains PEFT's default (the copy alone)
+           {"ensure_weight_tying", true},
            {"some_future_option", 3}})
     llmt_test::expect_error([&] { read_adapter_config(with(key, value)); }, {key, "does not implement"});
   llmt_test::expect_error([&] { read_adapter_config(with("bias", "all")); }, {"bias", "\"none\""});
