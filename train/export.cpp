@@ -115,6 +115,15 @@ void run_merge_adapter_export(const std::string& src, const std::string& base_fl
     fail("llmt export --merge_adapter: the adapter %s does not fit the base model %s (%s): %s", src.c_str(),
          base.c_str(), base_cfg.describe().c_str(), e.what());
   }
+  if (checkpoint && exists(src + "/state.h5")) {  // the base it was trained on, as a resume checks it
+    LoraRun run;
+    run.config = lora;
+    run.base_config = base_cfg;
+    run.base_dir = base;
+    const std::string diff = config_diff(read_train_state_config(src + "/state.h5"), lora_state_identity(world, run));
+    LLMT_CHECK(diff.empty(), "llmt export --merge_adapter: %s was trained on another base model than %s: %s", src.c_str(),
+               base.c_str(), diff.c_str());
+  }
   const ModelLayout BL = make_layout(base_cfg);
   SafetensorsCheckpoint ckpt(base);
   check_hf_tensors(ckpt, base_cfg, BL, base);

@@ -35,8 +35,10 @@ void run_export(const std::string& checkpoint_dir, const std::string& out_dir, c
 // `llmt export SRC OUT_DIR --merge_adapter True`: PEFT's merge_and_unload as a Hugging Face directory.
 // SRC is a PEFT adapter directory (adapter_config.json, adapter_model.safetensors) or a LoRA run's
 // checkpoint (its checksums verified first); the base is base_dir (--model_name_or_path), else
-// adapter_config.json's base_model_name_or_path when that is a directory here. An lm_head copy on a
-// tied base writes an untied model (tie_word_embeddings false, lm_head.weight). One process.
+// adapter_config.json's base_model_name_or_path when that is a directory here; a checkpoint's base is
+// checked against the fingerprint its state.h5 records (lora_state_identity), as a resume checks it.
+// A modules_to_save copy on a tied base writes an untied model (tie_word_embeddings false,
+// lm_head.weight). One process.
 void run_merge_adapter_export(const std::string& src, const std::string& base_dir, const std::string& out_dir,
                               const std::string& dtype, ControlComm& world);
 

@@ -324,6 +324,14 @@ std::string read_attr_str(hid_t obj, const char* name) {
 
 }  // namespace
 
+std::string read_train_state_config(const std::string& path) {
+  QuietHdf5 quiet;
+  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  LLMT_CHECK(file.ok(), "training state %s: cannot open as HDF5 (missing, truncated or corrupt): %s", path.c_str(),
+             h5_error().c_str());
+  return read_string(file, "/meta/config", path);
+}
+
 std::string config_diff(const std::string& saved, const std::string& now) {
   if (saved.empty() || now.empty() || saved == now) return "";
   check_json_depth(saved, "the model config saved in the checkpoint");

@@ -54,6 +54,10 @@ struct LoadedTrainState {
 // changes what is trained: the keys of how and by what it was saved, and the special tokens' ids).
 std::string config_diff(const std::string& saved, const std::string& now);
 
+// The config a training state was saved for (/meta/config), read by one process (no collective); an
+// error names the file. For a check before using a checkpoint's other files.
+std::string read_train_state_config(const std::string& path);
+
 LoadedTrainState load_train_state(const std::string& path, ControlComm& world, const ParamLayout& layout,
                                   FsdpStore& store, const std::string& config_json);
 

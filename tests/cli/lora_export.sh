@@ -78,10 +78,16 @@ grep -q "merged into $ref/llama_tiny" "$work/ck.log" || { cat "$work/ck.log"; fa
 "$llmt" export "$work/run" "$work/ck2" --merge_adapter True --model_name_or_path "$ref/llama_tiny" > /dev/null 2>&1 ||
   fail "export of output_dir"
 cmp "$work/ck/model.safetensors" "$work/ck2/model.safetensors" || fail "checkpoint-2 and output_dir merge differently"
+# a checkpoint onto another base (one weight byte changed): refused, naming the file, as a resume is
+cp -r "$ref/llama_tiny" "$work/base2"
+size=$(stat -c %s "$work/base2/model.safetensors")
+printf '\x3f' | dd of="$work/base2/model.safetensors" bs=1 seek=$((size - 2)) conv=notrunc 2> /dev/null
+expect_error "was trained on another base model than $work/base2: base model weights model.safetensors" \
+  "$work/run/checkpoint-2" "$work/x" --merge_adapter True --model_name_or_path "$work/base2"
 cp -r "$work/run/checkpoint-2" "$work/bad"
 printf 'X' | dd of="$work/bad/adapter_model.safetensors" bs=1 seek=200 conv=notrunc 2> /dev/null
 expect_error "adapter_model.safetensors" "$work/bad" "$work/x" --merge_adapter True
-echo "a checkpoint merges onto adapter_config.json's base (as its output_dir does); a damaged one is refused"
+echo "a checkpoint merges onto adapter_config.json's base (as its output_dir does); onto another base or damaged, refused"
 # generate: a LoRA checkpoint is an adapter for --adapter_name_or_path, not a model
 if "$llmt" generate --model_name_or_path "$work/run/checkpoint-2" --tokenizer_name_or_path bytes --prompt "lora" \
     --max_new_tokens 2 > /dev/null 2> "$work/g.err"; then
