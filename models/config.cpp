@@ -168,7 +168,10 @@ std::string ModelConfig::describe() const {
                                               rope_low_freq_factor, rope_high_freq_factor, rope_original_max)
                                   : strformat(", rope %s x%g", rope_scaling.c_str(), rope_factor);
   if (model_type == "mistral" || model_type == "qwen2") s += ", " + model_type;
-  if (sliding_window > 0) s += strformat(", window %d", sliding_window);
+  int sliding = 0;
+  for (int w : layer_window) sliding += w > 0;
+  if (sliding_window > 0 && sliding == n_layer) s += strformat(", window %d", sliding_window);
+  else if (sliding_window > 0) s += strformat(", window %d on %d of %d layers", sliding_window, sliding, n_layer);
   if (qkv_bias || o_bias || mlp_bias)
     s += strformat(", biases:%s%s%s", qkv_bias ? " qkv" : "", o_bias ? " o" : "", mlp_bias ? " mlp" : "");
   if (has_dropout()) s += strformat(", dropout %g/%g/%g (embd/attn/resid)", embd_pdrop, attn_pdrop, resid_pdrop);
@@ -212,10 +215,57 @@ void validate_config(const ModelConfig& c, const std::string& source) {
   // learning rate's fault
   LLMT_CHECK(c.arch == Arch::gpt2 || (std::isfinite(c.rope_theta) && c.rope_theta > 0.0f),
              "%s: rope_theta must be a positive number, got %g", source.c_str(), c.rope_theta);
+  LLMT_CHECK(c.layer_window.empty() || (int)c.layer_window.size() == c.n_layer,
+             "%s: %zu layer windows for %d layers", source.c_str(), c.layer_window.size(), c.n_layer);
+  for (int w : c.layer_window)
+    LLMT_CHECK(w >= 0 && (w == 0 || c.arch == Arch::llama), "%s: a layer's attention window of %d (0 = none, or "
+               "positive on the LLaMA architecture)", source.c_str(), w);
   for (float p : {c.embd_pdrop, c.attn_pdrop, c.resid_pdrop})
     LLMT_CHECK(p >= 0.0f && p < 1.0f, "%s: a dropout probability must lie in [0, 1), got %g", source.c_str(), p);
   LLMT_CHECK(c.arch == Arch::gpt2 || (c.embd_pdrop == 0.0f && c.resid_pdrop == 0.0f),
              "%s: LLaMA applies dropout to attention probabilities only", source.c_str());
+}
+
+// Each layer's attention window (ModelConfig::layer_window) from transformers 5's layer_types
+// ("full_attention" or "sliding_attention" per layer) and the family's rules. Mistral: its window, when
+// set, is every layer's (MistralModel masks every layer alike and ignores layer_types, so a
+// layer_types saying otherwise is refused). Qwen2: the layers layer_types names sliding, else
+// (Qwen2Config) those from max_window_layers on, and only with use_sliding_window (which
+// c.sliding_window already reflects). LLaMA: no window.
+static void read_layer_windows(const nlohmann::json& j, const std::string& source, const std::string& type, ModelConfig& c) {
+  std::vector<bool> sliding;
+  if (j.contains("layer_types") && !j.at("layer_types").is_null()) {
+    const nlohmann::json& lt = j.at("layer_types");
+    LLMT_CHECK(lt.is_array() && (int)lt.size() == c.n_layer, "%s: \"layer_types\" must list one kind per layer "
+               "(%d), got %s", source.c_str(), c.n_layer, clip_for_message(lt.dump()).c_str());
+    for (const nlohmann::json& k : lt) {
+      LLMT_CHECK(k == "full_attention" || k == "sliding_attention", "%s: \"layer_types\": %s is not supported "
+                 "(full_attention or sliding_attention)", source.c_str(), clip_for_message(k.dump()).c_str());
+      sliding.push_back(k == "sliding_attention");
+    }
+  }
+  if (type == "mistral") {
+    for (size_t l = 0; l < sliding.size(); l++)
+      LLMT_CHECK(sliding[l] == (c.sliding_window > 0), "%s: \"layer_types\" makes layer %zu %s, but transformers' "
+                 "Mistral ignores layer_types and gives every layer %s (sliding_window %d); remove layer_types or "
+                 "make it agree", source.c_str(), l, sliding[l] ? "sliding" : "full",
+                 c.sliding_window > 0 ? "the window" : "full attention", c.sliding_window);
+    sliding.assign((size_t)c.n_layer, c.sliding_window > 0);
+  } else if (type == "qwen2") {
+    if (sliding.empty() && c.sliding_window > 0) {
+      const int from = get_optional<int>(j, "max_window_layers", 28, source);  // Qwen2Config's default
+      for (int l = 0; l < c.n_layer; l++) sliding.push_back(l >= from);
+    }
+  }
+  bool any = false;
+  for (bool s : sliding) any = any || s;
+  if (!any) return c.layer_window.clear();
+  LLMT_CHECK(type != "llama", "%s: \"layer_types\" has sliding_attention layers, but transformers' LLaMA has no "
+             "sliding window", source.c_str());
+  LLMT_CHECK(c.sliding_window > 0, "%s: \"layer_types\" has sliding_attention layers but no positive sliding_window "
+             "(Qwen2 reads sliding_window only with use_sliding_window true)", source.c_str());
+  c.layer_window.clear();
+  for (bool s : sliding) c.layer_window.push_back(s ? c.sliding_window : 0);
 }
 
 // rope_scaling / rope_parameters: the types transformers defines that change nothing llmt cannot
@@ -346,22 +396,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       c.qkv_bias = c.o_bias = get_optional<bool>(j, "attention_bias", false, source);
       c.mlp_bias = get_optional<bool>(j, "mlp_bias", false, source);
     }
-    // transformers 5's per-layer attention kinds (Qwen2, Mistral): full or sliding; a sliding layer
-    // needs the window, which training then keeps the sequence within (so every layer computes alike)
-    if (j.contains("layer_types") && !j.at("layer_types").is_null()) {
-      const nlohmann::json& lt = j.at("layer_types");
-      LLMT_CHECK(lt.is_array() && (int)lt.size() == c.n_layer, "%s: \"layer_types\" must list one kind per layer "
-                 "(%d), got %s", source.c_str(), c.n_layer, clip_for_message(lt.dump()).c_str());
-      for (const nlohmann::json& k : lt) {
-        LLMT_CHECK(k == "full_attention" || k == "sliding_attention", "%s: \"layer_types\": %s is not supported "
-                   "(full_attention or sliding_attention)", source.c_str(), clip_for_message(k.dump()).c_str());
-        if (k == "sliding_attention" && c.sliding_window == 0) {
-          c.sliding_window = get_optional<int>(j, "sliding_window", 0, source);
-          LLMT_CHECK(c.sliding_window > 0, "%s: \"layer_types\" has sliding_attention layers but no positive "
-                     "sliding_window", source.c_str());
-        }
-      }
-    }
+    read_layer_windows(j, source, type, c);
     if (j.contains("head_dim") && !j.at("head_dim").is_null()) {
       const int head_dim = get_required<int>(j, "head_dim", source);
       LLMT_CHECK(head_dim * c.n_head == c.d_model,
@@ -473,6 +508,11 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
       j.erase("mlp_bias");
       j["use_sliding_window"] = c.sliding_window > 0;
       j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
+      if (!c.layer_window.empty()) {  // which layers slide, spelled out (max_window_layers would default to 28)
+        nlohmann::json kinds = nlohmann::json::array();
+        for (int l = 0; l < c.n_layer; l++) kinds.push_back(c.window(l) > 0 ? "sliding_attention" : "full_attention");
+        j["layer_types"] = kinds;
+      }
     }
   }
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;

@@ -31,7 +31,10 @@ struct ModelConfig {
   // LLaMA-architecture biases: q/k/v (attention_bias, and always in Qwen2), o (attention_bias), and
   // gate/up/down (mlp_bias)
   bool qkv_bias = false, o_bias = false, mlp_bias = false;
-  int sliding_window = 0;           // Mistral's attention window; 0 = none. Training needs T <= window
+  int sliding_window = 0;           // the config's sliding_window (Mistral, Qwen2); 0 = none
+  // Each layer's attention window (sliding_window on the layers that slide: Mistral's every layer,
+  // Qwen2's layer_types or max_window_layers), 0 for full causal attention; empty: every layer full.
+  std::vector<int> layer_window;
   bool tied_embeddings = true;      // tie_word_embeddings (GPT-2's default true, LLaMA's false)
   // initializer_range: the normal init's standard deviation (random init only; not written back, as it
   // says nothing about trained weights)
@@ -48,6 +51,8 @@ struct ModelConfig {
   nlohmann::json source;
 
   int head_size() const { return d_model / n_head; }
+  // layer l's attention window: a query sees itself and the window - 1 keys before it; 0 = no window
+  int window(int l) const { return layer_window.empty() ? 0 : layer_window[(size_t)l]; }
   bool has_dropout() const { return embd_pdrop > 0.0f || attn_pdrop > 0.0f || resid_pdrop > 0.0f; }
   int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_size(); }
   int mlp_in_dim() const { return arch == Arch::gpt2 ? d_ff : 2 * d_ff; }  // [gate | up] for SwiGLU

@@ -115,10 +115,6 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T,
   LLMT_CHECK(B > 0 && T > 0, "batch size %d and sequence length %d must be positive", B, T);
   LLMT_CHECK(T <= cfg.max_seq_len, "sequence length %d exceeds the model's context of %d tokens", T, cfg.max_seq_len);
   LLMT_CHECK(T < (1 << kDropoutPosBits), "sequence length %d: at most %d tokens", T, (1 << kDropoutPosBits) - 1);
-  // Mistral's sliding window is exact full causal attention while no sequence is longer than it
-  LLMT_CHECK(cfg.sliding_window == 0 || T <= cfg.sliding_window,
-             "sequence length %d exceeds the model's sliding_window of %d: llmt's attention has no window yet; "
-             "train with sequences of at most %d tokens", T, cfg.sliding_window, cfg.sliding_window);
   rope_.theta = cfg.rope_theta;
   if (cfg.rope_scaling == "linear" || cfg.rope_scaling == "llama3") {
     rope_.scaling = cfg.rope_scaling == "linear" ? RopeSpec::linear : RopeSpec::llama3;
@@ -169,9 +165,6 @@ void Transformer::start_generation(int cap, const std::vector<int32_t>& key_star
                "cache's %d positions", b, key_start[b], cap);
     LLMT_CHECK(cap - key_start[b] <= cfg_.max_seq_len, "generation: sequence %d would reach %d tokens, beyond the "
                "model's context of %d", b, cap - key_start[b], cfg_.max_seq_len);
-    LLMT_CHECK(cfg_.sliding_window == 0 || cap - key_start[b] <= cfg_.sliding_window,
-               "generation: sequence %d would reach %d tokens, beyond the model's sliding_window of %d: llmt's "
-               "attention has no window yet", b, cap - key_start[b], cfg_.sliding_window);
   }
   if (cap != kv_cap_ || k_cache_.empty()) {
     release_kv_cache();
@@ -322,11 +315,12 @@ void Transformer::block_forward(int l, Tensor w) {
   adapt_forward(l, BlockMatrix::qkv, qkv, ln1);  // before RoPE, as the projections' outputs
   if (kv_on_) {  // generation: each row at its position, attending over the cache
     if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, Tensor(positions_.data, DType::i32, {N}));
-    be_.attention_kv(attn_out, k_cache_[l], v_cache_[l], qkv, key_start_, B_, T, kv_len_, kv_cap_, NH, NKV, hs);
+    be_.attention_kv(attn_out, k_cache_[l], v_cache_[l], qkv, key_start_, B_, T, kv_len_, kv_cap_, NH, NKV, hs,
+                     cfg_.window(l));
   } else {
     if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
     be_.attention_forward(attn_out, lse, qkv, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
-                          packed_docs());
+                          packed_docs(), cfg_.window(l));
   }
   if (out_drop_attn.active()) {
     Tensor branch = rows(dropped_, C);
@@ -416,7 +410,7 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   be_.matmul(dattn, dbranch, P(w, o.attn_proj_w, {C, Q}), Tensor(), N, Q, C, false, false, false);
   adapt_backward(l, BlockMatrix::attn_proj, dbranch, attn_out, dattn);
   be_.attention_backward(dqkv, dattn, qkv, attn_out, lse, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
-                         packed_docs());
+                         packed_docs(), cfg_.window(l));
   if (!gpt2) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
   if (grads) be_.matmul(P(g, o.qkv_w, {QKV, C}), dqkv, ln1, Tensor(), QKV, C, N, true, false, true);
   // after RoPE's inverse: the bias came before RoPE

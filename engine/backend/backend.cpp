@@ -315,6 +315,12 @@ void need_doc_count(const Backend& be, const char* op, const PackedDocs& docs, i
              (long long)docs.count, B, T, B, (long long)B * T);
 }
 
+// a sliding window of 0 (none) or more keys
+void need_window(const Backend& be, const char* op, int window) {
+  LLMT_CHECK(window >= 0, "%s %s: sliding window of %d keys, expected 0 (none) or more", be.name().c_str(), op,
+             window);
+}
+
 }  // namespace
 
 void Backend::rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
@@ -338,9 +344,10 @@ void Backend::rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, 
 }
 
 void Backend::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                                const Dropout& drop, const PackedDocs& docs) {
+                                const Dropout& drop, const PackedDocs& docs, int window) {
   const char* op = "attention_forward";
   need_heads(*this, op, B, T, NH, NKV, hs);
+  need_window(*this, op, window);
   LLMT_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "%s attention_forward: dropout p = %g, expected 0 <= p < 1",
              name().c_str(), drop.p);
   const int64_t BT = (int64_t)B * T;
@@ -349,13 +356,14 @@ void Backend::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T
   need_act(op, "qkv", qkv, BT * (NH + 2 * NKV) * hs);
   if (docs.active()) need(op, "doc_start", docs.start, DType::i32, BT);
   need_doc_count(*this, op, docs, B, T);
-  run("attention", [&] { attention_forward_impl(out, lse, qkv, B, T, NH, NKV, hs, drop, docs); });
+  run("attention", [&] { attention_forward_impl(out, lse, qkv, B, T, NH, NKV, hs, drop, docs, window); });
 }
 
 void Backend::attention_kv(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn,
-                           int p0, int cap, int NH, int NKV, int hs) {
+                           int p0, int cap, int NH, int NKV, int hs, int window) {
   const char* op = "attention_kv";
   need_heads(*this, op, B, Tn, NH, NKV, hs);
+  need_window(*this, op, window);
   LLMT_CHECK(p0 >= 0 && p0 + Tn <= cap, "%s attention_kv: %d cached and %d new tokens exceed the cache's %d positions",
              name().c_str(), p0, Tn, cap);
   const int64_t BT = (int64_t)B * Tn, cache = (int64_t)B * NKV * cap * hs;
@@ -364,13 +372,15 @@ void Backend::attention_kv(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qk
   need_act(op, "v_cache", v_cache, cache);
   need_act(op, "qkv", qkv, BT * (NH + 2 * NKV) * hs);
   need(op, "key_start", key_start, DType::i32, B);
-  run("attention", [&] { attention_kv_impl(out, k_cache, v_cache, qkv, key_start, B, Tn, p0, cap, NH, NKV, hs); });
+  run("attention",
+      [&] { attention_kv_impl(out, k_cache, v_cache, qkv, key_start, B, Tn, p0, cap, NH, NKV, hs, window); });
 }
 
 void Backend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                                 int NKV, int hs, const Dropout& drop, const PackedDocs& docs) {
+                                 int NKV, int hs, const Dropout& drop, const PackedDocs& docs, int window) {
   const char* op = "attention_backward";
   need_heads(*this, op, B, T, NH, NKV, hs);
+  need_window(*this, op, window);
   LLMT_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "%s attention_backward: dropout p = %g, expected 0 <= p < 1",
              name().c_str(), drop.p);
   const int64_t BT = (int64_t)B * T;
@@ -381,7 +391,8 @@ void Backend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor ou
   need(op, "lse", lse, DType::f32, BT * NH);
   if (docs.active()) need(op, "doc_start", docs.start, DType::i32, BT);
   need_doc_count(*this, op, docs, B, T);
-  run("attention", [&] { attention_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs, drop, docs); });
+  run("attention",
+      [&] { attention_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs, drop, docs, window); });
 }
 
 // ---- elementwise ----

@@ -239,11 +239,15 @@ class Backend {
   // that backward needs to recompute the probabilities, so no T x T buffer exists.
   // docs (PackedDocs, or none): a token attends only keys of its own document, from the document's
   // start to itself, never across a boundary.
+  // window (>= 0; 0 = none): a sliding window of `window` keys, the query's own included: query t
+  // attends key u only when t - window < u <= t (transformers' sliding_window, masking_utils'
+  // sliding_window_overlay: kv_idx > q_idx - sliding_window), intersected with the document.
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                         const Dropout& drop, const PackedDocs& docs = PackedDocs());
-  // dqkv (=) from dout, given the forward's qkv, out and lse (FlashAttention-2's backward).
+                         const Dropout& drop, const PackedDocs& docs = PackedDocs(), int window = 0);
+  // dqkv (=) from dout, given the forward's qkv, out and lse (FlashAttention-2's backward); docs and
+  // window as the forward's.
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH, int NKV,
-                          int hs, const Dropout& drop, const PackedDocs& docs = PackedDocs());
+                          int hs, const Dropout& drop, const PackedDocs& docs = PackedDocs(), int window = 0);
 
   // ---- generation: a KV cache (llmt generate; nothing here goes backward) ----
   // Tn new tokens of each of B sequences against a KV cache k_cache, v_cache (act, [B, NKV, cap, hs]),
@@ -252,8 +256,10 @@ class Backend {
   // (position p0 + i) attending causally, scale 1/sqrt(hs), grouped-query heads as attention_forward,
   // over positions key_start[b] .. p0 + i (key_start: i32 [B], the sequence's first real token after
   // left padding). A query before key_start[b] is padding: it attends nothing and gets zeros.
+  // window (0 = none) as attention_forward's, by cache position: from max(key_start[b], p0 + i -
+  // window + 1); the cache keeps every position all the same.
   void attention_kv(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn, int p0,
-                    int cap, int NH, int NKV, int hs);
+                    int cap, int NH, int NKV, int hs, int window = 0);
 
   // ---- elementwise (f32 or bf16) ----
   void add(Tensor out, Tensor a, Tensor b, int64_t n);  // out = a + b, one dtype (out may alias a or b)
@@ -315,11 +321,12 @@ class Backend {
   virtual void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
                                   Tensor positions) = 0;
   virtual void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                                      const Dropout& drop, const PackedDocs& docs) = 0;
+                                      const Dropout& drop, const PackedDocs& docs, int window) = 0;
   virtual void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
-                                       int NH, int NKV, int hs, const Dropout& drop, const PackedDocs& docs) = 0;
+                                       int NH, int NKV, int hs, const Dropout& drop, const PackedDocs& docs,
+                                       int window) = 0;
   virtual void attention_kv_impl(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B,
-                                 int Tn, int p0, int cap, int NH, int NKV, int hs) = 0;
+                                 int Tn, int p0, int cap, int NH, int NKV, int hs, int window) = 0;
   virtual void add_impl(Tensor out, Tensor a, Tensor b, int64_t n) = 0;
   virtual void accumulate_impl(Tensor dst, Tensor src, int64_t n) = 0;
   virtual void scale_impl(Tensor x, float s, int64_t n) = 0;

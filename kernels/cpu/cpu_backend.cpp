@@ -678,7 +678,7 @@ class CpuBackend : public Backend {
   // The new tokens' k and v into the cache, then each query row over its cached keys: scores, their
   // maximum, the exponentials' sum and the weighted values, all in fp32.
   void attention_kv_impl(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn,
-                         int p0, int cap, int NH, int NKV, int hs) override {
+                         int p0, int cap, int NH, int NKV, int hs, int window) override {
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
     const int group = NH / NKV;
     const float scale = 1.0f / std::sqrt((float)hs);
@@ -701,7 +701,8 @@ class CpuBackend : public Backend {
         for (int b = 0; b < B; b++)
           for (int h = 0; h < NH; h++)
             for (int i = 0; i < Tn; i++) {
-              const int kvh = h / group, last = p0 + i, first = std::max(0, ks[b]);
+              const int kvh = h / group, last = p0 + i;
+              const int first = std::max(std::max(0, ks[b]), window > 0 ? last - window + 1 : 0);
               const int64_t cache0 = ((int64_t)b * NKV + kvh) * cap * hs;
               const int64_t o = ((int64_t)b * Tn + i) * NH * hs + (int64_t)h * hs;
               for (int j = 0; j < hs; j++) acc[j] = 0.0f;
@@ -732,7 +733,7 @@ class CpuBackend : public Backend {
   // weighted sum of values. Only lse is kept; the probabilities live in a row of scratch. Keys are
   // held transposed ([hs][T]) so that a row's scores accumulate over t2 in vector lanes.
   void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                              const Dropout& drop, const PackedDocs& docs) override {
+                              const Dropout& drop, const PackedDocs& docs, int window) override {
     const int32_t* doc = docs.active() ? docs.start.i32() : nullptr;
     float* L = lse.f32();
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
@@ -755,7 +756,8 @@ class CpuBackend : public Backend {
             load_head_t(X, base, row, (int64_t)(NH + kvh) * hs, T, hs, kt);
             load_head(X, base, row, (int64_t)(NH + NKV + kvh) * hs, T, hs, v);
             for (int t = 0; t < T; t++) {
-              const int s0 = doc ? doc[(int64_t)b * T + t] : 0;  // the first key of t's document
+              // the first key t sees: its document's start, or its window's when later
+              const int s0 = std::max(doc ? doc[(int64_t)b * T + t] : 0, window > 0 ? t - window + 1 : 0);
               for (int j = 0; j < hs; j++) q[j] = ld(X, base + t * row + (int64_t)h * hs + j) * scale;
               for (int t2 = s0; t2 <= t; t2++) s[t2] = 0.0f;
               for (int j = 0; j < hs; j++) {
@@ -796,7 +798,7 @@ class CpuBackend : public Backend {
   // row sums. dk and dv accumulate in fp32 scratch and are stored once. Rows of scores and their
   // gradients run over t2 in vector lanes (keys and values held both ways).
   void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                               int NKV, int hs, const Dropout& drop, const PackedDocs& docs) override {
+                               int NKV, int hs, const Dropout& drop, const PackedDocs& docs, int window) override {
     const int32_t* doc = docs.active() ? docs.start.i32() : nullptr;
     const float* L = lse.f32();
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
@@ -833,7 +835,8 @@ class CpuBackend : public Backend {
             std::fill(dv, dv + th, 0.0f);
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
               for (int t = 0; t < T; t++) {
-                const int s0 = doc ? doc[(int64_t)b * T + t] : 0;  // the first key of t's document
+                // the first key t sees: its document's start, or its window's when later
+                const int s0 = std::max(doc ? doc[(int64_t)b * T + t] : 0, window > 0 ? t - window + 1 : 0);
                 const int64_t o = ((int64_t)b * T + t) * NH * hs + (int64_t)h * hs;
                 float Dt = 0.0f;  // rowsum(dout * out): the softmax backward's sum over the row
                 for (int j = 0; j < hs; j++) {

@@ -320,11 +320,11 @@ class CudaBackend : public Backend {
     });
   }
   void attention_kv_impl(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn, int p0,
-                         int cap, int NH, int NKV, int hs) override {
+                         int cap, int NH, int NKV, int hs, int window) override {
     by_dtype(qkv.dtype, "attention_kv", [&](auto tag) {
       using A = decltype(tag);
       cuda::attention_kv((A*)out.data, (A*)k_cache.data, (A*)v_cache.data, (const A*)qkv.data, key_start.i32(), B, Tn, p0,
-                         cap, NH, NKV, hs, stream_);
+                         cap, NH, NKV, hs, window, stream_);
     });
   }
   cuda::CudnnAttention& cudnn() {
@@ -351,39 +351,41 @@ class CudaBackend : public Backend {
     return k;
   }
   void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                              const Dropout& drop, const PackedDocs& docs) override {
+                              const Dropout& drop, const PackedDocs& docs, int window) override {
     const int32_t* doc = i32_or_null(docs.start);
     const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, doc != nullptr, B, T, NH, NKV);
     // cuDNN without an engine for this shape (it warned, naming it) passes the call on
     if (k == AttnKernel::cudnn &&
-        cudnn().forward(out.bf16(), lse.f32(), qkv.bf16(), doc, docs.count, B, T, NH, NKV, hs, stream_))
+        cudnn().forward(out.bf16(), lse.f32(), qkv.bf16(), doc, docs.count, B, T, NH, NKV, hs, window, stream_))
       return;
     if (k != AttnKernel::plain && cuda::flash_attention_fits(hs))
-      return cuda::flash_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), doc, B, T, NH, NKV, hs, drop, stream_);
+      return cuda::flash_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), doc, B, T, NH, NKV, hs, drop, window,
+                                           stream_);
     by_dtype(qkv.dtype, "attention_forward", [&](auto tag) {
       using A = decltype(tag);
-      cuda::attention_forward((A*)out.data, lse.f32(), (const A*)qkv.data, doc, B, T, NH, NKV, hs, drop, stream_);
+      cuda::attention_forward((A*)out.data, lse.f32(), (const A*)qkv.data, doc, B, T, NH, NKV, hs, drop, window,
+                              stream_);
     });
   }
   void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                               int NKV, int hs, const Dropout& drop, const PackedDocs& docs) override {
+                               int NKV, int hs, const Dropout& drop, const PackedDocs& docs, int window) override {
     const int32_t* doc = i32_or_null(docs.start);
     const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, doc != nullptr, B, T, NH, NKV);
     // cuDNN's lse is llmt's, so whichever kernel ran the forward, any of them can run the backward
     if (k == AttnKernel::cudnn && cudnn().backward(dqkv.bf16(), dout.bf16(), qkv.bf16(), out.bf16(), lse.f32(), doc,
-                                                   docs.count, B, T, NH, NKV, hs, stream_))
+                                                   docs.count, B, T, NH, NKV, hs, window, stream_))
       return;
     float* d = (float*)scratch(attn_d_, (size_t)B * T * NH * sizeof(float));
     if (k != AttnKernel::plain && cuda::flash_attention_fits(hs)) {
       cuda::attention_row_dots(d, dout.bf16(), out.bf16(), (int64_t)B * T * NH, hs, stream_);
       float* partial = (float*)scratch(attn_dq_, cuda::flash_backward_scratch_bytes(B, T, NH, NKV, hs));
       return cuda::flash_attention_backward(dqkv.bf16(), partial, dout.bf16(), qkv.bf16(), lse.f32(), d, doc, B, T, NH,
-                                            NKV, hs, drop, stream_);
+                                            NKV, hs, drop, window, stream_);
     }
     by_dtype(qkv.dtype, "attention_backward", [&](auto tag) {
       using A = decltype(tag);
       cuda::attention_backward((A*)dqkv.data, (const A*)dout.data, (const A*)qkv.data, (const A*)out.data, lse.f32(),
-                               d, doc, B, T, NH, NKV, hs, drop, stream_);
+                               d, doc, B, T, NH, NKV, hs, drop, window, stream_);
     });
   }
 

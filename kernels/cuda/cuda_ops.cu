@@ -494,6 +494,13 @@ __device__ __forceinline__ bool attn_keep(const Dropout& d, int b, int h, int t,
   return dropout_keep(d.key, dropout_row(d.row0 + b, t), ((int64_t)h << kDropoutPosBits) + t2, d.p);
 }
 
+// The first key query t of sequence b sees: its document's start (packed documents), or its sliding
+// window's (t - window + 1) when that is later.
+__device__ __forceinline__ int first_key(const int32_t* doc, int b, int T_, int t, int window) {
+  const int d0 = doc ? doc[(int64_t)b * T_ + t] : 0, w0 = window > 0 ? t - window + 1 : 0;
+  return d0 > w0 ? d0 : w0;
+}
+
 template <typename T>
 __device__ __forceinline__ float dot_row(const float* q, const T* k, int hs) {
   float s = 0.0f;
@@ -503,14 +510,14 @@ __device__ __forceinline__ float dot_row(const float* q, const T* k, int hs) {
 
 template <typename T>
 __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, const int32_t* doc, int T_, int NH, int NKV,
-                                         int hs, Dropout drop) {
+                                         int hs, Dropout drop, int window) {
   const int h = (int)blockIdx.x, b = (int)blockIdx.y, kvh = h / (NH / NKV);
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const T* base = qkv + (int64_t)b * T_ * row_len;
   const float scale = 1.0f / sqrtf((float)hs), keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
   float q[kMaxHeadSize], acc[kMaxHeadSize];
   for (int t = (int)threadIdx.x; t < T_; t += (int)blockDim.x) {
-    const int s0 = doc ? doc[(int64_t)b * T_ + t] : 0;  // the first key of t's document
+    const int s0 = first_key(doc, b, T_, t, window);
     for (int j = 0; j < hs; j++) q[j] = to_f32(base[t * row_len + (int64_t)h * hs + j]) * scale, acc[j] = 0.0f;
     float m = -INFINITY;
     for (int t2 = s0; t2 <= t; t2++) m = fmaxf(m, dot_row(q, base + t2 * row_len + (int64_t)(NH + kvh) * hs, hs));
@@ -546,16 +553,16 @@ __global__ void kv_append_kernel(T* k_cache, T* v_cache, const T* qkv, int Tn, i
 // a thread per new query row of head blockIdx.x, sequence blockIdx.y: two passes over its cached keys
 template <typename T>
 __global__ void attention_kv_kernel(T* out, const T* k_cache, const T* v_cache, const T* qkv, const int32_t* key_start,
-                                    int Tn, int p0, int cap, int NH, int NKV, int hs) {
+                                    int Tn, int p0, int cap, int NH, int NKV, int hs, int window) {
   const int h = (int)blockIdx.x, b = (int)blockIdx.y, kvh = h / (NH / NKV);
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const T* K = k_cache + ((int64_t)b * NKV + kvh) * cap * hs;
   const T* V = v_cache + ((int64_t)b * NKV + kvh) * cap * hs;
   const float scale = 1.0f / sqrtf((float)hs);
-  const int first = key_start[b] > 0 ? key_start[b] : 0;
+  const int start = key_start[b] > 0 ? key_start[b] : 0;
   float q[kMaxHeadSize], acc[kMaxHeadSize];
   for (int i = (int)threadIdx.x; i < Tn; i += (int)blockDim.x) {
-    const int last = p0 + i;
+    const int last = p0 + i, first = window > 0 && last - window + 1 > start ? last - window + 1 : start;
     const T* qr = qkv + ((int64_t)b * Tn + i) * row_len + (int64_t)h * hs;
     for (int j = 0; j < hs; j++) q[j] = to_f32(qr[j]) * scale, acc[j] = 0.0f;
     float m = -INFINITY, sum = 0.0f;
@@ -583,7 +590,7 @@ __global__ void attention_d_kernel(float* D, const T* dout, const T* out, int hs
 
 template <typename T>
 __global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D,
-                                    const int32_t* doc, int T_, int NH, int NKV, int hs, Dropout drop) {
+                                    const int32_t* doc, int T_, int NH, int NKV, int hs, Dropout drop, int window) {
   const int h = (int)blockIdx.x, b = (int)blockIdx.y, kvh = h / (NH / NKV);
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const T* base = qkv + (int64_t)b * T_ * row_len;
@@ -597,7 +604,7 @@ __global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const 
       dq[j] = 0.0f;
     }
     const float lse_t = lse[((int64_t)b * NH + h) * T_ + t], Dt = D[o];
-    for (int t2 = doc ? doc[(int64_t)b * T_ + t] : 0; t2 <= t; t2++) {
+    for (int t2 = first_key(doc, b, T_, t, window); t2 <= t; t2++) {
       const T* k = base + t2 * row_len + (int64_t)(NH + kvh) * hs;
       const T* v = base + t2 * row_len + (int64_t)(NH + NKV + kvh) * hs;
       const float p = expf(dot_row(q, k, hs) - lse_t);
@@ -613,7 +620,7 @@ __global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const 
 
 template <typename T>
 __global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D,
-                                     const int32_t* doc, int T_, int NH, int NKV, int hs, Dropout drop) {
+                                     const int32_t* doc, int T_, int NH, int NKV, int hs, Dropout drop, int window) {
   const int kvh = (int)blockIdx.x, b = (int)blockIdx.y, group = NH / NKV;
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const T* base = qkv + (int64_t)b * T_ * row_len;
@@ -626,7 +633,9 @@ __global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const
       dk[j] = dv[j] = 0.0f;
     }
     for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-      for (int t = t2; t < T_; t++) {
+      // the queries that see key t2: from t2 up to the window's end, within t2's document
+      const int t_end = window > 0 && t2 + window < T_ ? t2 + window : T_;
+      for (int t = t2; t < t_end; t++) {
         if (doc && doc[(int64_t)b * T_ + t] > t2) break;  // t and every later query are in a later document
         const T* q = base + t * row_len + (int64_t)h * hs;
         const int64_t o = ((int64_t)b * T_ + t) * NH + h;
@@ -874,12 +883,12 @@ inline int attention_threads(int T_) { return T_ >= 128 ? 128 : (T_ + WARP_SIZE 
 
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int T_, int NH, int NKV, int hs,
-                       const Dropout& drop, Stream stream) {
+                       const Dropout& drop, int window, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(hs <= kMaxHeadSize, "cuda attention: head size %d over %d", hs, kMaxHeadSize);
   if (B == 0 || T_ == 0) return;
   LLMT_LAUNCH(attention_forward_kernel, dim3(NH, B), attention_threads(T_), 0, stream, out, lse, qkv, doc, T_, NH, NKV,
-              hs, drop);
+              hs, drop, window);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -892,22 +901,23 @@ void attention_row_dots(float* D, const T* dout, const T* out, int64_t rows, int
 
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d,
-                        const int32_t* doc, int B, int T_, int NH, int NKV, int hs, const Dropout& drop, Stream stream) {
+                        const int32_t* doc, int B, int T_, int NH, int NKV, int hs, const Dropout& drop, int window,
+                        Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(hs <= kMaxHeadSize, "cuda attention: head size %d over %d", hs, kMaxHeadSize);
   if (B == 0 || T_ == 0) return;
   attention_row_dots(scratch_d, dout, out, (int64_t)B * T_ * NH, hs, stream);
   LLMT_LAUNCH(attention_dq_kernel, dim3(NH, B), attention_threads(T_), 0, stream, dqkv, dout, qkv, lse, scratch_d, doc,
-              T_, NH, NKV, hs, drop);
+              T_, NH, NKV, hs, drop, window);
   CUDA_CHECK_LAUNCH();
   LLMT_LAUNCH(attention_dkv_kernel, dim3(NKV, B), attention_threads(T_), 0, stream, dqkv, dout, qkv, lse, scratch_d,
-              doc, T_, NH, NKV, hs, drop);
+              doc, T_, NH, NKV, hs, drop, window);
   CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 void attention_kv(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* key_start, int B, int Tn, int p0, int cap,
-                  int NH, int NKV, int hs, Stream stream) {
+                  int NH, int NKV, int hs, int window, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(hs <= kMaxHeadSize, "cuda attention: head size %d over %d", hs, kMaxHeadSize);
   const int64_t n = (int64_t)B * Tn * NKV * hs;
@@ -916,7 +926,7 @@ void attention_kv(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* k
               hs, n);
   CUDA_CHECK_LAUNCH();
   LLMT_LAUNCH(attention_kv_kernel, dim3(NH, B), attention_threads(Tn), 0, stream, out, k_cache, v_cache, qkv, key_start,
-              Tn, p0, cap, NH, NKV, hs);
+              Tn, p0, cap, NH, NKV, hs, window);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -1035,14 +1045,14 @@ void lse_to_stats(float* stats, const float* lse, int B, int T_, int NH, Stream 
   template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int64_t, int, float*,   \
                                     Stream);                                                                         \
   template void rope<T>(T*, const int32_t*, int, int, int, int, int, const RopeSpec&, float, Stream);                         \
-  template void attention_kv<T>(T*, T*, T*, const T*, const int32_t*, int, int, int, int, int, int, int, Stream);           \
+  template void attention_kv<T>(T*, T*, T*, const T*, const int32_t*, int, int, int, int, int, int, int, int, Stream);      \
   template void dropout<T>(T*, int, int, int, const Dropout&, Stream);                                               \
   template void attention_forward<T>(T*, float*, const T*, const int32_t*, int, int, int, int, int, const Dropout&,   \
-                                     Stream);                                                                        \
+                                     int, Stream);                                                                        \
   template void attention_row_dots<T>(float*, const T*, const T*, int64_t, int, Stream);                           \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, float*, const int32_t*, int, int, \
                                       int, int, int,                                                                 \
-                                      const Dropout&, Stream);                                                       \
+                                      const Dropout&, int, Stream);                                                       \
   template void cross_entropy<T>(double*, double*, T*, const T*, const int32_t*, int64_t, int, int64_t, float, int*, \
                                  Stream);
 LLMT_ACT_TYPES(LLMT_INSTANTIATE)

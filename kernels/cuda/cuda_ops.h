@@ -64,10 +64,11 @@ template <typename T>
 void dropout(T* x, int B, int T_, int C, const Dropout& d, Stream stream);
 
 // scratch_d: B*NH*T floats (rowsum(dout * out)) for the backward.
-// doc: Backend::attention_forward's doc_start (device, [B*T_]) or nullptr
+// doc: Backend::attention_forward's doc_start (device, [B*T_]) or nullptr; window: its sliding window
+// (0 = none)
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int T_, int NH, int NKV, int hs,
-                       const Dropout& drop, Stream stream);
+                       const Dropout& drop, int window, Stream stream);
 // D[o] = rowsum(dout * out) for each of the `rows` rows (b, t, h) of attention's output: the term
 // every attention backward subtracts (FlashAttention-2's D).
 // cuDNN's ragged batch for packed documents (doc: the i32 [B*T] starts of PackedDocs): for each of
@@ -83,12 +84,13 @@ template <typename T>
 void attention_row_dots(float* D, const T* dout, const T* out, int64_t rows, int hs, Stream stream);
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d,
-                        const int32_t* doc, int B, int T_, int NH, int NKV, int hs, const Dropout& drop, Stream stream);
+                        const int32_t* doc, int B, int T_, int NH, int NKV, int hs, const Dropout& drop, int window,
+                        Stream stream);
 
 // Backend::attention_kv: the new tokens' k and v into the cache, then their attention over it.
 template <typename T>
 void attention_kv(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* key_start, int B, int Tn, int p0, int cap,
-                  int NH, int NKV, int hs, Stream stream);
+                  int NH, int NKV, int hs, int window, Stream stream);
 
 // loss_sum[0] += the rows' losses (row_losses: N doubles of scratch); dlogits may be nullptr or alias logits.
 // Rows are ld elements apart.

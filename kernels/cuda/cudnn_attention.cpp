@@ -94,9 +94,10 @@ enum SdpaUid : int64_t {
 };
 
 // One call's shape. slots > 0: packed documents as a ragged batch of `slots` sequences of at most T
-// tokens (the documents, then empty ones), B rows of T tokens in memory.
+// tokens (the documents, then empty ones), B rows of T tokens in memory. window > 0: a sliding window
+// of that many keys (the diagonal band's left bound), 0 none.
 struct SdpaShape {
-  int B, T, NH, NKV, hs, slots;
+  int B, T, NH, NKV, hs, slots, window;
   int64_t R() const { return (int64_t)(NH + 2 * NKV) * hs; }
   int64_t C() const { return (int64_t)NH * hs; }
   bool ragged() const { return slots > 0; }
@@ -197,7 +198,8 @@ struct CudnnAttention::Plans {
     int64_t workspace = 0;                    // bytes
   };
   cudnnHandle_t handle = nullptr;
-  std::map<std::tuple<bool, int, int, int, int, int, int>, Plan> built;  // (backward, B, T, NH, NKV, hs, slots)
+  // (backward, B, T, NH, NKV, hs, slots, window)
+  std::map<std::tuple<bool, int, int, int, int, int, int, int>, Plan> built;
   void* workspace = nullptr;
   void* index = nullptr;  // int32: seq_len [slots], then the qkv, out and stats offsets [slots + 1] each
   void* stats = nullptr;  // f32 [B*T, NH]
@@ -208,7 +210,7 @@ namespace {
 
 // The graph for a pass over shape s, built on first use.
 const CudnnAttention::Plans::Plan& sdpa_plan(CudnnAttention::Plans& c, bool backward, const SdpaShape& s) {
-  const auto key = std::make_tuple(backward, s.B, s.T, s.NH, s.NKV, s.hs, s.slots);
+  const auto key = std::make_tuple(backward, s.B, s.T, s.NH, s.NKV, s.hs, s.slots, s.window);
   auto found = c.built.find(key);
   if (found != c.built.end()) return found->second;
 
@@ -227,6 +229,8 @@ const CudnnAttention::Plans::Plan& sdpa_plan(CudnnAttention::Plans& c, bool back
                      .set_generate_stats(true)
                      .set_causal_mask(true)
                      .set_attn_scale(scale);
+    // top-left causal with a left bound W keeps key j of query i where j + W > i: transformers' window
+    if (s.window > 0) attrs.set_diagonal_band_left_bound(s.window);
     set_packed(attrs, *g, s);
     auto [o, lse] = g->sdpa(q, k, v, attrs);
     output_as(o, out_rows("out", kO, s, ragged_offsets(*g, "out offsets", kOffO, s)));
@@ -241,6 +245,7 @@ const CudnnAttention::Plans::Plan& sdpa_plan(CudnnAttention::Plans& c, bool back
                      .set_causal_mask(true)
                      .set_attn_scale(scale)
                      .set_deterministic_algorithm(true);
+    if (s.window > 0) attrs.set_diagonal_band_left_bound(s.window);
     set_packed(attrs, *g, s);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, lse, attrs);
     output_as(dq, qkv_part("dq", kDQ, s, s.NH, ragged_offsets(*g, "dq offsets", kOffDQ, s)));
@@ -258,9 +263,10 @@ const CudnnAttention::Plans::Plan& sdpa_plan(CudnnAttention::Plans& c, bool back
   if (err.is_good()) {
     plan.graph = g;
   } else {
-    log_warn("cuDNN attention %s (B=%d T=%d heads %d/%d hs %d%s): %s; that pass runs llmt's own kernel",
+    log_warn("cuDNN attention %s (B=%d T=%d heads %d/%d hs %d%s%s): %s; that pass runs llmt's own kernel",
              backward ? "backward" : "forward", s.B, s.T, s.NH, s.NKV, s.hs,
-             s.ragged() ? strformat(", packed as %d sequences", s.slots).c_str() : "", err.get_message().c_str());
+             s.ragged() ? strformat(", packed as %d sequences", s.slots).c_str() : "",
+             s.window > 0 ? strformat(", window %d", s.window).c_str() : "", err.get_message().c_str());
   }
   return c.built.emplace(key, plan).first->second;
 }
@@ -338,10 +344,11 @@ int cudnn_packed_slots(int64_t docs) {
 }
 
 bool CudnnAttention::forward(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc_start, int64_t docs,
-                             int B, int T, int NH, int NKV, int hs, Stream stream) {
+                             int B, int T, int NH, int NKV, int hs, int window, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   if (B == 0 || T == 0) return true;
-  const SdpaShape s{B, T, NH, NKV, hs, doc_start ? cudnn_packed_slots(docs) : 0};
+  // a window of T or more keys masks nothing: the causal graph, one fewer to build
+  const SdpaShape s{B, T, NH, NKV, hs, doc_start ? cudnn_packed_slots(docs) : 0, window < T ? window : 0};
   uint16_t* x = const_cast<uint16_t*>(qkv);  // cuDNN's variant pack holds void*; it only reads them
   return sdpa_run(*p_, false, s,
                   {{kQ, x}, {kK, x + (int64_t)NH * hs}, {kV, x + (int64_t)(NH + NKV) * hs}, {kO, out}, {kStats, lse}},
@@ -350,10 +357,10 @@ bool CudnnAttention::forward(uint16_t* out, float* lse, const uint16_t* qkv, con
 
 bool CudnnAttention::backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
                               const float* lse, const int32_t* doc_start, int64_t docs, int B, int T, int NH, int NKV,
-                              int hs, Stream stream) {
+                              int hs, int window, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   if (B == 0 || T == 0) return true;
-  const SdpaShape s{B, T, NH, NKV, hs, doc_start ? cudnn_packed_slots(docs) : 0};
+  const SdpaShape s{B, T, NH, NKV, hs, doc_start ? cudnn_packed_slots(docs) : 0, window < T ? window : 0};
   uint16_t* x = const_cast<uint16_t*>(qkv);
   const int64_t k_at = (int64_t)NH * hs, v_at = (int64_t)(NH + NKV) * hs;
   return sdpa_run(*p_, true, s,
@@ -381,12 +388,12 @@ struct CudnnAttention::Plans {};
 CudnnAttention::CudnnAttention() { fail("cuDNN attention: %s", cudnn_attention_unavailable().c_str()); }
 CudnnAttention::~CudnnAttention() = default;
 int cudnn_packed_slots(int64_t) { return 0; }
-bool CudnnAttention::forward(uint16_t*, float*, const uint16_t*, const int32_t*, int64_t, int, int, int, int, int,
+bool CudnnAttention::forward(uint16_t*, float*, const uint16_t*, const int32_t*, int64_t, int, int, int, int, int, int,
                              Stream) {
   return false;
 }
 bool CudnnAttention::backward(uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, const float*,
-                              const int32_t*, int64_t, int, int, int, int, int, Stream) {
+                              const int32_t*, int64_t, int, int, int, int, int, int, Stream) {
   return false;
 }
 

@@ -1,14 +1,17 @@
 // Causal self-attention on tensor cores, forward and backward, in the manner of FlashAttention-2
 // (Dao, 2023): bf16 in, f32 accumulation, head sizes 64 and 128, grouped-query heads, dropout on the
-// probabilities with the counter-based masks every backend draws, packed documents, the log-sum-exp
-// kept for the backward, and a backward without atomics, so a run repeats bit for bit.
+// probabilities with the counter-based masks every backend draws, packed documents, a sliding window,
+// the log-sum-exp kept for the backward, and a backward without atomics, so a run repeats bit for bit.
+// A row's keys run from its first key (its document's start, or t - window + 1 when later) to itself:
+// key tiles wholly outside that band are never loaded or computed, the tiles it cuts are masked.
 //
 // Forward, a block of 4 warps per 64 query rows of one head of one sequence (grid: query tiles
 // x heads x batch, the longest walks first); each warp owns 16 rows:
 //   Q's tile -> shared memory (cp.async, 16 bytes a copy) -> A fragments, in registers for the walk;
-//   for each 64-key tile up to the block's diagonal, K and V double-buffered: the next tile's
+//   for each 64-key tile from the block's first row's first key up to the block's diagonal (a warp
+//   skips a tile before its own first row's window), K and V double-buffered: the next tile's
 //   cp.async is in flight while this one computes;
-//     S = Q K^T (mma.sync, K by ldmatrix x4); the causal and document masks on the tiles that need
+//     S = Q K^T (mma.sync, K by ldmatrix x4); the causal, document and window masks on the tiles that need
 //     them only; the running row maximum in log2 units (the softmax scale times log2(e) folded in,
 //     so each probability is one FFMA and one ex2); P rounded to bf16 by cvt.rn.bf16x2;
 //     O += P V (P's accumulators reused as A fragments, V by ldmatrix x4 .trans);
@@ -20,7 +23,8 @@
 //   attention_row_dots), dV += P_drop^T dO, dK += dS^T Q, dQ += dS K.
 // A block of 4 warps per (split, kv head, sequence) walks key tiles split, split + splits, ...; for
 // each it holds K and V in shared memory, each warp 16 keys' dK and dV in registers, and walks the
-// query tiles at and past the diagonal for every head of the group, Q and dO double-buffered by
+// query tiles from the diagonal to the last whose first row still sees a key of the tile (document
+// and window) for every head of the group, Q and dO double-buffered by
 // cp.async (at head size 64). dS goes through shared memory to form dQ's A fragments, and each
 // warp adds its 16 rows of dQ into the split's own f32 partial sums in global memory: a split's
 // key tiles add in increasing order, and no two blocks write one element. flash_dq_reduce_kernel
@@ -70,6 +74,12 @@ __device__ __forceinline__ void load_tile_async(uint16_t* dst, const uint16_t* s
 __device__ __forceinline__ int doc_start_of(const int32_t* doc, int b, int T_, int t) {
   return doc && t < T_ ? doc[(int64_t)b * T_ + t] : 0;
 }
+// The first key row t sees: its document's start, or its sliding window's (t - window + 1; window 0:
+// none) when later. Never decreases with t, as document starts do not.
+__device__ __forceinline__ int first_key_of(const int32_t* doc, int b, int T_, int t, int window) {
+  const int d0 = doc_start_of(doc, b, T_, t), w0 = window > 0 ? t - window + 1 : 0;
+  return d0 > w0 ? d0 : w0;
+}
 
 // A's fragment (16 rows x 16 columns) of a row-major tile in shared memory: one ldmatrix x4.
 __device__ __forceinline__ void load_a(uint32_t a[4], const uint16_t* tile, int ld, int row0, int col0) {
@@ -111,7 +121,7 @@ constexpr size_t forward_shared_bytes() {
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc, int T_, int NH, int NKV,
-                         Dropout drop) {
+                         Dropout drop, int window) {
   constexpr int LD = HS + 8, KS = HS / 16, NS = HS / 8;  // k-steps over the head, 8-wide n-tiles of it
   uint16_t* skv = LLMT_DYNAMIC_SHARED(uint16_t);  // [stage][K, V][kTile][LD]
   uint16_t* sq = skv + 2 * kTile * LD;             // Q's tile, in stage 1's K until Q is in registers
@@ -125,8 +135,8 @@ __global__ void __launch_bounds__(kThreads)
 
   load_tile_async<HS>(sq, base, row_len, h * HS, q_first, T_);
   cp_async_commit();
-  // from the tile holding the block's first row's document start: no row sees a key before it
-  const int kt0 = doc_start_of(doc, b, T_, q_first) / kTile, kt1 = q_last / kTile;
+  // from the tile holding the block's first row's first key: no row sees a key before it
+  const int kt0 = first_key_of(doc, b, T_, q_first, window) / kTile, kt1 = q_last / kTile;
   auto load_kv = [&](int kt, int stage) {
     uint16_t* sk = skv + stage * 2 * kTile * LD;
     load_tile_async<HS>(sk, base, row_len, (NH + kvh) * HS, kt * kTile, T_);
@@ -145,10 +155,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int n = 0; n < NS; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};  // rows g and g+8: max (log2 units), this lane's sum
-  int first[2];  // the first key of each row's document (packed documents), else 0
-  for (int r = 0; r < 2; r++) first[r] = doc_start_of(doc, b, T_, q0 + g + 8 * r);
-  // documents start in row order, so the warp's last row has the latest start
-  const int doc_last = doc_start_of(doc, b, T_, q0 + 15 < T_ ? q0 + 15 : T_ - 1);
+  int first[2];  // the first key of each row: its document's start or its window's, else 0
+  for (int r = 0; r < 2; r++) first[r] = first_key_of(doc, b, T_, q0 + g + 8 * r, window);
+  // first keys never decrease with the row: the warp's last row has the latest, its first the earliest
+  const int doc_last = first_key_of(doc, b, T_, q0 + 15 < T_ ? q0 + 15 : T_ - 1, window);
+  const int band_first = window > 0 ? q0 - window + 1 : 0;
 
   for (int kt = kt0; kt <= kt1; kt++) {
     const int stage = (kt - kt0) & 1;
@@ -162,7 +173,8 @@ __global__ void __launch_bounds__(kThreads)
     const uint16_t* sk = skv + stage * 2 * kTile * LD;
     const uint16_t* sv = sk + kTile * LD;
     const int k0 = kt * kTile;
-    if (k0 <= q0 + 15) {  // a tile wholly after the warp's rows adds nothing to them
+    // a tile wholly after the warp's rows, or wholly before its first row's window, adds nothing to them
+    if (k0 <= q0 + 15 && k0 + kTile > band_first) {
       // S = Q K^T: 8 n-tiles of 8 keys
       float s[kTile / 8][4];
 #pragma unroll
@@ -175,7 +187,7 @@ __global__ void __launch_bounds__(kThreads)
           load_b_rows(kb, sk, LD, np * 16, kk * 16);
           mma2(s[2 * np], s[2 * np + 1], qf[kk], kb);
         }
-      // the causal and document masks, only where a key may lie after a row or before its document
+      // the causal, document and window masks, only where a key may lie after a row or before its first key
       if (k0 + kTile - 1 > q0 || k0 < doc_last) {
 #pragma unroll
         for (int n = 0; n < kTile / 8; n++)
@@ -288,7 +300,7 @@ template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_kernel(uint16_t* dqkv, float* dq_partial, const uint16_t* dout, const uint16_t* qkv,
                           const float* lse, const float* D, const int32_t* doc, int B, int T_, int NH, int NKV,
-                          Dropout drop) {
+                          Dropout drop, int window) {
   constexpr int LD = HS + 8, KS = HS / 16, NS = HS / 8, STAGES = kBackwardStages<HS>;
   constexpr int QH = HS > 64 ? 4 : 1, QW = kTile / QH;  // passes over a query tile, and their queries
   uint16_t* sk = LLMT_DYNAMIC_SHARED(uint16_t);
@@ -297,7 +309,7 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* sds = sqdo + STAGES * 2 * kTile * LD;    // dS^T: [key][query]
   float* slse = reinterpret_cast<float*>(sds + kTile * kLdS);  // [stage][kTile]: lse in log2 units
   float* sd = slse + STAGES * kTile;                            // [stage][kTile]: D
-  int* sdoc = reinterpret_cast<int*>(sd + STAGES * kTile);      // [stage][kTile]: document starts
+  int* sdoc = reinterpret_cast<int*>(sd + STAGES * kTile);      // [stage][kTile]: first keys (document, window)
   const int split = (int)blockIdx.x, splits = (int)gridDim.x, kvh = (int)blockIdx.y, b = (int)blockIdx.z;
   const int group = NH / NKV;
   const int tid = (int)threadIdx.x, warp = tid / WARP_SIZE, l = tid % WARP_SIZE, g = l / 4, t4 = l % 4;
@@ -311,9 +323,10 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int kt = split; kt < tiles; kt += splits) {
     const int k_first = kt * kTile, kw = k_first + warp * 16;  // the lane's keys: kw + g, kw + g + 8
-    // query tiles from the diagonal while their first row's document may still see this tile
+    // query tiles from the diagonal while their first row (the tile's earliest first key: its document's
+    // start or its window's) may still see this tile
     int it_end = kt;
-    while (it_end < tiles && doc_start_of(doc, b, T_, it_end * kTile) <= k_first + kTile - 1) it_end++;
+    while (it_end < tiles && first_key_of(doc, b, T_, it_end * kTile, window) <= k_first + kTile - 1) it_end++;
     const int per_head = it_end - kt, items = group * per_head;
     // item j: head kvh * group + j / per_head, query tile kt + j % per_head
     auto load_item = [&](int j, int stage) {
@@ -326,7 +339,7 @@ __global__ void __launch_bounds__(kThreads)
         const int t = qs + tid;
         slse[stage * kTile + tid] = t < T_ ? lse[((int64_t)b * NH + h) * T_ + t] * kLog2e : 0.0f;
         sd[stage * kTile + tid] = t < T_ ? D[((int64_t)b * T_ + t) * NH + h] : 0.0f;
-        sdoc[stage * kTile + tid] = doc_start_of(doc, b, T_, t);
+        sdoc[stage * kTile + tid] = first_key_of(doc, b, T_, t, window);
       }
     };
     __syncthreads();  // every warp is done with the previous key tile's K, V and staging
@@ -359,8 +372,9 @@ __global__ void __launch_bounds__(kThreads)
       const int* first = sdoc + stage * kTile;
 
       // in QH passes of QW queries (two at head size 128, to keep the registers within bounds):
-      // masks where a key may lie after a query, a query past the sequence, or (documents start in
-      // row order, so the tile's last query has the latest start) a key before a query's document
+      // masks where a key may lie after a query, a query past the sequence, or (first keys never
+      // decrease with the row, so the tile's last query has the latest) a key before a query's first
+      // key (its document's start or its window's)
       const int q_last = qs + kTile - 1 < T_ ? qs + kTile - 1 : T_ - 1;
       const bool docs = kw < first[q_last - qs];
       const bool masked = kw + 15 > qs || qs + kTile > T_ || docs;
@@ -394,7 +408,7 @@ __global__ void __launch_bounds__(kThreads)
             mma2(dp[2 * np], dp[2 * np + 1], va, ob);
           }
         }
-        // P (masked: a key after its query, before the query's document, or a query past the
+        // P (masked: a key after its query, before the query's first key, or a query past the
         // sequence), the dropped P in dp's place once dS is known, dS in s's place
         const int q_lane = qh * QW + 2 * t4;            // element (n, i)'s query: qs + q_lane + n * 8 + (i & 1)
         const int key_minus_q = kw + g - qs - q_lane;   // for i < 2; 8 more for i >= 2
@@ -554,11 +568,11 @@ size_t flash_backward_scratch_bytes(int B, int T_, int NH, int NKV, int hs) {
     constexpr size_t shared = forward_shared_bytes<HS>();                                                   \
     CUDA_CHECK(LLMT_MAX_DYNAMIC_SHARED((flash_forward_kernel<HS, DROP>), shared));                          \
     LLMT_LAUNCH((flash_forward_kernel<HS, DROP>), grid, kThreads, shared, stream, out, lse, qkv, doc, T_, NH, \
-                NKV, drop);                                                                                 \
+                NKV, drop, window);                                                                         \
   } while (0)
 
 void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc, int B, int T_, int NH,
-                             int NKV, int hs, const Dropout& drop, Stream stream) {
+                             int NKV, int hs, const Dropout& drop, int window, Stream stream) {
   LLMT_CHECK(flash_attention_fits(hs), "flash attention: head size %d (64 or 128)", hs);
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(aligned(qkv, 16) && aligned(out, 16), "flash attention: qkv and out must be 16-byte aligned");
@@ -577,12 +591,12 @@ void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, con
     constexpr size_t shared = backward_shared_bytes<HS>();                                                    \
     CUDA_CHECK(LLMT_MAX_DYNAMIC_SHARED((flash_backward_kernel<HS, DROP>), shared));                           \
     LLMT_LAUNCH((flash_backward_kernel<HS, DROP>), grid, kThreads, shared, stream, dqkv, dq_partial, dout, qkv, \
-                lse, D, doc, B, T_, NH, NKV, drop);                                                           \
+                lse, D, doc, B, T_, NH, NKV, drop, window);                                                   \
   } while (0)
 
 void flash_attention_backward(uint16_t* dqkv, float* dq_partial, const uint16_t* dout, const uint16_t* qkv,
                               const float* lse, const float* D, const int32_t* doc, int B, int T_, int NH, int NKV,
-                              int hs, const Dropout& drop, Stream stream) {
+                              int hs, const Dropout& drop, int window, Stream stream) {
   LLMT_CHECK(flash_attention_fits(hs), "flash attention: head size %d (64 or 128)", hs);
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(aligned(qkv, 16) && aligned(dout, 16) && aligned(dqkv, 16) && aligned(dq_partial, 16),

@@ -89,7 +89,7 @@ TEST(PlantedDefects, FlashForwardWithoutTheBarrierAfterItsTileLoads) {
   Device<uint16_t> dqkv(qkv), out((size_t)B * T * NH * hs);
   Device<float> lse((size_t)B * NH * T);
   expect_caught("flash_forward_kernel<64, false>", [&] {
-    cuda::flash_attention_forward(out.p, lse.p, dqkv.p, nullptr, B, T, NH, NKV, hs, Dropout{}, nullptr);
+    cuda::flash_attention_forward(out.p, lse.p, dqkv.p, nullptr, B, T, NH, NKV, hs, Dropout{}, 0, nullptr);
   });
 }
 

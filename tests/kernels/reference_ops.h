@@ -142,10 +142,12 @@ inline DV rope(const DV& qkv, int B, int T, int NH, int NKV, int hs, const RopeR
 
 // Causal grouped-query attention. out[B*T, NH*hs]; lse[B,NH,T] the log-sum-exp of each query row's
 // scaled scores; drop(b, h, t, u), when given, multiplies probability (t, u) after the softmax
-// (dropout: 0 or 1/(1-p)).
+// (dropout: 0 or 1/(1-p)). window > 0: query t sees keys t - window < u <= t only (transformers'
+// sliding_window_overlay: kv_idx > q_idx - sliding_window).
 using DropFn = std::function<double(int b, int h, int t, int u)>;
+inline int first_key(int t, int window) { return window > 0 ? std::max(0, t - window + 1) : 0; }
 inline DV attention(const DV& qkv, int B, int T, int NH, int NKV, int hs, DV* lse_out = nullptr,
-                    const DropFn& drop = nullptr) {
+                    const DropFn& drop = nullptr, int window = 0) {
   const int R = (NH + 2 * NKV) * hs, group = NH / NKV;
   const double scale = 1.0 / std::sqrt((double)hs);
   DV out((size_t)B * T * NH * hs, 0.0);
@@ -157,7 +159,8 @@ inline DV attention(const DV& qkv, int B, int T, int NH, int NKV, int hs, DV* ls
       for (int t = 0; t < T; t++) {
         const double* q = &qkv[((int64_t)b * T + t) * R + (int64_t)h * hs];
         double mx = -1e300;
-        for (int u = 0; u <= t; u++) {
+        const int u0 = first_key(t, window);
+        for (int u = u0; u <= t; u++) {
           const double* k = &qkv[((int64_t)b * T + u) * R + (int64_t)NH * hs + (int64_t)kh * hs];
           double s = 0;
           for (int d = 0; d < hs; d++) s += q[d] * k[d];
@@ -165,11 +168,11 @@ inline DV attention(const DV& qkv, int B, int T, int NH, int NKV, int hs, DV* ls
           mx = std::max(mx, p[u]);
         }
         double z = 0;
-        for (int u = 0; u <= t; u++) z += (p[u] = std::exp(p[u] - mx));
-        for (int u = 0; u <= t; u++) p[u] /= z;
+        for (int u = u0; u <= t; u++) z += (p[u] = std::exp(p[u] - mx));
+        for (int u = u0; u <= t; u++) p[u] /= z;
         if (lse_out) (*lse_out)[((int64_t)b * NH + h) * T + t] = mx + std::log(z);
         double* o = &out[((int64_t)b * T + t) * NH * hs + (int64_t)h * hs];
-        for (int u = 0; u <= t; u++) {
+        for (int u = u0; u <= t; u++) {
           const double* v = &qkv[((int64_t)b * T + u) * R + (int64_t)(NH + NKV) * hs + (int64_t)kh * hs];
           double pu = drop ? p[u] * drop(b, h, t, u) : p[u];
           for (int d = 0; d < hs; d++) o[d] += pu * v[d];
@@ -183,7 +186,7 @@ inline DV attention(const DV& qkv, int B, int T, int NH, int NKV, int hs, DV* ls
 // dqkv . dqkv_step. Per query row t: P = softmax(scale q k^T), dP = (dout_t . v_u) drop(t, u),
 // dS = P (dP - sum_u P dP), dq = scale dS k, dk_u += scale dS_u q, dv_u += P_u drop(t, u) dout_t.
 inline DV attention_backward(const DV& qkv, const DV& dout, int B, int T, int NH, int NKV, int hs,
-                             const DropFn& drop = nullptr) {
+                             const DropFn& drop = nullptr, int window = 0) {
   const int R = (NH + 2 * NKV) * hs, group = NH / NKV;
   const double scale = 1.0 / std::sqrt((double)hs);
   DV dqkv(qkv.size(), 0.0);
@@ -197,16 +200,17 @@ inline DV attention_backward(const DV& qkv, const DV& dout, int B, int T, int NH
         auto key = [&](int u) { return ((int64_t)b * T + u) * R + (int64_t)(NH + h / group) * hs; };
         auto val = [&](int u) { return key(u) + (int64_t)NKV * hs; };
         double mx = -1e300, z = 0, D = 0;
-        for (int u = 0; u <= t; u++) {
+        const int u0 = first_key(t, window);
+        for (int u = u0; u <= t; u++) {
           double s = 0, d = 0;
           for (int c = 0; c < hs; c++) s += q[c] * qkv[key(u) + c], d += g[c] * qkv[val(u) + c];
           p[u] = s * scale;
           dp[u] = drop ? d * drop(b, h, t, u) : d;
           mx = std::max(mx, p[u]);
         }
-        for (int u = 0; u <= t; u++) z += (p[u] = std::exp(p[u] - mx));
-        for (int u = 0; u <= t; u++) D += (p[u] /= z) * dp[u];
-        for (int u = 0; u <= t; u++) {
+        for (int u = u0; u <= t; u++) z += (p[u] = std::exp(p[u] - mx));
+        for (int u = u0; u <= t; u++) D += (p[u] /= z) * dp[u];
+        for (int u = u0; u <= t; u++) {
           const double ds = p[u] * (dp[u] - D) * scale, pv = drop ? p[u] * drop(b, h, t, u) : p[u];
           for (int c = 0; c < hs; c++) {
             dqkv[qrow + c] += ds * qkv[key(u) + c];

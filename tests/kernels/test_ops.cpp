@@ -1004,8 +1004,10 @@ TEST_P(Ops, RopeAtPositionsEqualsRopeAtTheSameRows) {
 TEST_P(Ops, AttentionKvMatchesWholeSequenceAttention) {
   std::mt19937 rng(58);
   const int B = 3, T = 9, cap = 11;
+  // windows: none, shorter than the prompt chunk, and one longer than any sequence (which changes nothing)
+  for (int window : {0, 3, 20})
   for (AttnCfg c : {AttnCfg{4, 2}, AttnCfg{3, 3}, AttnCfg{3, 1}}) {
-    SCOPED_TRACE(::testing::Message() << "NH=" << c.NH << " NKV=" << c.NKV);
+    SCOPED_TRACE(::testing::Message() << "NH=" << c.NH << " NKV=" << c.NKV << " window " << window);
     const int R = (c.NH + 2 * c.NKV) * HS, Q = c.NH * HS;
     const IV starts = {0, 3, 8};  // sequence b's first real token
     FV qkv = rand_act(rng, (size_t)B * T * R, -1.5f, 1.5f);
@@ -1019,7 +1021,7 @@ TEST_P(Ops, AttentionKvMatchesWholeSequenceAttention) {
         std::copy_n(qkv.begin() + ((size_t)b * T + p0) * R, (size_t)Tn * R, chunk.begin() + (size_t)b * Tn * R);
       BufP X = Buf::act(chunk), Out = Buf::act(garbage);
       be().attention_kv(Out->a({B * Tn, Q}), K->a({B, c.NKV, cap, HS}), V->a({B, c.NKV, cap, HS}), X->a({B * Tn, R}),
-                        Starts.i32({B}), B, Tn, p0, cap, c.NH, c.NKV, HS);
+                        Starts.i32({B}), B, Tn, p0, cap, c.NH, c.NKV, HS, window);
       FV o = Out->rf();
       for (int b = 0; b < B; b++)
         std::copy_n(o.begin() + (size_t)b * Tn * Q, (size_t)Tn * Q, got.begin() + ((size_t)b * T + p0) * Q);
@@ -1029,7 +1031,7 @@ TEST_P(Ops, AttentionKvMatchesWholeSequenceAttention) {
     for (int b = 0; b < B; b++) {
       const int s0 = starts[b], L = T - s0;
       DV one(qkv.begin() + ((size_t)b * T + s0) * R, qkv.begin() + ((size_t)b * T + T) * R);
-      DV want = llmt_ref::attention(one, 1, L, c.NH, c.NKV, HS);
+      DV want = llmt_ref::attention(one, 1, L, c.NH, c.NKV, HS, nullptr, nullptr, window);
       FV mine(got.begin() + ((size_t)b * T + s0) * Q, got.begin() + ((size_t)b * T + T) * Q);
       EXPECT_TRUE(Close(mine, want, fwd_tol())) << "sequence " << b << " from its first real token " << s0;
       for (size_t e = (size_t)b * T * Q; e < ((size_t)b * T + s0) * Q; e++)
@@ -1174,9 +1176,12 @@ TEST_P(Ops, AttentionPackedDocumentsEqualEachDocumentAlone) {
   const Case cases[] = {{130, 4, 2, 64, {{0, 50, 51}, {0, 64, 100, 129}}},
                         {70, 2, 1, 128, {{0, 3}}},
                         {13, 3, 1, 6, {{0, 4, 5, 9}, {0}, {0, 12}}}};
+  // windows: none, a few keys (inside most documents), and one longer than some documents and
+  // shorter than others: the band meets the document mask
+  for (int window : {0, 3, 37})
   for (const Case& c : cases) {
     const int B = (int)c.starts.size(), R = (c.NH + 2 * c.NKV) * c.hs, Q = c.NH * c.hs;
-    SCOPED_TRACE(::testing::Message() << "T=" << c.T << " hs=" << c.hs << " rows " << B);
+    SCOPED_TRACE(::testing::Message() << "T=" << c.T << " hs=" << c.hs << " rows " << B << " window " << window);
     const int64_t rows = (int64_t)B * c.T;
     IV doc((size_t)rows);
     for (int b = 0; b < B; b++)
@@ -1194,8 +1199,8 @@ TEST_P(Ops, AttentionPackedDocumentsEqualEachDocumentAlone) {
         const size_t r0 = (size_t)b * c.T + s0;
         DV sub(qkv.begin() + r0 * R, qkv.begin() + (r0 + L) * R), gsub(g.begin() + r0 * Q, g.begin() + (r0 + L) * Q);
         DV lse;
-        DV out = llmt_ref::attention(sub, 1, L, c.NH, c.NKV, c.hs, &lse);
-        DV dq = llmt_ref::attention_backward(sub, gsub, 1, L, c.NH, c.NKV, c.hs);
+        DV out = llmt_ref::attention(sub, 1, L, c.NH, c.NKV, c.hs, &lse, nullptr, window);
+        DV dq = llmt_ref::attention_backward(sub, gsub, 1, L, c.NH, c.NKV, c.hs, nullptr, window);
         std::copy(out.begin(), out.end(), want_out.begin() + r0 * Q);
         std::copy(dq.begin(), dq.end(), want_dqkv.begin() + r0 * R);
         for (int h = 0; h < c.NH; h++)
@@ -1208,13 +1213,71 @@ TEST_P(Ops, AttentionPackedDocumentsEqualEachDocumentAlone) {
     for (const auto& row : c.starts) count += (int64_t)row.size();
     const llmt::PackedDocs docs{Doc.i32({rows}), count};
     be().attention_forward(Out->a({rows, Q}), Lse.f32({B, c.NH, c.T}), X->a({rows, R}), B, c.T, c.NH, c.NKV, c.hs,
-                           llmt::Dropout{}, docs);
+                           llmt::Dropout{}, docs, window);
     EXPECT_TRUE(Close(Out->rf(), want_out, fwd_tol())) << "out";
     EXPECT_TRUE(Close(Lse.rf(), want_lse, tol::kF32OpForward + (is_bf16() ? tol::kBf16OpForward / 4 : 0.0))) << "lse";
     be().attention_backward(dX->a({rows, R}), dOut->a({rows, Q}), X->a({rows, R}), Out->a({rows, Q}),
-                            Lse.f32({B, c.NH, c.T}), B, c.T, c.NH, c.NKV, c.hs, llmt::Dropout{}, docs);
+                            Lse.f32({B, c.NH, c.T}), B, c.T, c.NH, c.NKV, c.hs, llmt::Dropout{}, docs, window);
     EXPECT_TRUE(Close(dX->rf(), want_dqkv, grad_tol())) << "dqkv";
   }
+}
+
+// A sliding window (transformers' sliding_window: query t sees keys t - W < u <= t) of one key, of
+// fewer keys than a 64-row tile, across tiles, of exactly T and past T (where it masks nothing),
+// with GQA and dropout, forward and backward against the double reference: on a GPU (and the
+// emulator) in bf16 the tensor-core kernels or cuDNN, elsewhere the plain ones.
+TEST_P(Ops, AttentionSlidingWindowMatchesReference) {
+  std::mt19937 rng(60);
+  {  // the reference's backward with a window, against finite differences of its forward
+    const int B = 1, T = 7, NH = 2, NKV = 1, hs = 4, R = (NH + 2 * NKV) * hs, W = 3;
+    llmt::Dropout d{0.25f, 19, 1};
+    DV qkv = to_d(rand_f(rng, (size_t)B * T * R, -1.5f, 1.5f)), g = to_d(rand_f(rng, (size_t)B * T * NH * hs));
+    DV fd = fd_grad(
+        [&](const DV& v) { return dot(llmt_ref::attention(v, B, T, NH, NKV, hs, nullptr, attn_drop(d), W), g); }, qkv);
+    FV analytic;
+    for (double x : llmt_ref::attention_backward(qkv, g, B, T, NH, NKV, hs, attn_drop(d), W))
+      analytic.push_back((float)x);
+    ASSERT_TRUE(Close(analytic, fd, tol::kF32OpBackward)) << "the reference backward against finite differences";
+    DV full = llmt_ref::attention(qkv, B, T, NH, NKV, hs), band = llmt_ref::attention(qkv, B, T, NH, NKV, hs, nullptr,
+                                                                                       nullptr, W);
+    ASSERT_NE(full, band) << "a window shorter than the sequence changes the output";
+    ASSERT_EQ(full, llmt_ref::attention(qkv, B, T, NH, NKV, hs, nullptr, nullptr, T)) << "a window of T changes nothing";
+  }
+  struct Case {
+    int B, T, NH, NKV, hs;
+    std::vector<int> windows;
+  };
+  const Case cases[] = {{2, 130, 4, 2, 64, {1, 40, 65, 130, 200}}, {1, 70, 2, 1, 128, {16, 70}},
+                        {2, 13, 3, 1, 6, {1, 4, 13, 20}}};
+  for (const Case& c : cases)
+    for (int window : c.windows)
+      for (float p : {0.0f, 0.25f}) {
+        if (p > 0.0f && window != c.windows[1]) continue;  // dropout with one window a shape
+        SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.NKV
+                                          << " hs=" << c.hs << " window " << window << " dropout " << p);
+        const int R = (c.NH + 2 * c.NKV) * c.hs, Q = c.NH * c.hs;
+        const int64_t rows = (int64_t)c.B * c.T;
+        llmt::Dropout d{p, 97, 4};
+        FV qkv = rand_act(rng, (size_t)(rows * R), -1.5f, 1.5f), g = rand_act(rng, (size_t)(rows * Q));
+        BufP X = Buf::act(qkv), Out = Buf::act(rand_act(rng, (size_t)rows * Q, 5.f, 6.f)), dOut = Buf::act(g);
+        BufP dX = Buf::act(rand_act(rng, qkv.size(), 5.f, 6.f));
+        Buf Lse(rand_f(rng, (size_t)c.B * c.NH * c.T, 5.f, 6.f));
+        const int64_t launches = be().counters().launches;
+        be().attention_forward(Out->a({rows, Q}), Lse.f32({c.B, c.NH, c.T}), X->a({rows, R}), c.B, c.T, c.NH, c.NKV,
+                               c.hs, d, llmt::PackedDocs(), window);
+        if (stand_in_cudnn(GetParam()) && p == 0.0f && c.hs % 8 == 0) {
+          EXPECT_EQ(be().counters().launches - launches, 1) << "one cuDNN graph, the window its left bound";
+        }
+        DV lse;
+        DV want = llmt_ref::attention(to_d(qkv), c.B, c.T, c.NH, c.NKV, c.hs, &lse, attn_drop(d), window);
+        EXPECT_TRUE(Close(Out->rf(), want, fwd_tol())) << "out (=)";
+        EXPECT_TRUE(Close(Lse.rf(), lse, tol::kF32OpForward + (is_bf16() ? tol::kBf16OpForward / 4 : 0.0)))
+            << "lse (=)";
+        be().attention_backward(dX->a({rows, R}), dOut->a({rows, Q}), X->a({rows, R}), Out->a({rows, Q}),
+                                Lse.f32({c.B, c.NH, c.T}), c.B, c.T, c.NH, c.NKV, c.hs, d, llmt::PackedDocs(), window);
+        DV want_d = llmt_ref::attention_backward(to_d(qkv), to_d(g), c.B, c.T, c.NH, c.NKV, c.hs, attn_drop(d), window);
+        EXPECT_TRUE(Close(dX->rf(), want_d, grad_tol())) << "dqkv (=)";
+      }
 }
 
 TEST_P(Ops, AttentionBackwardVsFiniteDifferencesMhaGqaDropout) {
@@ -1627,6 +1690,9 @@ TEST_P(Ops, BadArgumentsAreRefusedByTheEntry) {
   expect_error([&] { be().attention_forward(Big->a({B * T, 2 * hs}), X->f32({B * 2 * T}), Big->a({B * T, 4 * hs}), B, T,
                                             2, 1, hs, llmt::Dropout{}, llmt::PackedDocs{Y->i32({1}), 1}); },
                {name + " attention_forward: doc_start holds 1 elements"});
+  expect_error([&] { be().attention_forward(Big->a({B * T, 2 * hs}), X->f32({B * 2 * T}), Big->a({B * T, 4 * hs}), B, T,
+                                            2, 1, hs, llmt::Dropout{}, llmt::PackedDocs(), -1); },
+               {name + " attention_forward: sliding window of -1 keys, expected 0 (none) or more"});
   // a row of 2 tokens holds 1 or 2 documents, never 3
   expect_error([&] { be().attention_forward(Big->a({B * T, 2 * hs}), X->f32({B * 2 * T}), Big->a({B * T, 4 * hs}), B, T,
                                             2, 1, hs, llmt::Dropout{}, llmt::PackedDocs{Y->i32({B * T}), 3}); },

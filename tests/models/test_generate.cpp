@@ -290,9 +290,7 @@ TEST(Plan, LoraCountsTheFrozenBaseAndTheAdapter) {
 TEST(Generate, RefusesWhatItCannotDo) {
   auto m = load("mistral_tiny", "cpu", DType::f32, 1, 12);
   GenerateOptions o;
-  o.max_new_tokens = 8;  // 12 + 8 > the sliding window of 16
-  llmt_test::expect_error([&] { generate(*m->model, *m->store, {std::vector<int32_t>(12, 5)}, o); },
-                          {"sliding_window of 16"});
+  o.max_new_tokens = 8;
   llmt_test::expect_error([&] { generate(*m->model, *m->store, {{}}, o); }, {"prompt 0 has no tokens"});
   o.max_new_tokens = 2;
   llmt_test::expect_error([&] { m->model->decode(*m->store, std::vector<int32_t>(13, 5).data(), 13); },

@@ -369,6 +369,13 @@ TEST(ModelConfig, FieldsThatChangeTheModelAreReadOrRefusedByName) {
       {qwen2 + "\"layer_types\": [\"full_attention\"]}", {"\"layer_types\" must list one kind per layer (2)"}},
       {qwen2 + "\"layer_types\": [\"full_attention\", \"chunked_attention\"]}", {"\"chunked_attention\" is not supported"}},
       {qwen2 + "\"layer_types\": [\"full_attention\", \"sliding_attention\"]}", {"no positive sliding_window"}},
+      // transformers' Qwen2 reads sliding_window only with use_sliding_window (and then fails its mask)
+      {qwen2 + "\"layer_types\": [\"full_attention\", \"sliding_attention\"], \"sliding_window\": 16}",
+       {"no positive sliding_window", "use_sliding_window"}},
+      // transformers' Mistral gives every layer its window, whatever layer_types says
+      {mistral + "\"sliding_window\": 8, \"layer_types\": [\"full_attention\", \"sliding_attention\"]}",
+       {"makes layer 0 full", "ignores layer_types"}},
+      {llama + "\"layer_types\": [\"full_attention\", \"sliding_attention\"]}", {"LLaMA has no sliding window"}},
   };
   for (size_t i = 0; i < std::size(refused); i++) {
     const std::string f = dir + strformat("/refused%zu.json", i);
@@ -386,9 +393,25 @@ TEST(ModelConfig, FieldsThatChangeTheModelAreReadOrRefusedByName) {
   ModelConfig t = c;
   t.tied_embeddings = true;
   EXPECT_EQ(make_layout(c).total_numel, make_layout(t).total_numel + 256 * 32);  // lm_head.weight [V, C]
+  // per-layer windows: Qwen2's layer_types, else its max_window_layers (Qwen2Config: layers from it
+  // on slide), only with use_sliding_window; Mistral's window on every layer
   write_file(dir + "/qwen_sliding.json", qwen2 + "\"layer_types\": [\"full_attention\", \"sliding_attention\"], "
-                                                 "\"sliding_window\": 16}");
-  EXPECT_EQ(config_from_json_file(dir + "/qwen_sliding.json").sliding_window, 16);
+                                                 "\"use_sliding_window\": true, \"sliding_window\": 16}");
+  ModelConfig q = config_from_json_file(dir + "/qwen_sliding.json");
+  EXPECT_EQ(q.sliding_window, 16);
+  EXPECT_EQ(q.layer_window, (std::vector<int>{0, 16}));
+  EXPECT_EQ(config_to_hf_json(q)["layer_types"], nlohmann::json({"full_attention", "sliding_attention"}));
+  write_file(dir + "/qwen_max_window.json", qwen2 + "\"use_sliding_window\": true, \"sliding_window\": 4, "
+                                                    "\"max_window_layers\": 1}");
+  EXPECT_EQ(config_from_json_file(dir + "/qwen_max_window.json").layer_window, (std::vector<int>{0, 4}));
+  write_file(dir + "/qwen_default_layers.json", qwen2 + "\"use_sliding_window\": true, \"sliding_window\": 4}");
+  EXPECT_TRUE(config_from_json_file(dir + "/qwen_default_layers.json").layer_window.empty())
+      << "max_window_layers defaults to 28: neither of 2 layers slides";
+  write_file(dir + "/qwen_off.json", qwen2 + "\"layer_types\": [\"full_attention\", \"full_attention\"], "
+                                             "\"sliding_window\": 16}");
+  EXPECT_TRUE(config_from_json_file(dir + "/qwen_off.json").layer_window.empty());
+  write_file(dir + "/mistral_window.json", mistral + "\"sliding_window\": 8}");
+  EXPECT_EQ(config_from_json_file(dir + "/mistral_window.json").layer_window, (std::vector<int>{8, 8}));
   write_file(dir + "/mistral_ok.json", mistral + "\"attention_bias\": false, \"mlp_bias\": null}");
   EXPECT_NO_THROW(config_from_json_file(dir + "/mistral_ok.json"));
 }
@@ -540,15 +563,15 @@ TEST(ModelInit, AnyRangeEqualsTheSequentialStream) {
 }
 
 // What llmt cannot compute exactly at a training length is refused when the model is built for it:
-// a sequence beyond Mistral's sliding window, or beyond the context within which dynamic rope scaling
-// changes nothing.
+// a sequence beyond the context within which dynamic rope scaling changes nothing. (A sequence beyond
+// Mistral's sliding window was refused before attention took the window; it trains now.)
 TEST(ModelConfig, LengthsBeyondWhatIsExactAreRefused) {
   auto be = make_cpu_backend(1);
   ModelConfig m = config_from_preset("llama-tiny");
   m.model_type = "mistral";
   m.sliding_window = 16;
-  EXPECT_NO_THROW(Transformer(m, *be, 1, 16, false));
-  expect_error([&] { Transformer(m, *be, 1, 17, false); }, {"sequence length 17 exceeds the model's sliding_window of 16"});
+  m.layer_window.assign((size_t)m.n_layer, 16);
+  EXPECT_NO_THROW(Transformer(m, *be, 1, 17, false));
   ModelConfig d = config_from_preset("llama-tiny");  // context 256
   d.rope_scaling = "dynamic";
   d.rope_factor = 2.0f;

@@ -6,7 +6,8 @@ Makes tiny, randomly initialised models under tests/reference/:
   llama_tiny/       LlamaForCausalLM, grouped-query attention (4 heads, 2 kv heads), untied lm_head
   llama_tied_tiny/  the same LLaMA with tied embeddings, 4 kv heads, rope_theta 500000
   llama31_tiny/     Llama 3.1's config shape: llama3 rope scaling (factor 8, original context 16), head_dim
-  mistral_tiny/     MistralForCausalLM, 1 kv head, sliding_window 16 (beyond the 13-token batch)
+  mistral_tiny/     MistralForCausalLM, 1 kv head, sliding_window 5 (within the 13-token batch: every layer's
+                    attention is banded)
   qwen2_tiny/       Qwen2ForCausalLM: q, k, v biases, tied embeddings
   llama_bias_tiny/  LlamaForCausalLM with attention_bias and mlp_bias
 Each directory holds the Hugging Face export (config.json, model.safetensors, float32),
@@ -66,10 +67,11 @@ def llama31_config():
 
 
 def mistral_config():
-    """Mistral: LLaMA with grouped-query attention and a sliding window at or beyond the sequence."""
+    """Mistral: LLaMA with grouped-query attention and a sliding window of 5 keys, shorter than the batch's
+    13 tokens and than generate.json's prompts plus new tokens: query i sees keys i-4 .. i."""
     return MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
-                         rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=16, tie_word_embeddings=False,
+                         rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=5, tie_word_embeddings=False,
                          hidden_act="silu", attention_dropout=0.0)
 
 

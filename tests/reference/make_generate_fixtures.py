@@ -13,7 +13,8 @@ transformers' generate(do_sample=False) produces after them:
 choice: how far the references are from a tie that fp32 summation order could flip.
 
 Regenerate (CPU, seconds; the outputs are committed):
-  pip install torch transformers safetensors numpy && python3 tests/reference/make_generate_fixtures.py
+  pip install torch transformers safetensors numpy && python3 tests/reference/make_generate_fixtures.py [MODEL ...]
+(mistral_tiny's sliding window of 5 is shorter than every prompt plus its new tokens.)
 """
 import json
 import os
@@ -44,7 +45,8 @@ def run(model, prompts, eos):
 
 def main():
     torch.set_num_threads(1)
-    for name in MODELS:
+    for name in sys.argv[1:] or MODELS:
+        assert name in MODELS, f"{name}: not one of {MODELS}"
         d = os.path.join(HERE, name)
         model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager").eval()
         gen = torch.Generator().manual_seed(7)

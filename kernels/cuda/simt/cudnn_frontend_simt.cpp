@@ -151,6 +151,15 @@ error_t Graph::validate() {
     return refuse(error_code_t::GRAPH_NOT_SUPPORTED, "ragged offsets are supported with the padding mask only");
   if ((pad.max_total_q >= 0 || pad.max_total_kv >= 0) && !ragged)
     return refuse(error_code_t::GRAPH_NOT_SUPPORTED, "max_total_seq_len_q/kv is only supported with packed (ragged) layout");
+  {
+    const bool left_set = node_ == 1 ? fwd_.left_set : bwd_.left_set, causal = node_ == 1 ? fwd_.causal : bwd_.causal;
+    const int left = node_ == 1 ? fwd_.left_bound : bwd_.left_bound;
+    if (left_set && left <= 0)
+      return refuse(error_code_t::INVALID_VALUE, "Left bound (Sliding window length) should be greater than zero when set.");
+    if (left_set && !causal)
+      return refuse(error_code_t::GRAPH_NOT_SUPPORTED, "the stand-in takes a left bound (sliding window) with the causal "
+                                                       "mask (top left) only");
+  }
   if (node_ == 1) {
     if (fwd_.generate_stats < 0)
       return refuse(error_code_t::ATTRIBUTE_NOT_SET, "generate_stats (or is_inference) is not set");
@@ -253,7 +262,11 @@ error_t Graph::execute(cudnnHandle_t handle, std::unordered_map<int64_t, void*>&
   const void *q = ptr(q_), *k = ptr(k_), *v = ptr(v_);
   float* stats = (float*)ptr(stats_);
   std::vector<double> score(S);
-  // the keys query i of sequence b sees: causal (top left: key j <= i) and within the sequence
+  // the keys query i of sequence b sees: from its left bound (key j > i - W) to first_of .. keys_of - 1:
+  // causal (top left: key j <= i) and within the sequence
+  const bool left_set = node_ == 1 ? fwd_.left_set : bwd_.left_set;
+  const int64_t left = node_ == 1 ? fwd_.left_bound : bwd_.left_bound;
+  auto first_of = [&](int64_t i) { return left_set ? std::max<int64_t>(0, i - left + 1) : 0; };
   auto keys_of = [&](int64_t b, int64_t i) { return causal ? std::min(i + 1, len_kv[b]) : len_kv[b]; };
 
   if (node_ == 1) {
@@ -262,9 +275,9 @@ error_t Graph::execute(cudnnHandle_t handle, std::unordered_map<int64_t, void*>&
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < HQ; ++h)
         for (int64_t i = 0; i < len_q[b]; ++i) {
-          const int64_t keys = keys_of(b, i);
+          const int64_t keys = keys_of(b, i), j0 = first_of(i);
           double m = -INFINITY;
-          for (int64_t j = 0; j < keys; ++j) {
+          for (int64_t j = j0; j < keys; ++j) {
             double dot = 0;
             for (int64_t d = 0; d < D; ++d) dot += bf(q, at(q_, b, h, i, d)) * bf(k, at(k_, b, h / group, j, d));
             score[j] = scale * dot;
@@ -272,7 +285,7 @@ error_t Graph::execute(cudnnHandle_t handle, std::unordered_map<int64_t, void*>&
           }
           double sum = 0;
           std::fill(acc.begin(), acc.end(), 0.0);
-          for (int64_t j = 0; j < keys; ++j) {
+          for (int64_t j = j0; j < keys; ++j) {
             const double p = std::exp(score[j] - m);
             sum += p;
             for (int64_t d = 0; d < D; ++d) acc[d] += p * bf(v, at(v_, b, h / group, j, d));
@@ -303,13 +316,13 @@ error_t Graph::execute(cudnnHandle_t handle, std::unordered_map<int64_t, void*>&
     for (int64_t h = 0; h < HQ; ++h) {
       const int64_t hk = h / group;
       for (int64_t i = 0; i < len_q[b]; ++i) {
-        const int64_t keys = keys_of(b, i);
+        const int64_t keys = keys_of(b, i), j0 = first_of(i), count = keys - j0;
         double row_dot = 0;  // rowsum(dO O), from O as stored
         for (int64_t d = 0; d < D; ++d) row_dot += bf(dout, at(do_, b, h, i, d)) * bf(o, at(o_, b, h, i, d));
         const double lse = stats[at(stats_, b, h, i, 0)];
         std::fill(dq_row.begin(), dq_row.end(), 0.0f);
-        for (int64_t jj = 0; jj < keys; ++jj) {
-          const int64_t j = (jj + start) % keys;
+        for (int64_t jj = 0; jj < count; ++jj) {
+          const int64_t j = j0 + (jj + start) % count;
           double dot = 0, dp = 0;
           for (int64_t d = 0; d < D; ++d) {
             dot += bf(q, at(q_, b, h, i, d)) * bf(k, at(k_, b, hk, j, d));

@@ -10,7 +10,9 @@
 // Semantics (cuDNN's "Scaled Dot Product Attention" in its graph API documentation). Tensors are
 // 4-d, [batch, heads, sequence, hidden], any strides with the last one 1; K and V may have fewer
 // heads than Q (grouped query attention: query head h reads kv head h / (h_q / h_k)).
-//   forward:  S = attn_scale Q K^T, causal (TOP_LEFT, right bound 0: key j <= query i), P =
+//   forward:  S = attn_scale Q K^T, causal (TOP_LEFT, right bound 0: key j <= query i), with a
+//             diagonal band left bound W (set_diagonal_band_left_bound, set_sliding_window_length:
+//             the frontend's sliding_window_mask keeps column + W > row) also j > i - W, P =
 //             softmax(S), O = P V; with generate_stats, Stats [b, h_q, s_q, 1] (f32) = the natural
 //             log-sum-exp of each row of S.
 //   padded and ragged batches: with set_padding_mask(true), sequence b has seq_len_q[b] queries and
@@ -127,9 +129,12 @@ class SDPA_attributes : public PaddingAttributes<SDPA_attributes> {
   SDPA_attributes& set_is_inference(bool v) { return set_generate_stats(!v); }
   SDPA_attributes& set_causal_mask(bool v) { causal = v; return *this; }
   SDPA_attributes& set_attn_scale(float v) { attn_scale = v; scale_set = true; return *this; }
+  SDPA_attributes& set_diagonal_band_left_bound(int v) { left_bound = v; left_set = true; return *this; }
+  SDPA_attributes& set_sliding_window_length(int v) { return set_diagonal_band_left_bound(v); }
   std::string name;
   int generate_stats = -1;  // -1: not set, which the frontend refuses
-  bool causal = false, scale_set = false;
+  bool causal = false, scale_set = false, left_set = false;
+  int left_bound = 0;
   float attn_scale = 1.0f;
 };
 
@@ -139,8 +144,11 @@ class SDPA_backward_attributes : public PaddingAttributes<SDPA_backward_attribut
   SDPA_backward_attributes& set_causal_mask(bool v) { causal = v; return *this; }
   SDPA_backward_attributes& set_attn_scale(float v) { attn_scale = v; scale_set = true; return *this; }
   SDPA_backward_attributes& set_deterministic_algorithm(bool v) { deterministic = v; return *this; }
+  SDPA_backward_attributes& set_diagonal_band_left_bound(int v) { left_bound = v; left_set = true; return *this; }
+  SDPA_backward_attributes& set_sliding_window_length(int v) { return set_diagonal_band_left_bound(v); }
   std::string name;
-  bool causal = false, scale_set = false, deterministic = false;
+  bool causal = false, scale_set = false, deterministic = false, left_set = false;
+  int left_bound = 0;
   float attn_scale = 1.0f;
 };
 
