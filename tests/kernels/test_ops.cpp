@@ -1247,7 +1247,9 @@ TEST_P(Ops, AttentionSlidingWindowMatchesReference) {
     int B, T, NH, NKV, hs;
     std::vector<int> windows;
   };
-  const Case cases[] = {{2, 130, 4, 2, 64, {1, 40, 65, 130, 200}}, {1, 70, 2, 1, 128, {16, 70}},
+  // (at T = 130, a window of 18 puts warp 1's first row of the second query tile exactly 63 keys past
+  // the first key tile's start: the tile its band must not skip)
+  const Case cases[] = {{2, 130, 4, 2, 64, {1, 18, 40, 65, 130, 200}}, {1, 70, 2, 1, 128, {16, 70}},
                         {2, 13, 3, 1, 6, {1, 4, 13, 20}}};
   for (const Case& c : cases)
     for (int window : c.windows)
