@@ -232,7 +232,8 @@ void validate_config(const ModelConfig& c, const std::string& source) {
 // layer_types saying otherwise is refused). Qwen2: the layers layer_types names sliding, else
 // (Qwen2Config) those from max_window_layers on, and only with use_sliding_window (which
 // c.sliding_window already reflects). LLaMA: no window.
-static void read_layer_windows(const nlohmann::json& j, const std::string& source, const std::string& type, ModelConfig& c) {
+static void read_layer_windows(const nlohmann::json& j, const std::string& source, const std::string& type,
+                               ModelConfig& c) {
   std::vector<bool> sliding;
   if (j.contains("layer_types") && !j.at("layer_types").is_null()) {
     const nlohmann::json& lt = j.at("layer_types");

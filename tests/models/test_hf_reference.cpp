@@ -211,7 +211,7 @@ TEST(HfReference, LlamaTiedTiny) { check_model("llama_tied_tiny", DType::f32); }
 TEST(HfReference, Gpt2TinyBf16) { check_model("gpt2_tiny", DType::bf16); }
 TEST(HfReference, LlamaTinyGqaBf16) { check_model("llama_tiny", DType::bf16); }
 TEST(HfReference, LlamaTiedTinyBf16) { check_model("llama_tied_tiny", DType::bf16); }
-// Llama 3.1's llama3 rope scaling, and Mistral (its window beyond the batch's length)
+// Llama 3.1's llama3 rope scaling, and Mistral (a window of 5 keys on every layer, within the batch's 13)
 TEST(HfReference, Llama31Tiny) { check_model("llama31_tiny", DType::f32); }
 TEST(HfReference, Llama31TinyBf16) { check_model("llama31_tiny", DType::bf16); }
 TEST(HfReference, MistralTiny) { check_model("mistral_tiny", DType::f32); }
@@ -219,6 +219,10 @@ TEST(HfReference, MistralTinyBf16) { check_model("mistral_tiny", DType::bf16); }
 // biases on a LLaMA: Qwen2's q/k/v, and attention_bias + mlp_bias on every projection
 TEST(HfReference, Qwen2Tiny) { check_model("qwen2_tiny", DType::f32); }
 TEST(HfReference, Qwen2TinyBf16) { check_model("qwen2_tiny", DType::bf16); }
+// local and global layers mixed: Qwen2's layer 0 full, layer 1 a window of 4 (max_window_layers 1);
+// the other placements would be 0.41 (both full) and 0.82 (both sliding) away in the logits
+TEST(HfReference, Qwen2WindowTiny) { check_model("qwen2_window_tiny", DType::f32); }
+TEST(HfReference, Qwen2WindowTinyBf16) { check_model("qwen2_window_tiny", DType::bf16); }
 TEST(HfReference, LlamaBiasTiny) { check_model("llama_bias_tiny", DType::f32); }
 TEST(HfReference, LlamaBiasTinyBf16) { check_model("llama_bias_tiny", DType::bf16); }
 // the same fixtures with the CUDA backend
@@ -234,6 +238,8 @@ TEST(HfReferenceCuda, MistralTiny) { check_model("mistral_tiny", DType::f32, "cu
 TEST(HfReferenceCuda, MistralTinyBf16) { check_model("mistral_tiny", DType::bf16, "cuda"); }
 TEST(HfReferenceCuda, Qwen2Tiny) { check_model("qwen2_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, Qwen2TinyBf16) { check_model("qwen2_tiny", DType::bf16, "cuda"); }
+TEST(HfReferenceCuda, Qwen2WindowTiny) { check_model("qwen2_window_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, Qwen2WindowTinyBf16) { check_model("qwen2_window_tiny", DType::bf16, "cuda"); }
 TEST(HfReferenceCuda, LlamaBiasTiny) { check_model("llama_bias_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, LlamaBiasTinyBf16) { check_model("llama_bias_tiny", DType::bf16, "cuda"); }
 

@@ -9,6 +9,8 @@ Makes tiny, randomly initialised models under tests/reference/:
   mistral_tiny/     MistralForCausalLM, 1 kv head, sliding_window 5 (within the 13-token batch: every layer's
                     attention is banded)
   qwen2_tiny/       Qwen2ForCausalLM: q, k, v biases, tied embeddings
+  qwen2_window_tiny/ the same Qwen2 with use_sliding_window, sliding_window 4 and max_window_layers 1:
+                    layer 0 full attention, layer 1 a window of 4 keys (local and global layers mixed)
   llama_bias_tiny/  LlamaForCausalLM with attention_bias and mlp_bias
 Each directory holds the Hugging Face export (config.json, model.safetensors, float32),
 reference.safetensors: one fixed batch, its logits, loss and gradients, and the parameters after
@@ -83,6 +85,17 @@ def qwen2_config():
                        hidden_act="silu", attention_dropout=0.0)
 
 
+def qwen2_window_config():
+    """Qwen2 with a sliding window on the layers from max_window_layers on (Qwen2Config's rule): layer 0
+    attends causally to everything, layer 1 to its last 4 keys."""
+    c = qwen2_config()
+    c.use_sliding_window = True
+    c.sliding_window = 4
+    c.max_window_layers = 1
+    c.layer_types = ["full_attention", "sliding_attention"]  # what Qwen2Config derives from the above
+    return c
+
+
 def llama_bias_config():
     """A LLaMA config with attention_bias and mlp_bias: biases on q, k, v, o, gate, up and down."""
     c = llama_config(tied=False)
@@ -98,6 +111,7 @@ MODELS = {
     "llama31_tiny": (LlamaForCausalLM, llama31_config),
     "mistral_tiny": (MistralForCausalLM, mistral_config),
     "qwen2_tiny": (Qwen2ForCausalLM, qwen2_config),
+    "qwen2_window_tiny": (Qwen2ForCausalLM, qwen2_window_config),
     "llama_bias_tiny": (LlamaForCausalLM, llama_bias_config),
 }
 
