@@ -428,8 +428,10 @@ namespace fe = cudnn_frontend;
 using TA = fe::graph::Tensor_attributes;
 
 // A forward graph over one [1, 2, 16, hs] q, k and v (dense), o and stats outputs, built as far as
-// it goes; the error of the first step that refuses it.
-fe::error_t forward_graph(fe::graph::Graph& g, int64_t hs, bool stats_flag, bool o_uid) {
+// it goes; the error of the first step that refuses it. left >= 0: a diagonal band left bound (a
+// sliding window); causal: the causal mask.
+fe::error_t forward_graph(fe::graph::Graph& g, int64_t hs, bool stats_flag, bool o_uid, int left = -1,
+                          bool causal = true) {
   g.set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -437,8 +439,9 @@ fe::error_t forward_graph(fe::graph::Graph& g, int64_t hs, bool stats_flag, bool
     return g.tensor(TA().set_name(name).set_uid(uid).set_dim({1, 2, 16, hs}).set_stride({32 * hs, 16 * hs, hs, 1}));
   };
   auto q = t("q", 1), k = t("k", 2), v = t("v", 3);
-  auto attrs = fe::graph::SDPA_attributes().set_causal_mask(true).set_attn_scale(0.5f);
+  auto attrs = fe::graph::SDPA_attributes().set_causal_mask(causal).set_attn_scale(0.5f);
   if (stats_flag) attrs.set_generate_stats(true);
+  if (left >= 0) attrs.set_diagonal_band_left_bound(left);
   auto [o, stats] = g.sdpa(q, k, v, attrs);
   o->set_output(true).set_dim({1, 2, 16, hs}).set_stride({32 * hs, 16 * hs, hs, 1});
   if (o_uid) o->set_uid(4);
@@ -488,5 +491,22 @@ TEST(CudnnStandIn, RefusesGraphsCudnnRulesOut) {
   {
     fe::graph::Graph g;
     EXPECT_FALSE(g.validate().is_good()) << "a graph with no node";
+  }
+  // a sliding window is the band's left bound: positive, as the frontend requires, and (the stand-in
+  // implements no other) with the causal mask
+  {
+    fe::graph::Graph g;
+    EXPECT_TRUE(forward_graph(g, 64, true, true, 8).is_good());
+  }
+  struct BadBand {
+    int left;
+    bool causal;
+    const char* says;
+  };
+  for (BadBand b : {BadBand{0, true, "greater than zero"}, BadBand{8, false, "causal mask"}}) {
+    fe::graph::Graph g;
+    fe::error_t e = forward_graph(g, 64, true, true, b.left, b.causal);
+    EXPECT_FALSE(e.is_good()) << b.says;
+    EXPECT_NE(e.get_message().find(b.says), std::string::npos) << e.get_message();
   }
 }
