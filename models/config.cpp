@@ -17,8 +17,7 @@ namespace llmt {
 namespace {
 
 ModelConfig gpt2(int n_layer, int n_head, int d_model, int vocab = 50257, int ctx = 1024) {
-  ModelConfig c;
-  c.arch = Arch::gpt2;
+  ModelConfig c = base_config(Arch::gpt2);
   c.vocab_size = vocab;
   c.max_seq_len = ctx;
   c.n_layer = n_layer;
@@ -34,8 +33,7 @@ ModelConfig gpt2(int n_layer, int n_head, int d_model, int vocab = 50257, int ct
 
 ModelConfig llama(int n_layer, int n_head, int n_kv_head, int d_model, int d_ff, int ctx, float eps,
                   int vocab = 32000) {
-  ModelConfig c;
-  c.arch = Arch::llama;
+  ModelConfig c = base_config(Arch::llama);
   c.vocab_size = vocab;
   c.max_seq_len = ctx;
   c.n_layer = n_layer;
@@ -157,6 +155,26 @@ bool is_dir(const std::string& p) {
 
 }  // namespace
 
+ModelConfig base_config(Arch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  Family& f = c.family;
+  if (arch == Arch::gpt2) {  // GPT-2: LayerNorm, learned positions, GELU MLP, a bias on every matrix
+    f.norm = NormKind::layernorm;
+    f.mlp = MlpKind::gelu_tanh;
+    f.learned_positions = true, f.rope = false;
+    f.scaled_out_init = true;
+    c.qkv_bias = c.o_bias = c.mlp_bias = true;
+  } else {  // LLaMA: RMSNorm, RoPE, SwiGLU, no biases (Mistral, Qwen2 and Qwen3 start here)
+    f.norm = NormKind::rmsnorm;
+    f.mlp = MlpKind::swiglu;
+    f.learned_positions = false, f.rope = true;
+    f.scaled_out_init = false;
+    c.qkv_bias = c.o_bias = c.mlp_bias = false;
+  }
+  return c;
+}
+
 std::string ModelConfig::describe() const {
   std::string s = strformat("%s: %d layers, d_model %d, %d heads", arch_name(), n_layer, d_model, n_head);
   if (n_kv_head != n_head) s += strformat(" (%d kv heads)", n_kv_head);
@@ -172,7 +190,7 @@ std::string ModelConfig::describe() const {
   for (int w : layer_window) sliding += w > 0;
   if (sliding_window > 0 && sliding == n_layer) s += strformat(", window %d", sliding_window);
   else if (sliding_window > 0) s += strformat(", window %d on %d of %d layers", sliding_window, sliding, n_layer);
-  if (qkv_bias || o_bias || mlp_bias)
+  if (arch != Arch::gpt2 && (qkv_bias || o_bias || mlp_bias))  // GPT-2 has them all, always
     s += strformat(", biases:%s%s%s", qkv_bias ? " qkv" : "", o_bias ? " o" : "", mlp_bias ? " mlp" : "");
   if (has_dropout()) s += strformat(", dropout %g/%g/%g (embd/attn/resid)", embd_pdrop, attn_pdrop, resid_pdrop);
   return s;
@@ -204,16 +222,17 @@ void validate_config(const ModelConfig& c, const std::string& source) {
                                        (double)c.n_layer * (4 * d * d + 3 * d * c.d_ff + 4 * d);
   LLMT_CHECK(params <= 1e13, "%s: %.3g parameters (vocab %d, layers %d, d_model %d, d_ff %d): beyond any model llmt "
              "can train; check the sizes", source.c_str(), params, c.vocab_size, c.n_layer, c.d_model, c.d_ff);
-  LLMT_CHECK(c.d_model % c.n_head == 0, "%s: hidden size %d is not divisible by %d heads", source.c_str(), c.d_model,
-             c.n_head);
+  LLMT_CHECK(c.head_dim > 0 || c.d_model % c.n_head == 0, "%s: hidden size %d is not divisible by %d heads",
+             source.c_str(), c.d_model, c.n_head);
+  LLMT_CHECK(c.head_dim >= 0, "%s: head_dim %d must be positive", source.c_str(), c.head_dim);
   LLMT_CHECK(c.n_kv_head > 0 && c.n_head % c.n_kv_head == 0, "%s: %d attention heads do not group over %d kv heads",
              source.c_str(), c.n_head, c.n_kv_head);
-  LLMT_CHECK(c.arch == Arch::gpt2 || c.head_size() % 2 == 0, "%s: RoPE needs an even head size, got %d",
+  LLMT_CHECK(!c.family.rope || c.head_size() % 2 == 0, "%s: RoPE needs an even head size, got %d",
              source.c_str(), c.head_size());
   LLMT_CHECK(c.norm_eps > 0.0f, "%s: the norm epsilon must be positive", source.c_str());
   // theta^(-2i/hs): 0 gives inf and a negative theta NaN, at the first step, where it looked like the
   // learning rate's fault
-  LLMT_CHECK(c.arch == Arch::gpt2 || (std::isfinite(c.rope_theta) && c.rope_theta > 0.0f),
+  LLMT_CHECK(!c.family.rope || (std::isfinite(c.rope_theta) && c.rope_theta > 0.0f),
              "%s: rope_theta must be a positive number, got %g", source.c_str(), c.rope_theta);
   LLMT_CHECK(c.layer_window.empty() || (int)c.layer_window.size() == c.n_layer,
              "%s: %zu layer windows for %d layers", source.c_str(), c.layer_window.size(), c.n_layer);
@@ -311,7 +330,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
   std::string type = get_required<std::string>(j, "model_type", source);
   ModelConfig c;
   if (type == "gpt2") {
-    c.arch = Arch::gpt2;
+    c = base_config(Arch::gpt2);
     c.vocab_size = get_required<int>(j, "vocab_size", source);
     c.max_seq_len = get_optional<int>(j, "n_positions", get_optional<int>(j, "n_ctx", 0, source), source);
     c.n_layer = get_required<int>(j, "n_layer", source);
@@ -340,7 +359,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     c.attn_pdrop = get_optional<float>(j, "attn_pdrop", 0.1f, source);
     c.resid_pdrop = get_optional<float>(j, "resid_pdrop", 0.1f, source);
   } else if (type == "llama" || type == "mistral" || type == "qwen2") {
-    c.arch = Arch::llama;
+    c = base_config(Arch::llama);
     c.model_type = type;
     c.vocab_size = get_required<int>(j, "vocab_size", source);
     c.max_seq_len = get_optional<int>(j, "max_position_embeddings", 2048, source);

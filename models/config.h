@@ -1,5 +1,8 @@
-// Model configuration: the two families llmt trains, read from a Hugging Face config.json or
-// taken from a built-in preset, and written back as a config.json transformers can load.
+// Model configuration: the families llmt trains, read from a Hugging Face config.json or taken from a
+// built-in preset, and written back as a config.json transformers can load. A family is data: the
+// switches of ModelConfig::family (and the biases, head_dim, rope fields beside them), filled in by
+// config.cpp from model_type; the model code reads the switches and never names a family
+// (docs/design.md, "How to add a model family").
 #pragma once
 #include <cstdint>
 #include <string>
@@ -9,10 +12,31 @@
 
 namespace llmt {
 
+// Whose tensor names and storage the checkpoint has: GPT-2's (transformer.h.N.attn.c_attn, Conv1D
+// weights stored [in, out]) or LLaMA's (model.layers.N.self_attn.q_proj, nn.Linear [out, in]), which
+// Mistral, Qwen2 and Qwen3 share. It names tensors; what the model computes is the Family below.
 enum class Arch { gpt2, llama };
+
+enum class NormKind { layernorm, rmsnorm };  // LayerNorm (weight and bias) or RMSNorm (weight)
+// The MLP: gelu_tanh is c_fc -> GELU (tanh form, gelu_new) -> c_proj; swiglu is one [gate | up]
+// matrix -> silu(gate) * up -> down
+enum class MlpKind { gelu_tanh, swiglu };
+
+// What a family computes, switch by switch. config.cpp sets them for each model_type; transformer.cpp,
+// layout.cpp and the checkpoint code read them.
+struct Family {
+  NormKind norm = NormKind::layernorm;  // every norm of the model (the blocks' two and the final one)
+  MlpKind mlp = MlpKind::gelu_tanh;
+  bool learned_positions = true;  // a position embedding table (wpe) added to the token embeddings
+  bool rope = false;              // rotary positions on q and k
+  bool qk_norm = false;           // RMSNorm over each head of q and of k (weights [head_dim]) before RoPE
+  // the random init divides the output projections' (attention's and the MLP's) std by sqrt(2 L)
+  bool scaled_out_init = true;
+};
 
 struct ModelConfig {
   Arch arch = Arch::gpt2;
+  Family family;
   int vocab_size = 0;
   int max_seq_len = 0;   // n_positions / max_position_embeddings
   int n_layer = 0;
@@ -28,8 +52,9 @@ struct ModelConfig {
   float rope_factor = 1.0f, rope_low_freq_factor = 1.0f, rope_high_freq_factor = 4.0f;
   int rope_original_max = 0;        // original_max_position_embeddings (llama3; dynamic: the context)
   std::string model_type = "";      // "llama", "mistral" or "qwen2" for a LLaMA-architecture model ("" = llama)
-  // LLaMA-architecture biases: q/k/v (attention_bias, and always in Qwen2), o (attention_bias), and
-  // gate/up/down (mlp_bias)
+  int head_dim = 0;                 // head_dim of the config; 0: d_model / n_head (head_size())
+  // biases: q/k/v (GPT-2's c_attn; attention_bias, and always in Qwen2), o (c_proj; attention_bias),
+  // and the MLP's (c_fc and c_proj; gate/up/down with mlp_bias)
   bool qkv_bias = false, o_bias = false, mlp_bias = false;
   int sliding_window = 0;           // the config's sliding_window (Mistral, Qwen2); 0 = none
   // Each layer's attention window (sliding_window on the layers that slide: Mistral's every layer,
@@ -50,16 +75,20 @@ struct ModelConfig {
   // form (config_to_save), those llmt does not use included.
   nlohmann::json source;
 
-  int head_size() const { return d_model / n_head; }
+  int head_size() const { return head_dim > 0 ? head_dim : d_model / n_head; }
   // layer l's attention window: a query sees itself and the window - 1 keys before it; 0 = no window
   int window(int l) const { return layer_window.empty() ? 0 : layer_window[(size_t)l]; }
   bool has_dropout() const { return embd_pdrop > 0.0f || attn_pdrop > 0.0f || resid_pdrop > 0.0f; }
   int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_size(); }
-  int mlp_in_dim() const { return arch == Arch::gpt2 ? d_ff : 2 * d_ff; }  // [gate | up] for SwiGLU
+  int q_dim() const { return n_head * head_size(); }  // attention's width: q_proj's out, o_proj's in
+  int mlp_in_dim() const { return family.mlp == MlpKind::swiglu ? 2 * d_ff : d_ff; }  // [gate | up] for SwiGLU
   const char* arch_name() const { return arch == Arch::gpt2 ? "gpt2" : "llama"; }
   std::string describe() const;
 };
 
+// A config of the base family `arch` names (GPT-2 or LLaMA, switches and biases set as theirs), sizes
+// left zero: for models built by hand (tests); config.cpp starts every family from one of these.
+ModelConfig base_config(Arch arch);
 // Names accepted by config_from_preset, in the order `llmt` lists them.
 std::vector<std::string> preset_names();
 ModelConfig config_from_preset(const std::string& name);  // throws for an unknown name

@@ -21,7 +21,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 // The name under which `spec` is stored in this checkpoint: the official gpt2 files lack the
-// "transformer." prefix that save_pretrained writes.
+// "transformer." prefix that save_pretrained writes (GPT-2's naming scheme only).
 const StTensor* find_spec(const SafetensorsCheckpoint& ckpt, const ModelConfig& cfg, const ParamSpec& spec,
                           const SafetensorsFile** file) {
   if (const StTensor* t = ckpt.find(spec.hf_name, file)) return t;
@@ -32,11 +32,11 @@ const StTensor* find_spec(const SafetensorsCheckpoint& ckpt, const ModelConfig& 
 }
 
 // Tensors a Hugging Face file may carry that llmt has no parameter for, and rightly ignores.
+// Both are buffers transformers once saved: GPT-2's causal masks, and RoPE's inverse frequencies.
 bool skippable(const std::string& name, const ModelConfig& cfg) {
-  if (cfg.arch == Arch::gpt2)
-    return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
-           (cfg.tied_embeddings && name == "lm_head.weight");
-  return ends_with(name, "rotary_emb.inv_freq") || (cfg.tied_embeddings && name == "lm_head.weight");
+  if (cfg.tied_embeddings && name == "lm_head.weight") return true;
+  if (cfg.arch == Arch::gpt2) return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias");
+  return cfg.family.rope && ends_with(name, "rotary_emb.inv_freq");
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {

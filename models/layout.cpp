@@ -9,63 +9,78 @@ ModelLayout make_layout(const ModelConfig& c) {
   const int64_t C = c.d_model, V = c.vocab_size, F = c.d_ff, hs = c.head_size();
   const int64_t q_dim = (int64_t)c.n_head * hs, kv_dim = (int64_t)c.n_kv_head * hs;
 
+  // Which tensors exist is the family's switches; their names, the naming scheme's (Arch).
+  const bool gpt2_names = c.arch == Arch::gpt2;
+  const bool ln = c.family.norm == NormKind::layernorm;  // a norm with a bias
+  const bool glu = c.family.mlp == MlpKind::swiglu;      // [gate | up]: two matrices in one
   UnitLayout root;
   root.name = "root";
-  if (c.arch == Arch::gpt2) {
-    L.root.wte = root.add("transformer.wte.weight", {V, C}, true);
-    L.root.wpe = root.add("transformer.wpe.weight", {c.max_seq_len, C}, true);
-    L.root.lnf_w = root.add("transformer.ln_f.weight", {C}, false);
-    L.root.lnf_b = root.add("transformer.ln_f.bias", {C}, false);
-    // GPT2LMHeadModel's lm_head.weight: wte's own storage unless tie_word_embeddings is false
-    L.root.lm_head = c.tied_embeddings ? L.root.wte : root.add("lm_head.weight", {V, C}, true);
-  } else {
-    L.root.wte = root.add("model.embed_tokens.weight", {V, C}, true);
-    L.root.lnf_w = root.add("model.norm.weight", {C}, false);
-    L.root.lm_head = c.tied_embeddings ? L.root.wte : root.add("lm_head.weight", {V, C}, true);
-  }
+  const std::string rp = gpt2_names ? "transformer." : "model.";
+  L.root.wte = root.add(rp + (gpt2_names ? "wte.weight" : "embed_tokens.weight"), {V, C}, true);
+  if (c.family.learned_positions) L.root.wpe = root.add(rp + "wpe.weight", {c.max_seq_len, C}, true);
+  const std::string lnf = rp + (gpt2_names ? "ln_f." : "norm.");
+  L.root.lnf_w = root.add(lnf + "weight", {C}, false);
+  if (ln) L.root.lnf_b = root.add(lnf + "bias", {C}, false);
+  // lm_head.weight: wte's own storage unless tie_word_embeddings is false
+  L.root.lm_head = c.tied_embeddings ? L.root.wte : root.add("lm_head.weight", {V, C}, true);
   L.units.push_back(root);
 
+  // Hugging Face names of a block's tensors: GPT-2's Conv1D weights are stored [in, out] (hf_transposed)
+  struct Names {
+    const char *ln1, *q, *k, *v, *qkv, *q_norm, *k_norm, *o, *ln2, *gate, *up, *fc, *down;
+  };
+  static const Names gpt2_n = {"ln_1.", nullptr, nullptr, nullptr, "attn.c_attn.", nullptr, nullptr, "attn.c_proj.",
+                               "ln_2.", nullptr, nullptr, "mlp.c_fc.", "mlp.c_proj."};
+  static const Names llama_n = {"input_layernorm.", "self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.",
+                                nullptr, "self_attn.q_norm.", "self_attn.k_norm.", "self_attn.o_proj.",
+                                "post_attention_layernorm.", "mlp.gate_proj.", "mlp.up_proj.", nullptr,
+                                "mlp.down_proj."};
+  const Names& n = gpt2_names ? gpt2_n : llama_n;
+  const bool tr = gpt2_names;  // hf_transposed
   for (int l = 0; l < c.n_layer; l++) {
     UnitLayout u;
     u.name = "block." + std::to_string(l);
     BlockOffsets b;
-    if (c.arch == Arch::gpt2) {
-      std::string p = "transformer.h." + std::to_string(l) + ".";
-      b.ln1_w = u.add(p + "ln_1.weight", {C}, false);
-      b.ln1_b = u.add(p + "ln_1.bias", {C}, false);
-      b.qkv_w = u.add(p + "attn.c_attn.weight", {3 * C, C}, true, true);
-      b.qkv_b = u.add(p + "attn.c_attn.bias", {3 * C}, false);
-      b.attn_proj_w = u.add(p + "attn.c_proj.weight", {C, C}, true, true);
-      b.attn_proj_b = u.add(p + "attn.c_proj.bias", {C}, false);
-      b.ln2_w = u.add(p + "ln_2.weight", {C}, false);
-      b.ln2_b = u.add(p + "ln_2.bias", {C}, false);
-      b.mlp_in_w = u.add(p + "mlp.c_fc.weight", {F, C}, true, true);
-      b.mlp_in_b = u.add(p + "mlp.c_fc.bias", {F}, false);
-      b.mlp_out_w = u.add(p + "mlp.c_proj.weight", {C, F}, true, true);
-      b.mlp_out_b = u.add(p + "mlp.c_proj.bias", {C}, false);
-    } else {
-      std::string p = "model.layers." + std::to_string(l) + ".";
-      b.ln1_w = u.add(p + "input_layernorm.weight", {C}, false);
-      b.qkv_w = u.add(p + "self_attn.q_proj.weight", {q_dim, C}, true);
-      u.extend(p + "self_attn.k_proj.weight", {kv_dim, C}, true);  // follows q: one fused [q|k|v] matrix
-      u.extend(p + "self_attn.v_proj.weight", {kv_dim, C}, true);
+    const std::string p = (gpt2_names ? "transformer.h." : "model.layers.") + std::to_string(l) + ".";
+    auto W = [&](const char* m) { return p + m + "weight"; };
+    auto Bi = [&](const char* m) { return p + m + "bias"; };
+    b.ln1_w = u.add(W(n.ln1), {C}, false);
+    if (ln) b.ln1_b = u.add(Bi(n.ln1), {C}, false);
+    if (n.qkv) {  // one fused [q|k|v] matrix in the file
+      b.qkv_w = u.add(W(n.qkv), {q_dim + 2 * kv_dim, C}, true, tr);
+      if (c.qkv_bias) b.qkv_b = u.add(Bi(n.qkv), {q_dim + 2 * kv_dim}, false);
+    } else {  // q, k, v back to back: one fused [q|k|v] matrix here
+      b.qkv_w = u.add(W(n.q), {q_dim, C}, true, tr);
+      u.extend(W(n.k), {kv_dim, C}, true, tr);
+      u.extend(W(n.v), {kv_dim, C}, true, tr);
       if (c.qkv_bias) {  // likewise one fused [q|k|v] bias
-        b.qkv_b = u.add(p + "self_attn.q_proj.bias", {q_dim}, false);
-        u.extend(p + "self_attn.k_proj.bias", {kv_dim}, false);
-        u.extend(p + "self_attn.v_proj.bias", {kv_dim}, false);
+        b.qkv_b = u.add(Bi(n.q), {q_dim}, false);
+        u.extend(Bi(n.k), {kv_dim}, false);
+        u.extend(Bi(n.v), {kv_dim}, false);
       }
-      b.attn_proj_w = u.add(p + "self_attn.o_proj.weight", {C, q_dim}, true);
-      if (c.o_bias) b.attn_proj_b = u.add(p + "self_attn.o_proj.bias", {C}, false);
-      b.ln2_w = u.add(p + "post_attention_layernorm.weight", {C}, false);
-      b.mlp_in_w = u.add(p + "mlp.gate_proj.weight", {F, C}, true);
-      u.extend(p + "mlp.up_proj.weight", {F, C}, true);  // follows gate: one fused [gate|up] matrix
-      if (c.mlp_bias) {
-        b.mlp_in_b = u.add(p + "mlp.gate_proj.bias", {F}, false);
-        u.extend(p + "mlp.up_proj.bias", {F}, false);
-      }
-      b.mlp_out_w = u.add(p + "mlp.down_proj.weight", {C, F}, true);
-      if (c.mlp_bias) b.mlp_out_b = u.add(p + "mlp.down_proj.bias", {C}, false);
     }
+    if (c.family.qk_norm) {  // one weight over each head of q, one over each head of k
+      LLMT_CHECK(n.q_norm, "make_layout: %s names no q/k norms", c.arch_name());
+      b.q_norm_w = u.add(W(n.q_norm), {hs}, false);
+      b.k_norm_w = u.add(W(n.k_norm), {hs}, false);
+    }
+    b.attn_proj_w = u.add(W(n.o), {C, q_dim}, true, tr);
+    if (c.o_bias) b.attn_proj_b = u.add(Bi(n.o), {C}, false);
+    b.ln2_w = u.add(W(n.ln2), {C}, false);
+    if (ln) b.ln2_b = u.add(Bi(n.ln2), {C}, false);
+    if (glu) {  // gate, then up: one fused [gate|up] matrix
+      b.mlp_in_w = u.add(W(n.gate), {F, C}, true, tr);
+      u.extend(W(n.up), {F, C}, true, tr);
+      if (c.mlp_bias) {
+        b.mlp_in_b = u.add(Bi(n.gate), {F}, false);
+        u.extend(Bi(n.up), {F}, false);
+      }
+    } else {
+      b.mlp_in_w = u.add(W(n.fc), {F, C}, true, tr);
+      if (c.mlp_bias) b.mlp_in_b = u.add(Bi(n.fc), {F}, false);
+    }
+    b.mlp_out_w = u.add(W(n.down), {C, F}, true, tr);
+    if (c.mlp_bias) b.mlp_out_b = u.add(Bi(n.down), {C}, false);
     L.block = b;
     L.units.push_back(u);
   }

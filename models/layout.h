@@ -1,4 +1,4 @@
-// GPT-2 and LLaMA parameter layouts (engine/params/layout.h): unit 0 is the root (embeddings,
+// Parameter layouts of every family (engine/params/layout.h): unit 0 is the root (embeddings,
 // final norm, head), unit 1 + l is transformer block l, each tensor under its Hugging Face name.
 //
 // Matrices are stored [out, in] (y = x W^T). Hugging Face GPT-2 keeps its Conv1D weights
@@ -16,9 +16,11 @@
 namespace llmt {
 
 // Offsets of a block's tensors inside its unit (-1 where the family has none, e.g. LLaMA biases).
+// Which exist is the config's switches (Family, the bias flags); their names, its Arch.
 struct BlockOffsets {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, attn_proj_w = -1, attn_proj_b = -1;
   int64_t ln2_w = -1, ln2_b = -1, mlp_in_w = -1, mlp_in_b = -1, mlp_out_w = -1, mlp_out_b = -1;
+  int64_t q_norm_w = -1, k_norm_w = -1;  // the per-head q and k RMSNorm weights [head_dim] (qk_norm)
 };
 // Offsets inside the root unit; lm_head == wte when the embeddings are tied.
 struct RootOffsets {

@@ -62,8 +62,8 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
   Tensor discarded = head_chunk > 0 && head_chunk < N ? t("chunked head's recomputed loss", DType::f64, {1}) : Tensor();
   Tensor dres = t("grad residual", dt, {N, C}), dnorm = t("grad norm", dt, {N, C}), dattn = t("grad attention out", dt, {N, Q}),
          dqkv = t("grad qkv", dt, {N, QKV}), dmlp_in = t("grad mlp in", dt, {N, FI}),
-         // GPT-2's GELU gradient comes out of matmul_dgelu straight into dmlp_in
-         dmlp_act = cfg.arch == Arch::gpt2 ? Tensor() : t("grad mlp activation", dt, {N, FF});
+         // the GELU MLP's gradient comes out of matmul_dgelu straight into dmlp_in
+         dmlp_act = cfg.family.mlp == MlpKind::gelu_tanh ? Tensor() : t("grad mlp activation", dt, {N, FF});
   Tensor dropped = cfg.resid_pdrop > 0.0f ? t("dropout branch", dt, {N, C}) : Tensor();
   Tensor frozen_norm_grad = t("frozen norm's discarded gradient", f32, {2 * C});
   if (!m) return;
@@ -98,7 +98,7 @@ int64_t Transformer::padded_vocab(const ModelConfig& cfg, int vocab_pad) {
 }
 
 double Transformer::flops_per_token(const ModelConfig& cfg, const ModelLayout& layout, int T) {
-  return 6.0 * (double)layout.matmul_numel + 12.0 * cfg.n_layer * cfg.d_model * T;
+  return 6.0 * (double)layout.matmul_numel + 12.0 * cfg.n_layer * cfg.q_dim() * T;
 }
 
 Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T, bool checkpointing,
@@ -270,11 +270,11 @@ void Transformer::grads_done(UnitStore& store, int unit) {
   store.grads_done(unit);
 }
 
-// The family's norm over the current batch's rows: LayerNorm (GPT-2, weight and bias) or RMSNorm
-// (LLaMA, weight only; mean unused). w_off/b_off are offsets into the unit `w`.
+// The family's norm over the current batch's rows: LayerNorm (weight and bias) or RMSNorm (weight
+// only; mean unused). w_off/b_off are offsets into the unit `w`.
 void Transformer::norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, int64_t w_off, int64_t b_off) {
   const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model;
-  if (cfg_.arch == Arch::gpt2)
+  if (cfg_.family.norm == NormKind::layernorm)
     be_.layernorm_forward(out, mean, rstd, x, P(w, w_off, {C}), P(w, b_off, {C}), N, (int)C, cfg_.norm_eps);
   else
     be_.rmsnorm_forward(out, rstd, x, P(w, w_off, {C}), N, (int)C, cfg_.norm_eps);
@@ -290,7 +290,7 @@ void Transformer::norm_backward(Tensor x, Tensor mean, Tensor rstd, Tensor w, Te
     be_.zero(frozen_norm_grad_.data, frozen_norm_grad_.nbytes());
     dw = frozen_norm_grad_.view(0, {C}), db = b_off >= 0 ? frozen_norm_grad_.view(C, {C}) : Tensor();
   }
-  if (cfg_.arch == Arch::gpt2)
+  if (cfg_.family.norm == NormKind::layernorm)
     be_.layernorm_backward(rows(dres_, C), dw, db, rows(dnorm_, C), x, P(w, w_off, {C}), mean, rstd, N, (int)C);
   else
     be_.rmsnorm_backward(rows(dres_, C), dw, rows(dnorm_, C), x, P(w, w_off, {C}), rstd, N, (int)C);
@@ -303,7 +303,7 @@ void Transformer::block_forward(int l, Tensor w) {
   const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, QKV = cfg_.qkv_dim(), FI = cfg_.mlp_in_dim(), FF = cfg_.d_ff;
   const int NH = cfg_.n_head, NKV = cfg_.n_kv_head, hs = cfg_.head_size();
   const int64_t Q = (int64_t)NH * hs;
-  const bool gpt2 = cfg_.arch == Arch::gpt2;
+  const bool rope = cfg_.family.rope, gelu = cfg_.family.mlp == MlpKind::gelu_tanh;
   const Dropout out_drop_attn = dropout_for(l, kAttnOut, cfg_.resid_pdrop), out_drop_mlp = dropout_for(l, kMlpOut, cfg_.resid_pdrop);
   Tensor x = rows(resid_[l], C), qkv = rows(a.qkv, QKV), attn_out = rows(a.attn_out, Q), xm = rows(a.resid_mid, C);
   Tensor ln1 = rows(a.ln1, C), ln2 = rows(a.ln2, C), mlp_in = rows(a.mlp_in, FI), mlp_act = rows(a.mlp_act, FF);
@@ -314,11 +314,11 @@ void Transformer::block_forward(int l, Tensor w) {
   be_.matmul(qkv, ln1, P(w, o.qkv_w, {QKV, C}), P(w, o.qkv_b, {QKV}), N, QKV, C, false, true, false);
   adapt_forward(l, BlockMatrix::qkv, qkv, ln1);  // before RoPE, as the projections' outputs
   if (kv_on_) {  // generation: each row at its position, attending over the cache
-    if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, Tensor(positions_.data, DType::i32, {N}));
+    if (rope) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, Tensor(positions_.data, DType::i32, {N}));
     be_.attention_kv(attn_out, k_cache_[l], v_cache_[l], qkv, key_start_, B_, T, kv_len_, kv_cap_, NH, NKV, hs,
                      cfg_.window(l));
   } else {
-    if (!gpt2) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
+    if (rope) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
     be_.attention_forward(attn_out, lse, qkv, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
                           packed_docs(), cfg_.window(l));
   }
@@ -336,12 +336,12 @@ void Transformer::block_forward(int l, Tensor w) {
   // MLP sub-block: resid[l+1] = resid_mid + dropout(mlp(norm2(resid_mid)))
   Tensor out = rows(resid_[l + 1], C);
   norm_forward(ln2, a.ln2_mean, a.ln2_rstd, xm, w, o.ln2_w, o.ln2_b);
-  if (gpt2 && !adapted(BlockMatrix::mlp_in)) {  // one op, so that a GPU runs it as one cuBLASLt call
+  if (gelu && !adapted(BlockMatrix::mlp_in)) {  // one op, so that a GPU runs it as one cuBLASLt call
     be_.matmul_gelu(mlp_act, mlp_in, ln2, P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C);
   } else {  // an adapter on c_fc adds before the GELU
     be_.matmul(mlp_in, ln2, P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C, false, true, false);
     adapt_forward(l, BlockMatrix::mlp_in, mlp_in, ln2);
-    if (gpt2) be_.gelu_forward(mlp_act, mlp_in, N * FF);
+    if (gelu) be_.gelu_forward(mlp_act, mlp_in, N * FF);
     else be_.swiglu_forward(mlp_act, mlp_in, N, (int)FF);
   }
   if (out_drop_mlp.active()) {
@@ -364,7 +364,7 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, QKV = cfg_.qkv_dim(), FI = cfg_.mlp_in_dim(), FF = cfg_.d_ff;
   const int NH = cfg_.n_head, NKV = cfg_.n_kv_head, hs = cfg_.head_size();
   const int64_t Q = (int64_t)NH * hs;
-  const bool gpt2 = cfg_.arch == Arch::gpt2;
+  const bool rope = cfg_.family.rope, gelu = cfg_.family.mlp == MlpKind::gelu_tanh;
   Tensor dres = rows(dres_, C), dnorm = rows(dnorm_, C), dattn = rows(dattn_, Q), dqkv = rows(dqkv_, QKV);
   Tensor dmlp_in = rows(dmlp_in_, FI), dmlp_act = rows(dmlp_act_, FF);
   Tensor qkv = rows(a.qkv, QKV), attn_out = rows(a.attn_out, Q), xm = rows(a.resid_mid, C);
@@ -386,9 +386,9 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   Tensor dbranch = branch_grad(kMlpOut);
   if (grads) be_.matmul(P(g, o.mlp_out_w, {C, FF}), dbranch, mlp_act, Tensor(), C, FF, N, true, false, true);
   if (grads && o.mlp_out_b >= 0) be_.bias_backward(P(g, o.mlp_out_b, {C}), dbranch, N, C);
-  if (gpt2 && !adapted(BlockMatrix::mlp_out)) {
+  if (gelu && !adapted(BlockMatrix::mlp_out)) {
     be_.matmul_dgelu(dmlp_in, dbranch, P(w, o.mlp_out_w, {C, FF}), mlp_in, N, FF, C);
-  } else if (gpt2) {  // the adapter on mlp.c_proj adds its input gradient before GELU's (in place: FI == FF)
+  } else if (gelu) {  // the adapter on mlp.c_proj adds its input gradient before GELU's (in place: FI == FF)
     be_.matmul(dmlp_in, dbranch, P(w, o.mlp_out_w, {C, FF}), Tensor(), N, FF, C, false, false, false);
     adapt_backward(l, BlockMatrix::mlp_out, dbranch, mlp_act, dmlp_in);
     be_.gelu_backward(dmlp_in, mlp_in, dmlp_in, N * FF);
@@ -411,7 +411,7 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   adapt_backward(l, BlockMatrix::attn_proj, dbranch, attn_out, dattn);
   be_.attention_backward(dqkv, dattn, qkv, attn_out, lse, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
                          packed_docs(), cfg_.window(l));
-  if (!gpt2) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
+  if (rope) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
   if (grads) be_.matmul(P(g, o.qkv_w, {QKV, C}), dqkv, ln1, Tensor(), QKV, C, N, true, false, true);
   // after RoPE's inverse: the bias came before RoPE
   if (grads && o.qkv_b >= 0) be_.bias_backward(P(g, o.qkv_b, {QKV}), dqkv, N, QKV);
@@ -592,6 +592,7 @@ void init_unit_range(const ModelConfig& cfg, const UnitLayout& unit, int unit_in
   const uint64_t s0 = stream_state(seed, (uint64_t)unit_index);
   const float std_dev = cfg.init_std;  // initializer_range
   const float proj_std = std_dev / std::sqrt(2.0f * cfg.n_layer);
+  const BlockOffsets out_proj = cfg.family.scaled_out_init ? make_layout(cfg).block : BlockOffsets();
   std::fill(out, out + (hi - lo), 0.0f);  // gaps between parameters, if any
   uint64_t draws = 0;  // normals drawn by the unit's earlier weights (in params order)
   for (const ParamSpec& p : unit.params) {
@@ -602,7 +603,8 @@ void init_unit_range(const ModelConfig& cfg, const UnitLayout& unit, int unit_in
       for (int64_t e = a; e < b; e++) out[e - lo] = is_norm ? 1.0f : 0.0f;
       continue;
     }
-    const bool scaled = cfg.arch == Arch::gpt2 && p.hf_name.find("c_proj.weight") != std::string::npos;
+    const bool scaled = cfg.family.scaled_out_init && unit_index > 0 &&
+                        (p.offset == out_proj.attn_proj_w || p.offset == out_proj.mlp_out_w);
     const double s = scaled ? proj_std : std_dev;
     const uint64_t k0 = draws - (uint64_t)p.offset;  // element e draws normal k0 + e
 #pragma omp parallel for schedule(static)

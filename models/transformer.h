@@ -1,4 +1,4 @@
-// GPT-2 and LLaMA forward and backward, built from Backend ops, unit by unit through a UnitStore
+// Every family's forward and backward (the switches of ModelConfig::family), built from Backend ops, unit by unit through a UnitStore
 // (engine/params/unit_store.h). Activations are in the backend's compute dtype; parameter
 // gradients f32; norm statistics and the attention's log-sum-exp f32.
 #pragma once
@@ -186,8 +186,9 @@ class Transformer {
   std::vector<void*> kv_allocations_;
 };
 
-// Fills a unit's parameters the way GPT-2 / LLaMA initialise them: normal(0, 0.02) weights,
-// output projections scaled by 1/sqrt(2 * n_layer), zero biases, unit norm weights.
+// Fills a unit's parameters the way transformers initialises them: normal(0, initializer_range)
+// weights, output projections scaled by 1/sqrt(2 * n_layer) where family.scaled_out_init (GPT-2),
+// zero biases, unit norm weights.
 // Deterministic in (seed, unit): independent of how units are later sharded. Host memory, f32.
 void init_unit_params(const ModelConfig& cfg, const UnitLayout& unit, int unit_index, uint64_t seed, float* host);
 // Elements [lo, hi) of the same unit into out[0, hi - lo): a rank makes only its shard. Each weight

@@ -8,8 +8,7 @@
 #include "models/config.h"
 
 inline llmt::ModelConfig tiny_model(llmt::Arch arch, int d_model = 0) {
-  llmt::ModelConfig c;
-  c.arch = arch;
+  llmt::ModelConfig c = llmt::base_config(arch);
   c.vocab_size = 259;
   c.max_seq_len = 16;
   c.n_layer = 2;
