@@ -66,6 +66,20 @@ ModelConfig llama3(int n_layer, int n_head, int d_model, int d_ff, bool tied, fl
   return c;
 }
 
+// Qwen3 (dense): vocabulary 151936, rope_theta 1000000, rms eps 1e-6, context 40960, head_dim
+// given apart from the hidden size, q/k norms; bos 151643 (<|endoftext|>), eos 151645 (<|im_end|>).
+ModelConfig qwen3(int n_layer, int n_head, int n_kv_head, int d_model, int d_ff, int head_dim, bool tied) {
+  ModelConfig c = llama(n_layer, n_head, n_kv_head, d_model, d_ff, 40960, 1e-6f, 151936);
+  c.model_type = "qwen3";
+  c.family.qk_norm = true;
+  c.head_dim = head_dim * n_head == d_model ? 0 : head_dim;
+  c.rope_theta = 1000000.0f;
+  c.tied_embeddings = tied;
+  c.bos_token_id = 151643;
+  c.eos_token_ids = {151645};
+  return c;
+}
+
 // Sizes from the published Hugging Face config.json files of each model.
 const std::map<std::string, ModelConfig>& presets() {
   static const std::map<std::string, ModelConfig> p = {
@@ -81,6 +95,7 @@ const std::map<std::string, ModelConfig>& presets() {
       {"llama3.1-70b", llama3(80, 64, 8192, 28672, false, 8.0f)},
       {"llama3.2-1b", llama3(16, 32, 2048, 8192, true, 32.0f)},
       {"llama3.2-3b", llama3(28, 24, 3072, 8192, true, 32.0f)},
+      {"qwen3-0.6b", qwen3(28, 16, 8, 1024, 3072, 128, true)},
       // tiny sizes for tests and the quickstart (byte-level vocabulary of 256, no dropout)
       {"gpt2-tiny", gpt2(2, 4, 64, 256, 256)},
       {"gpt2-small-byte", gpt2(4, 4, 128, 256, 256)},
@@ -185,7 +200,9 @@ std::string ModelConfig::describe() const {
     s += rope_scaling == "llama3" ? strformat(", rope llama3 x%g (low %g, high %g, original %d)", rope_factor,
                                               rope_low_freq_factor, rope_high_freq_factor, rope_original_max)
                                   : strformat(", rope %s x%g", rope_scaling.c_str(), rope_factor);
-  if (model_type == "mistral" || model_type == "qwen2") s += ", " + model_type;
+  if (model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3") s += ", " + model_type;
+  if (head_dim > 0) s += strformat(", head_dim %d", head_dim);
+  if (family.qk_norm) s += ", q/k norms";
   int sliding = 0;
   for (int w : layer_window) sliding += w > 0;
   if (sliding_window > 0 && sliding == n_layer) s += strformat(", window %d", sliding_window);
@@ -358,7 +375,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     c.embd_pdrop = get_optional<float>(j, "embd_pdrop", 0.1f, source);
     c.attn_pdrop = get_optional<float>(j, "attn_pdrop", 0.1f, source);
     c.resid_pdrop = get_optional<float>(j, "resid_pdrop", 0.1f, source);
-  } else if (type == "llama" || type == "mistral" || type == "qwen2") {
+  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3") {
     c = base_config(Arch::llama);
     c.model_type = type;
     c.vocab_size = get_required<int>(j, "vocab_size", source);
@@ -409,6 +426,15 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
         c.sliding_window = get_required<int>(j, "sliding_window", source);
         LLMT_CHECK(c.sliding_window > 0, "%s: sliding_window %d must be positive", source.c_str(), c.sliding_window);
       }
+    } else if (type == "qwen3") {
+      // Qwen3Attention: RMSNorm over each head of q and of k (q_norm, k_norm: weights [head_dim], eps
+      // rms_norm_eps) after the projections, before RoPE; attention_bias on q, k, v and o; Qwen3MLP
+      // without biases
+      c.family.qk_norm = true;
+      c.qkv_bias = c.o_bias = get_optional<bool>(j, "attention_bias", false, source);
+      require_default(j, "mlp_bias", false, source, "transformers builds Qwen3's MLP without biases");
+      require_default(j, "use_sliding_window", false, source,
+                      "llmt does not compute Qwen3's sliding-window attention yet (released Qwen3 models have it off)");
     } else if (type == "mistral") {  // MistralAttention and MistralMLP have no biases, whatever the file says
       require_default(j, "attention_bias", false, source, "transformers builds Mistral without biases");
       require_default(j, "mlp_bias", false, source, "transformers builds Mistral without biases");
@@ -417,14 +443,16 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       c.mlp_bias = get_optional<bool>(j, "mlp_bias", false, source);
     }
     read_layer_windows(j, source, type, c);
-    if (j.contains("head_dim") && !j.at("head_dim").is_null()) {
-      const int head_dim = get_required<int>(j, "head_dim", source);
-      LLMT_CHECK(head_dim * c.n_head == c.d_model,
-                 "%s: head_dim %d is not hidden_size / num_attention_heads (%d / %d): llmt supports only that "
-                 "head size", source.c_str(), head_dim, c.d_model, c.n_head);
+    // head_dim: q_proj's out is num_attention_heads x head_dim, o_proj's in the same; kept as 0 where
+    // it is hidden_size / num_attention_heads. Qwen3Config's default is 128 whatever the hidden size.
+    const bool has_head_dim = j.contains("head_dim") && !j.at("head_dim").is_null();
+    if (has_head_dim || type == "qwen3") {
+      const int head_dim = has_head_dim ? get_required<int>(j, "head_dim", source) : 128;
+      LLMT_CHECK(head_dim > 0, "%s: head_dim %d must be positive", source.c_str(), head_dim);
+      if ((int64_t)head_dim * c.n_head != c.d_model) c.head_dim = head_dim;
     }
   } else {
-    fail("%s: model_type \"%s\" is not supported (gpt2, llama, mistral or qwen2)", source.c_str(), type.c_str());
+    fail("%s: model_type \"%s\" is not supported (gpt2, llama, mistral, qwen2 or qwen3)", source.c_str(), type.c_str());
   }
   // Fields of every family (PretrainedConfig's): the random initialisation's spread, read; pruned heads
   // (transformers prunes them when it builds the model) refused
@@ -493,9 +521,12 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
          {"attn_pdrop", decimal(c.attn_pdrop)},
          {"tie_word_embeddings", c.tied_embeddings}};
   } else {
-    const bool mistral = c.model_type == "mistral", qwen2 = c.model_type == "qwen2";
-    j = {{"architectures", {mistral ? "MistralForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-         {"model_type", mistral ? "mistral" : qwen2 ? "qwen2" : "llama"},
+    const bool mistral = c.model_type == "mistral", qwen2 = c.model_type == "qwen2", qwen3 = c.model_type == "qwen3";
+    j = {{"architectures", {mistral  ? "MistralForCausalLM"
+                            : qwen2  ? "Qwen2ForCausalLM"
+                            : qwen3  ? "Qwen3ForCausalLM"
+                                     : "LlamaForCausalLM"}},
+         {"model_type", mistral ? "mistral" : qwen2 ? "qwen2" : qwen3 ? "qwen3" : "llama"},
          {"vocab_size", c.vocab_size},
          {"max_position_embeddings", c.max_seq_len},
          {"hidden_size", c.d_model},
@@ -521,6 +552,13 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
       j["rope_scaling"] = rs;
       rs["rope_theta"] = c.rope_theta;
       j["rope_parameters"] = rs;
+    }
+    // Qwen3Config's head_dim defaults to 128, not hidden_size / num_attention_heads: always written
+    if (c.head_dim > 0 || qwen3) j["head_dim"] = c.head_size();
+    if (qwen3) {  // Qwen3Config has no mlp_bias; its sliding window is off
+      j.erase("mlp_bias");
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
     }
     if (mistral) j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
     if (qwen2) {  // Qwen2Config has no attention_bias or mlp_bias: its biases are fixed by the model

@@ -51,7 +51,7 @@ struct ModelConfig {
   std::string rope_scaling;
   float rope_factor = 1.0f, rope_low_freq_factor = 1.0f, rope_high_freq_factor = 4.0f;
   int rope_original_max = 0;        // original_max_position_embeddings (llama3; dynamic: the context)
-  std::string model_type = "";      // "llama", "mistral" or "qwen2" for a LLaMA-architecture model ("" = llama)
+  std::string model_type = "";      // "llama", "mistral", "qwen2" or "qwen3" for a LLaMA-architecture model ("" = llama)
   int head_dim = 0;                 // head_dim of the config; 0: d_model / n_head (head_size())
   // biases: q/k/v (GPT-2's c_attn; attention_bias, and always in Qwen2), o (c_proj; attention_bias),
   // and the MLP's (c_fc and c_proj; gate/up/down with mlp_bias)
@@ -92,7 +92,7 @@ ModelConfig base_config(Arch arch);
 // Names accepted by config_from_preset, in the order `llmt` lists them.
 std::vector<std::string> preset_names();
 ModelConfig config_from_preset(const std::string& name);  // throws for an unknown name
-// Reads a Hugging Face config.json (model_type gpt2 or llama); errors name the file and the key.
+// Reads a Hugging Face config.json (model_type gpt2, llama, mistral, qwen2 or qwen3); errors name the file and the key.
 // A JSON file read whole and parsed after the depth check; `what` ("model config") names it when it
 // cannot be opened, and the path names it when it is malformed.
 nlohmann::json read_json_file(const std::string& path, const char* what);

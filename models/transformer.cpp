@@ -46,6 +46,10 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
     a.ln1_mean = t("norm 1 mean", f32, {N});
     a.ln1_rstd = t("norm 1 rstd", f32, {N});
     a.qkv = t("qkv", dt, {N, QKV});
+    if (cfg.family.qk_norm) {
+      a.qkv_pre = t("qkv before the q/k norms", dt, {N, QKV});
+      a.qk_rstd = t("q/k norm rstd", f32, {N, cfg.n_head + cfg.n_kv_head});
+    }
     a.lse = t("attention log-sum-exp", f32, {B, cfg.n_head, T});
     a.attn_out = t("attention out", dt, {N, Q});
     a.resid_mid = t("residual mid-block", dt, {N, C});
@@ -65,7 +69,7 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
          // the GELU MLP's gradient comes out of matmul_dgelu straight into dmlp_in
          dmlp_act = cfg.family.mlp == MlpKind::gelu_tanh ? Tensor() : t("grad mlp activation", dt, {N, FF});
   Tensor dropped = cfg.resid_pdrop > 0.0f ? t("dropout branch", dt, {N, C}) : Tensor();
-  Tensor frozen_norm_grad = t("frozen norm's discarded gradient", f32, {2 * C});
+  Tensor frozen_norm_grad = t("frozen norm's discarded gradient", f32, {2 * std::max<int64_t>(C, cfg.head_size())});
   if (!m) return;
   m->tokens_ = tokens, m->targets_ = targets, m->resid_ = resid, m->acts_ = acts;
   m->positions_ = positions, m->doc_start_ = doc_starts;
@@ -303,7 +307,7 @@ void Transformer::block_forward(int l, Tensor w) {
   const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, QKV = cfg_.qkv_dim(), FI = cfg_.mlp_in_dim(), FF = cfg_.d_ff;
   const int NH = cfg_.n_head, NKV = cfg_.n_kv_head, hs = cfg_.head_size();
   const int64_t Q = (int64_t)NH * hs;
-  const bool rope = cfg_.family.rope, gelu = cfg_.family.mlp == MlpKind::gelu_tanh;
+  const bool rope = cfg_.family.rope, gelu = cfg_.family.mlp == MlpKind::gelu_tanh, qk_norm = cfg_.family.qk_norm;
   const Dropout out_drop_attn = dropout_for(l, kAttnOut, cfg_.resid_pdrop), out_drop_mlp = dropout_for(l, kMlpOut, cfg_.resid_pdrop);
   Tensor x = rows(resid_[l], C), qkv = rows(a.qkv, QKV), attn_out = rows(a.attn_out, Q), xm = rows(a.resid_mid, C);
   Tensor ln1 = rows(a.ln1, C), ln2 = rows(a.ln2, C), mlp_in = rows(a.mlp_in, FI), mlp_act = rows(a.mlp_act, FF);
@@ -311,8 +315,13 @@ void Transformer::block_forward(int l, Tensor w) {
 
   // attention sub-block: resid_mid = x + dropout(proj(attention(norm1(x))))
   norm_forward(ln1, a.ln1_mean, a.ln1_rstd, x, w, o.ln1_w, o.ln1_b);
-  be_.matmul(qkv, ln1, P(w, o.qkv_w, {QKV, C}), P(w, o.qkv_b, {QKV}), N, QKV, C, false, true, false);
-  adapt_forward(l, BlockMatrix::qkv, qkv, ln1);  // before RoPE, as the projections' outputs
+  // with per-head q/k norms the projections write qkv_pre, and the norms qkv from it
+  Tensor proj = qk_norm ? rows(a.qkv_pre, QKV) : qkv;
+  be_.matmul(proj, ln1, P(w, o.qkv_w, {QKV, C}), P(w, o.qkv_b, {QKV}), N, QKV, C, false, true, false);
+  adapt_forward(l, BlockMatrix::qkv, proj, ln1);  // before RoPE, as the projections' outputs
+  if (qk_norm)
+    be_.head_rmsnorm_forward(qkv, Tensor(a.qk_rstd.data, DType::f32, {N, NH + NKV}), proj, P(w, o.q_norm_w, {hs}),
+                             P(w, o.k_norm_w, {hs}), N, NH, NKV, hs, cfg_.norm_eps);
   if (kv_on_) {  // generation: each row at its position, attending over the cache
     if (rope) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, Tensor(positions_.data, DType::i32, {N}));
     be_.attention_kv(attn_out, k_cache_[l], v_cache_[l], qkv, key_start_, B_, T, kv_len_, kv_cap_, NH, NKV, hs,
@@ -364,7 +373,7 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   const int64_t N = (int64_t)B_ * T, C = cfg_.d_model, QKV = cfg_.qkv_dim(), FI = cfg_.mlp_in_dim(), FF = cfg_.d_ff;
   const int NH = cfg_.n_head, NKV = cfg_.n_kv_head, hs = cfg_.head_size();
   const int64_t Q = (int64_t)NH * hs;
-  const bool rope = cfg_.family.rope, gelu = cfg_.family.mlp == MlpKind::gelu_tanh;
+  const bool rope = cfg_.family.rope, gelu = cfg_.family.mlp == MlpKind::gelu_tanh, qk_norm = cfg_.family.qk_norm;
   Tensor dres = rows(dres_, C), dnorm = rows(dnorm_, C), dattn = rows(dattn_, Q), dqkv = rows(dqkv_, QKV);
   Tensor dmlp_in = rows(dmlp_in_, FI), dmlp_act = rows(dmlp_act_, FF);
   Tensor qkv = rows(a.qkv, QKV), attn_out = rows(a.attn_out, Q), xm = rows(a.resid_mid, C);
@@ -412,6 +421,15 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   be_.attention_backward(dqkv, dattn, qkv, attn_out, lse, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
                          packed_docs(), cfg_.window(l));
   if (rope) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
+  if (qk_norm) {  // dqkv in place: from the normed q and k back to the projections' output
+    Tensor dwq = P(g, o.q_norm_w, {hs}), dwk = P(g, o.k_norm_w, {hs});
+    if (!grads) {  // frozen: into the discarded scratch
+      be_.zero(frozen_norm_grad_.data, frozen_norm_grad_.nbytes());
+      dwq = frozen_norm_grad_.view(0, {hs}), dwk = frozen_norm_grad_.view(hs, {hs});
+    }
+    be_.head_rmsnorm_backward(dqkv, dwq, dwk, dqkv, rows(a.qkv_pre, QKV), P(w, o.q_norm_w, {hs}), P(w, o.k_norm_w, {hs}),
+                              Tensor(a.qk_rstd.data, DType::f32, {N, NH + NKV}), N, NH, NKV, hs);
+  }
   if (grads) be_.matmul(P(g, o.qkv_w, {QKV, C}), dqkv, ln1, Tensor(), QKV, C, N, true, false, true);
   // after RoPE's inverse: the bias came before RoPE
   if (grads && o.qkv_b >= 0) be_.bias_backward(P(g, o.qkv_b, {QKV}), dqkv, N, QKV);

@@ -111,6 +111,7 @@ class Transformer {
  private:
   struct BlockActs {  // what one block keeps for its backward
     Tensor ln1, ln1_mean, ln1_rstd, qkv, lse, attn_out, resid_mid, ln2, ln2_mean, ln2_rstd, mlp_in, mlp_act;
+    Tensor qkv_pre, qk_rstd;  // qk_norm: the projections' output before the q/k norms, and their rstd
   };
   // Walks the activation table, handing each buffer to `take`: the constructor allocates, the
   // static functions only record. The one place the model's memory is described.
@@ -170,7 +171,7 @@ class Transformer {
   Tensor discarded_loss_;  // f64: backward's recomputed chunks add their losses here, never read
   // backward scratch; dropped_ holds a residual branch's output (forward) or gradient (backward) under dropout
   Tensor dres_, dnorm_, dattn_, dqkv_, dmlp_in_, dmlp_act_, dropped_;
-  Tensor frozen_norm_grad_;  // f32 [2C]: a frozen norm's weight and bias gradients, discarded
+  Tensor frozen_norm_grad_;  // f32 [2 max(C, head size)]: a frozen norm's weight and bias gradients, discarded
   ProjectionAdapters* adapters_ = nullptr;
 
   // packed documents (the last forward's): positions_ and doc_start_ hold each token's

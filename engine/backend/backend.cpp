@@ -241,6 +241,42 @@ void Backend::rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tens
   run("norms", [&] { rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, N, C); });
 }
 
+void Backend::head_rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor wq, Tensor wk, int64_t N, int NH,
+                                   int NKV, int hs, float eps) {
+  const char* op = "head_rmsnorm_forward";
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "NH", NH, 1);
+  need_size(*this, op, "NKV", NKV, 1);
+  need_size(*this, op, "hs", hs, 1);
+  const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
+  need_act(op, "out", out, N * row);
+  need_act(op, "in", in, N * row);
+  need_act(op, "wq", wq, hs);
+  need_act(op, "wk", wk, hs);
+  need(op, "rstd", rstd, DType::f32, N * (NH + NKV));
+  LLMT_CHECK(out.data != in.data, "%s %s: out must not be in (it keeps the input for backward)", name().c_str(), op);
+  run("norms", [&] { head_rmsnorm_forward_impl(out, rstd, in, wq, wk, N, NH, NKV, hs, eps); });
+}
+
+void Backend::head_rmsnorm_backward(Tensor din, Tensor dwq, Tensor dwk, Tensor dout, Tensor in, Tensor wq, Tensor wk,
+                                    Tensor rstd, int64_t N, int NH, int NKV, int hs) {
+  const char* op = "head_rmsnorm_backward";
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "NH", NH, 1);
+  need_size(*this, op, "NKV", NKV, 1);
+  need_size(*this, op, "hs", hs, 1);
+  const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
+  need_act(op, "din", din, N * row);
+  need_act(op, "dout", dout, N * row);
+  need_act(op, "in", in, N * row);
+  need_act(op, "wq", wq, hs);
+  need_act(op, "wk", wk, hs);
+  need(op, "dwq", dwq, DType::f32, hs);
+  need(op, "dwk", dwk, DType::f32, hs);
+  need(op, "rstd", rstd, DType::f32, N * (NH + NKV));
+  run("norms", [&] { head_rmsnorm_backward_impl(din, dwq, dwk, dout, in, wq, wk, rstd, N, NH, NKV, hs); });
+}
+
 // ---- activations ----
 
 void Backend::gelu_forward(Tensor out, Tensor x, int64_t n) {

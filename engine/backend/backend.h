@@ -210,6 +210,17 @@ class Backend {
   // dx (act) += ..., dw (f32) += ...
   void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N, int C);
 
+  // RMSNorm over each hs-wide head of q and of k in rows [q (NH*hs) | k (NKV*hs) | v (NKV*hs)] (as
+  // attention's qkv), before RoPE (Qwen3's q_norm and k_norm): out[N, (NH+2*NKV)*hs] (=) in with each
+  // q head normalised with wq[hs] and each k head with wk[hs], the v part copied; rstd[N, NH+NKV]
+  // (f32) saved for backward. out must not overlap in.
+  void head_rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor wq, Tensor wk, int64_t N, int NH, int NKV,
+                            int hs, float eps);
+  // din (=) dout back through it (the v part copied), dwq and dwk (f32) +=. din may be dout itself (in
+  // place), but must not overlap it otherwise.
+  void head_rmsnorm_backward(Tensor din, Tensor dwq, Tensor dwk, Tensor dout, Tensor in, Tensor wq, Tensor wk,
+                             Tensor rstd, int64_t N, int NH, int NKV, int hs);
+
   // ---- activations (act) ----
   // GELU, tanh form (gelu_new). out = gelu(x); dx = dout * gelu'(x) (dx may alias dout).
   void gelu_forward(Tensor out, Tensor x, int64_t n);
@@ -311,6 +322,10 @@ class Backend {
   virtual void rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) = 0;
   virtual void rmsnorm_backward_impl(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N,
                                      int C) = 0;
+  virtual void head_rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor in, Tensor wq, Tensor wk, int64_t N, int NH,
+                                         int NKV, int hs, float eps) = 0;
+  virtual void head_rmsnorm_backward_impl(Tensor din, Tensor dwq, Tensor dwk, Tensor dout, Tensor in, Tensor wq,
+                                          Tensor wk, Tensor rstd, int64_t N, int NH, int NKV, int hs) = 0;
   virtual void gelu_forward_impl(Tensor out, Tensor x, int64_t n) = 0;
   virtual void gelu_backward_impl(Tensor dx, Tensor x, Tensor dout, int64_t n) = 0;
   virtual void swiglu_forward_impl(Tensor out, Tensor gate_up, int64_t N, int I) = 0;

@@ -537,6 +537,83 @@ class CpuBackend : public Backend {
       for (int c = 0; c < C; c++) DW[c] += partial[(size_t)t * C + c];
   }
 
+  // Each token's row: NH q heads, then NKV k heads, each normalised over its hs values; the NKV v
+  // heads copied.
+  void head_rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor in, Tensor wq, Tensor wk, int64_t N, int NH, int NKV,
+                                 int hs, float eps) override {
+    float* rs = rstd.f32();
+    const int heads = NH + NKV;
+    const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
+    by_dtype(in.dtype, "head_rmsnorm_forward", [&](auto tag) {
+      using A = decltype(tag);
+      A* o = (A*)out.data;
+      const A *X = (const A*)in.data, *WQ = (const A*)wq.data, *WK = (const A*)wk.data;
+#pragma omp parallel for num_threads(nthreads_)
+      for (int64_t n = 0; n < N; n++) {
+        for (int h = 0; h < heads; h++) {
+          const int64_t i0 = n * row + (int64_t)h * hs;
+          const A* W = h < NH ? WQ : WK;
+          float ss = 0.0f;
+          for (int c = 0; c < hs; c++) {
+            const float v = ld(X, i0 + c);
+            ss += v * v;
+          }
+          const float r = 1.0f / std::sqrt(ss / hs + eps);
+          for (int c = 0; c < hs; c++) st(o, i0 + c, ld(X, i0 + c) * r * ld(W, c));
+          rs[n * heads + h] = r;
+        }
+        for (int64_t i = n * row + (int64_t)heads * hs; i < (n + 1) * row; i++) o[i] = X[i];
+      }
+    });
+  }
+
+  void head_rmsnorm_backward_impl(Tensor din, Tensor dwq, Tensor dwk, Tensor dout, Tensor in, Tensor wq, Tensor wk,
+                                  Tensor rstd, int64_t N, int NH, int NKV, int hs) override {
+    const float* rs = rstd.f32();
+    const int heads = NH + NKV;
+    const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
+    // per thread: [dwq | dwk] partial sums, added in thread order (deterministic for a thread count)
+    std::vector<float> partial((size_t)nthreads_ * 2 * hs, 0.0f);
+    by_dtype(in.dtype, "head_rmsnorm_backward", [&](auto tag) {
+      using A = decltype(tag);
+      A* DX = (A*)din.data;
+      const A *D = (const A*)dout.data, *X = (const A*)in.data, *WQ = (const A*)wq.data, *WK = (const A*)wk.data;
+#pragma omp parallel num_threads(nthreads_)
+      {
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        float* pw = partial.data() + (size_t)id * 2 * hs;
+        const int64_t per = (N + nt - 1) / nt, n0 = std::min<int64_t>(N, id * per), n1 = std::min<int64_t>(N, n0 + per);
+        std::vector<float> d((size_t)hs);
+        for (int64_t n = n0; n < n1; n++) {
+          for (int h = 0; h < heads; h++) {
+            const int64_t i0 = n * row + (int64_t)h * hs;
+            const A* W = h < NH ? WQ : WK;
+            float* pwh = pw + (h < NH ? 0 : hs);
+            const float r = rs[n * heads + h];
+            float mean_dn_n = 0.0f;  // mean of dnorm * norm over the head
+            for (int c = 0; c < hs; c++) {
+              const float nv = ld(X, i0 + c) * r;
+              d[(size_t)c] = ld(D, i0 + c);  // read before din (which may be dout) is written
+              mean_dn_n += d[(size_t)c] * ld(W, c) * nv;
+              pwh[c] += d[(size_t)c] * nv;
+            }
+            mean_dn_n /= hs;
+            for (int c = 0; c < hs; c++)
+              st(DX, i0 + c, (d[(size_t)c] * ld(W, c) - ld(X, i0 + c) * r * mean_dn_n) * r);
+          }
+          if (DX != D)
+            for (int64_t i = n * row + (int64_t)heads * hs; i < (n + 1) * row; i++) DX[i] = D[i];
+        }
+      }
+    });
+    float *DWQ = dwq.f32(), *DWK = dwk.f32();
+    for (int t = 0; t < nthreads_; t++)
+      for (int c = 0; c < hs; c++) {
+        DWQ[c] += partial[(size_t)t * 2 * hs + c];
+        DWK[c] += partial[(size_t)t * 2 * hs + hs + c];
+      }
+  }
+
   // ---- activations ----
   void gelu_forward_impl(Tensor out, Tensor x, int64_t n) override {
     by_dtype(x.dtype, "gelu_forward", [&](auto tag) {

@@ -284,6 +284,24 @@ class CudaBackend : public Backend {
     });
   }
 
+  void head_rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor in, Tensor wq, Tensor wk, int64_t N, int NH, int NKV,
+                                 int hs, float eps) override {
+    by_dtype(in.dtype, "head_rmsnorm_forward", [&](auto tag) {
+      using A = decltype(tag);
+      cuda::head_rmsnorm_forward((A*)out.data, rstd.f32(), (const A*)in.data, (const A*)wq.data, (const A*)wk.data, N,
+                                 NH, NKV, hs, eps, stream_);
+    });
+  }
+  void head_rmsnorm_backward_impl(Tensor din, Tensor dwq, Tensor dwk, Tensor dout, Tensor in, Tensor wq, Tensor wk,
+                                  Tensor rstd, int64_t N, int NH, int NKV, int hs) override {
+    by_dtype(in.dtype, "head_rmsnorm_backward", [&](auto tag) {
+      using A = decltype(tag);
+      cuda::head_rmsnorm_backward((A*)din.data, dwq.f32(), dwk.f32(), (const A*)dout.data, (const A*)in.data,
+                                  (const A*)wq.data, (const A*)wk.data, rstd.f32(), N, NH, NKV, hs, columns(N, hs),
+                                  stream_);
+    });
+  }
+
   // ---- activations ----
   void gelu_forward_impl(Tensor out, Tensor x, int64_t n) override {
     if (compute_ == DType::f32) cuda::gelu_forward_f32(out.f32(), x.f32(), n, stream_);

@@ -185,6 +185,75 @@ void column_sums(float* out0, float* out1, const T* dout, const T* x, const floa
   CUDA_CHECK_LAUNCH();
 }
 
+// ---- per-head RMSNorm (Qwen3's q_norm and k_norm) over qkv rows [q | k | v]: a block per hs-wide
+// piece of a row (row n's piece h at (n * pieces + h) * hs): q and k pieces normalised, v copied ----
+template <typename T>
+__global__ void head_rmsnorm_forward_kernel(T* out, float* rstd, const T* in, const T* wq, const T* wk, int NH, int NKV,
+                                            int hs, float eps) {
+  const int pieces = NH + 2 * NKV, heads = NH + NKV;
+  const int64_t n = (int64_t)blockIdx.x / pieces, i0 = (int64_t)blockIdx.x * hs;
+  const int h = (int)((int64_t)blockIdx.x % pieces);
+  if (h >= heads) {  // a v head (the whole block)
+    for (int c = (int)threadIdx.x; c < hs; c += (int)blockDim.x) out[i0 + c] = in[i0 + c];
+    return;
+  }
+  const T* w = h < NH ? wq : wk;
+  float s = 0.0f;
+  for (int c = (int)threadIdx.x; c < hs; c += (int)blockDim.x) {
+    const float v = to_f32(in[i0 + c]);
+    s += v * v;
+  }
+  const float r = 1.0f / sqrtf(block_sum_all(s) / hs + eps);
+  for (int c = (int)threadIdx.x; c < hs; c += (int)blockDim.x)
+    out[i0 + c] = from_f32<T>(to_f32(in[i0 + c]) * r * to_f32(w[c]));
+  if (threadIdx.x == 0) rstd[n * heads + h] = r;
+}
+
+// din may be dout: each thread writes only the elements it read, after the block's sum
+template <typename T>
+__global__ void head_rmsnorm_backward_dx_kernel(T* din, const T* dout, const T* in, const T* wq, const T* wk,
+                                                const float* rstd, int NH, int NKV, int hs) {
+  const int pieces = NH + 2 * NKV, heads = NH + NKV;
+  const int64_t n = (int64_t)blockIdx.x / pieces, i0 = (int64_t)blockIdx.x * hs;
+  const int h = (int)((int64_t)blockIdx.x % pieces);
+  if (h >= heads) {
+    if (din != dout)
+      for (int c = (int)threadIdx.x; c < hs; c += (int)blockDim.x) din[i0 + c] = dout[i0 + c];
+    return;
+  }
+  const T* w = h < NH ? wq : wk;
+  const float r = rstd[n * heads + h];
+  float s = 0.0f;
+  for (int c = (int)threadIdx.x; c < hs; c += (int)blockDim.x)
+    s += to_f32(dout[i0 + c]) * to_f32(w[c]) * to_f32(in[i0 + c]) * r;
+  const float mean_dnn = block_sum_all(s) / hs;
+  for (int c = (int)threadIdx.x; c < hs; c += (int)blockDim.x) {
+    const int64_t i = i0 + c;
+    din[i] = from_f32<T>((to_f32(dout[i]) * to_f32(w[c]) - to_f32(in[i]) * r * mean_dnn) * r);
+  }
+}
+
+// The weight gradients' partial sums: blockIdx.y = part * chunks + chunk (part 0: q heads, 1: k
+// heads), a thread per column c summing its chunk's tokens in order, partials[part][chunk][c]; then
+// column_finish_kernel adds the chunks in order (deterministic).
+template <typename T>
+__global__ void head_rmsnorm_dw_partials_kernel(float* partials, const T* dout, const T* in, const float* rstd,
+                                                int64_t N, int NH, int NKV, int hs, int chunks,
+                                                int64_t rows_per_chunk) {
+  const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= hs) return;
+  const int part = (int)blockIdx.y / chunks, chunk = (int)blockIdx.y % chunks;
+  const int pieces = NH + 2 * NKV, heads = NH + NKV, h0 = part ? NH : 0, h1 = part ? heads : NH;
+  const int64_t n0 = (int64_t)chunk * rows_per_chunk, n1 = n0 + rows_per_chunk < N ? n0 + rows_per_chunk : N;
+  float a = 0.0f;
+  for (int64_t n = n0; n < n1; n++)
+    for (int h = h0; h < h1; h++) {
+      const int64_t i = (n * pieces + h) * hs + c;
+      a += to_f32(dout[i]) * to_f32(in[i]) * rstd[n * heads + h];
+    }
+  partials[((int64_t)part * chunks + chunk) * hs + c] = a;
+}
+
 // ---- embeddings ----
 template <typename T>
 __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T* wte, const T* wpe, int T_, int C, int V,
@@ -859,6 +928,40 @@ void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, c
 }
 
 template <typename T>
+void head_rmsnorm_forward(T* out, float* rstd, const T* in, const T* wq, const T* wk, int64_t N, int NH, int NKV,
+                          int hs, float eps, Stream stream) {
+  const int64_t pieces = N * (NH + 2 * NKV);
+  if (pieces == 0) return;
+  LLMT_CHECK(pieces <= 0x7fffffff, "cuda head_rmsnorm: %lld heads exceed a grid", (long long)pieces);
+  LLMT_LAUNCH(head_rmsnorm_forward_kernel, (unsigned)pieces, row_threads(hs), 0, stream, out, rstd, in, wq, wk, NH, NKV,
+              hs, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void head_rmsnorm_backward(T* din, float* dwq, float* dwk, const T* dout, const T* in, const T* wq, const T* wk,
+                           const float* rstd, int64_t N, int NH, int NKV, int hs, float* partials, Stream stream) {
+  const int64_t pieces = N * (NH + 2 * NKV);
+  if (pieces == 0) return;
+  LLMT_CHECK(pieces <= 0x7fffffff, "cuda head_rmsnorm: %lld heads exceed a grid", (long long)pieces);
+  // the weights' gradients first: din may be dout, which the dx kernel overwrites
+  const int chunks = column_chunks(N);  // partials: column_partials_bytes(N, hs), [2][chunks][hs]
+  const int64_t rows_per_chunk = (N + chunks - 1) / chunks;
+  LLMT_LAUNCH(head_rmsnorm_dw_partials_kernel, dim3(blocks_for(hs, WARP_SIZE), (unsigned)(2 * chunks)), WARP_SIZE, 0,
+              stream, partials, dout, in, rstd, N, NH, NKV, hs, chunks, rows_per_chunk);
+  CUDA_CHECK_LAUNCH();
+  LLMT_LAUNCH(head_rmsnorm_backward_dx_kernel, (unsigned)pieces, row_threads(hs), 0, stream, din, dout, in, wq, wk, rstd,
+              NH, NKV, hs);
+  CUDA_CHECK_LAUNCH();
+  LLMT_LAUNCH(column_finish_kernel, blocks_for(hs, kBlock), kBlock, 0, stream, dwq, (float*)nullptr, partials, chunks,
+              hs);
+  CUDA_CHECK_LAUNCH();
+  LLMT_LAUNCH(column_finish_kernel, blocks_for(hs, kBlock), kBlock, 0, stream, dwk, (float*)nullptr,
+              partials + (int64_t)chunks * hs, chunks, hs);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
 void rope(T* qkv, const int32_t* pos, int B, int T_, int NH, int NKV, int hs, const RopeSpec& rope, float sign,
           Stream stream) {
   LLMT_CHECK(hs % 2 == 0, "cuda rope: head size %d is odd", hs);
@@ -1044,6 +1147,10 @@ void lse_to_stats(float* stats, const float* lse, int B, int T_, int NH, Stream 
   template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int, float, Stream);                     \
   template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int64_t, int, float*,   \
                                     Stream);                                                                         \
+  template void head_rmsnorm_forward<T>(T*, float*, const T*, const T*, const T*, int64_t, int, int, int, float,       \
+                                        Stream);                                                                     \
+  template void head_rmsnorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const T*, const float*,    \
+                                         int64_t, int, int, int, float*, Stream);                                    \
   template void rope<T>(T*, const int32_t*, int, int, int, int, int, const RopeSpec&, float, Stream);                         \
   template void attention_kv<T>(T*, T*, T*, const T*, const int32_t*, int, int, int, int, int, int, int, int, Stream);      \
   template void dropout<T>(T*, int, int, int, const Dropout&, Stream);                                               \

@@ -56,6 +56,14 @@ template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t N, int C,
                       float* partials, Stream stream);
 
+// Qwen3's per-head q and k RMSNorm (Backend::head_rmsnorm_*); partials: column_partials_bytes(N, hs)
+template <typename T>
+void head_rmsnorm_forward(T* out, float* rstd, const T* in, const T* wq, const T* wk, int64_t N, int NH, int NKV,
+                          int hs, float eps, Stream stream);
+template <typename T>
+void head_rmsnorm_backward(T* din, float* dwq, float* dwk, const T* dout, const T* in, const T* wq, const T* wk,
+                           const float* rstd, int64_t N, int NH, int NKV, int hs, float* partials, Stream stream);
+
 // pos: each row's position (i32 [B*T_]), or nullptr for t of the row's (b, t)
 template <typename T>
 void rope(T* qkv, const int32_t* pos, int B, int T_, int NH, int NKV, int hs, const RopeSpec& rope, float sign,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Llama 3.1 (llama3 rope scaling), Mistral (sliding window), Qwen2 (q/k/v biases) and LLaMA with
-# attention_bias + mlp_bias, from their Hugging Face fixture directories, through the executable:
+# Llama 3.1 (llama3 rope scaling), Mistral (sliding window), Qwen2 (q/k/v biases), LLaMA with
+# attention_bias + mlp_bias and Qwen3 (q/k norms, head_dim apart from the hidden size), from their Hugging Face fixture directories, through the executable:
 # each trains, resumes bitwise from its checkpoint, and exports a directory that transformers loads
 # with the same parameters (when torch and transformers are installed; the config check always runs).
 # Usage: families_test.sh path/to/llmt SOURCE_DIR
@@ -15,7 +15,7 @@ common=(--tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --block_s
         --learning_rate 1e-3 --logging_steps 1 --threads 1 --cache_dir none)
 have_hf=0
 python3 -c "import torch, transformers" 2> /dev/null && have_hf=1
-for family in llama31_tiny mistral_tiny qwen2_tiny llama_bias_tiny; do
+for family in llama31_tiny mistral_tiny qwen2_tiny llama_bias_tiny qwen3_tiny; do
   fixture="$src/tests/reference/$family"
   "$llmt" train "${common[@]}" --model_name_or_path "$fixture" --max_steps 4 --save_steps 2 --output_dir "$work/$family-a" \
     > "$work/$family-a.log" 2>&1 || { echo "FAIL: $family: training"; tail "$work/$family-a.log"; exit 1; }
@@ -28,7 +28,7 @@ for family in llama31_tiny mistral_tiny qwen2_tiny llama_bias_tiny; do
   python3 - "$work/$family-a/config.json" "$fixture/config.json" << 'PY' || exit 1
 import json, sys
 mine, theirs = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-for key in ("model_type", "architectures", "num_key_value_heads", "tie_word_embeddings"):
+for key in ("model_type", "architectures", "num_key_value_heads", "tie_word_embeddings", "head_dim"):
     assert mine.get(key) == theirs.get(key), f"FAIL: {key}: {mine.get(key)} vs {theirs.get(key)}"
 rp = {k: v for k, v in theirs["rope_parameters"].items()}
 assert {k: float(v) if isinstance(v, (int, float)) else v for k, v in mine["rope_parameters"].items()} == \
@@ -54,7 +54,8 @@ cat > "$work/alpaca.json" << 'EOF'
  {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
  {"instruction": "Add the numbers.", "input": "12 and 30", "output": "42"}]
 EOF
-for pair in llama3:llama31_tiny qwen2:qwen2_tiny mistral:mistral_tiny; do
+# (Qwen3 uses Qwen2's byte-level BPE tokenizer: the same vocabulary, so qwen2's directory)
+for pair in llama3:llama31_tiny qwen2:qwen2_tiny mistral:mistral_tiny qwen2:qwen3_tiny; do
   tok=${pair%%:*} family=${pair#*:}
   tokdir="$src/tests/reference/tokenizers_family/$tok"
   vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['families'][sys.argv[2]]['vocab_size'])" \

@@ -702,6 +702,64 @@ TEST_P(Ops, RmsNormBackwardVsFiniteDifferencesAccumulates) {
   }
 }
 
+// Qwen3's per-head q/k RMSNorm: each q head with wq, each k head with wk, v copied (the reference:
+// llmt_ref::rmsnorm over the gathered heads).
+DV head_rmsnorm_ref(const DV& x, const DV& wq, const DV& wk, int64_t N, int NH, int NKV, int hs, float eps) {
+  const int pieces = NH + 2 * NKV;
+  DV out = x;
+  for (int part = 0; part < 2; part++) {
+    const int h0 = part ? NH : 0, nh = part ? NKV : NH;
+    DV g((size_t)(N * nh * hs));
+    for (int64_t n = 0; n < N; n++)
+      for (int h = 0; h < nh; h++)
+        for (int c = 0; c < hs; c++) g[(size_t)((n * nh + h) * hs + c)] = x[(size_t)((n * pieces + h0 + h) * hs + c)];
+    DV y = llmt_ref::rmsnorm(g, part ? wk : wq, N * nh, hs, eps);
+    for (int64_t n = 0; n < N; n++)
+      for (int h = 0; h < nh; h++)
+        for (int c = 0; c < hs; c++) out[(size_t)((n * pieces + h0 + h) * hs + c)] = y[(size_t)((n * nh + h) * hs + c)];
+  }
+  return out;
+}
+
+TEST_P(Ops, HeadRmsNormForwardAndBackwardVsFiniteDifferences) {
+  std::mt19937 rng(35);
+  const int64_t N = 5;
+  const int NH = 4, NKV = 2;
+  const float eps = 1e-6f;
+  for (const int hs : {12, 16}) {
+    SCOPED_TRACE(::testing::Message() << "head size " << hs);
+    const int64_t row = (int64_t)(NH + 2 * NKV) * hs, n = N * row;
+    FV x = rand_act(rng, n), wq = rand_act(rng, hs), wk = rand_act(rng, hs), r = rand_act(rng, n);
+    FV pre_dwq = rand_f(rng, hs), pre_dwk = rand_f(rng, hs), junk = rand_act(rng, n);
+    BufP X = Buf::act(x), WQ = Buf::act(wq), WK = Buf::act(wk), Out = Buf::act(junk), R = Buf::act(r),
+         dX = Buf::act(junk);
+    Buf Rstd(N * (NH + NKV) * 4), dWQ(pre_dwq), dWK(pre_dwk);
+    be().head_rmsnorm_forward(Out->a({N, row}), Rstd.f32({N * (NH + NKV)}), X->a({N, row}), WQ->a({hs}), WK->a({hs}), N,
+                              NH, NKV, hs, eps);
+    const DV xd = to_d(x), wqd = to_d(wq), wkd = to_d(wk), rd = to_d(r);
+    EXPECT_TRUE(Close(Out->rf(), head_rmsnorm_ref(xd, wqd, wkd, N, NH, NKV, hs, eps), fwd_tol())) << "out";
+    auto L = [&](const DV& X_, const DV& Q_, const DV& K_) {
+      return dot(head_rmsnorm_ref(X_, Q_, K_, N, NH, NKV, hs, eps), rd);
+    };
+    const DV want_dx = fd_grad([&](const DV& v) { return L(v, wqd, wkd); }, xd);
+    // din (=) apart from dout, then in place (din = dout); dwq and dwk (+=) twice
+    be().head_rmsnorm_backward(dX->a({N, row}), dWQ.f32({hs}), dWK.f32({hs}), R->a({N, row}), X->a({N, row}),
+                               WQ->a({hs}), WK->a({hs}), Rstd.f32({N * (NH + NKV)}), N, NH, NKV, hs);
+    EXPECT_TRUE(Close(dX->rf(), want_dx, grad_tol())) << "din (=)";
+    be().head_rmsnorm_backward(R->a({N, row}), dWQ.f32({hs}), dWK.f32({hs}), R->a({N, row}), X->a({N, row}),
+                               WQ->a({hs}), WK->a({hs}), Rstd.f32({N * (NH + NKV)}), N, NH, NKV, hs);
+    EXPECT_TRUE(Close(R->rf(), want_dx, grad_tol())) << "din in place";
+    const DV gq = fd_grad([&](const DV& v) { return L(xd, v, wkd); }, wqd),
+             gk = fd_grad([&](const DV& v) { return L(xd, wqd, v); }, wkd);
+    auto twice = [](DV g) {
+      for (double& v : g) v *= 2.0;
+      return g;
+    };
+    EXPECT_TRUE(Close(dWQ.rf(), add_d(pre_dwq, twice(gq)), grad_tol())) << "dwq (+=)";
+    EXPECT_TRUE(Close(dWK.rf(), add_d(pre_dwk, twice(gk)), grad_tol())) << "dwk (+=)";
+  }
+}
+
 // Long rows: 4104 channels (513 16-byte bf16 chunks: a GPU's vectorised kernels hold several a
 // thread) and 20008 (past what they hold: the scalar kernels again), forward against the reference and
 // dx against the backward's formula on the forward's own statistics (+=).
@@ -1661,6 +1719,13 @@ TEST_P(Ops, BadArgumentsAreRefusedByTheEntry) {
   expect_error([&] { be().layernorm_forward(Big->a({5, 8}), X->f32({5}), Y->f32({5}), Z->a({2, 8}), Z->a({8}),
                                             Z->a({8}), 5, 8, 1e-5f); },
                {name + " layernorm_forward: x holds 16 elements ([2, 8]), needs 40"});
+  // 2 tokens of [q (1 head) | k (1) | v (1)] of 8: 48 elements; Z holds 64, X as many
+  expect_error([&] { be().head_rmsnorm_forward(Z->a({2, 24}), Y->f32({4}), Z->a({2, 24}), Z->a({8}), Z->a({8}), 2, 1,
+                                               1, 8, 1e-6f); },
+               {name + " head_rmsnorm_forward: out must not be in"});
+  expect_error([&] { be().head_rmsnorm_forward(Z->a({2, 24}), Y->f32({4}), X->a({2, 16}), Z->a({8}), Z->a({8}), 2, 1,
+                                               1, 8, 1e-6f); },
+               {name + " head_rmsnorm_forward: in holds 32 elements", "needs 48"});
   expect_error([&] { be().add(X->a({n}), Y->a({n}), Z->a({n / 2}), n); },
                {name + " add: b holds 32 elements", "needs 64"});
   expect_error([&] { be().matmul(Z->a({8, 8}), null_act({8, 8}), Y->a({8, 8}), null_act({8}), 8, 8, 8, false, false,

@@ -47,7 +47,7 @@ using llmt_test::expect_error;
 }  // namespace
 
 TEST(HfCheckpoint, SaveAndReloadIsLosslessForEveryFixture) {
-  for (std::string name : {"gpt2_tiny", "llama_tiny", "llama_tied_tiny"}) {
+  for (std::string name : {"gpt2_tiny", "llama_tiny", "llama_tied_tiny", "qwen3_tiny"}) {
     std::string src = llmt_test::reference_dir() + "/" + name;
     ModelConfig cfg = config_from_json_file(src + "/config.json");
     ModelLayout L = make_layout(cfg);
@@ -264,11 +264,17 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
        {"\"beta_fast\": 32 is not supported"}},
       {llama + "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8}}", {"low_freq_factor"}},
       {llama + "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 0.5}}", {"factor 0.5 must be at least 1"}},
-      {llama + "\"head_dim\": 16}", {"head_dim 16 is not hidden_size / num_attention_heads (32 / 4)"}},
+      {llama + "\"head_dim\": 0}", {"head_dim 0 must be positive"}},
+      {"{\"model_type\": \"qwen3\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
+       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"use_sliding_window\": true}",
+       {"\"use_sliding_window\": true is not supported", "sliding-window"}},
+      {"{\"model_type\": \"qwen3\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
+       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"mlp_bias\": true}",
+       {"\"mlp_bias\": true is not supported"}},
       {"{\"model_type\": \"mistral\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
        "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"sliding_window\": 0}",
        {"sliding_window 0 must be positive"}},
-      {"{\"model_type\": \"gemma\"}", {"\"gemma\" is not supported (gpt2, llama, mistral or qwen2)"}},
+      {"{\"model_type\": \"gemma\"}", {"\"gemma\" is not supported (gpt2, llama, mistral, qwen2 or qwen3)"}},
       {llama + "\"attention_bias\": \"yes\"}", {"attention_bias", "must be true or false"}},
   };
   for (size_t i = 0; i < std::size(refused); i++) {
@@ -295,6 +301,29 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
     EXPECT_EQ(config_to_hf_json(c)["rope_scaling"]["rope_type"], "llama3");
   }
   expect_error([&] { config_from_preset("gpt3"); }, {"gpt3", "presets"});
+  // head_dim apart from hidden_size / num_attention_heads: q_proj's out and o_proj's in are heads x
+  // head_dim; Qwen3's is 128 when the file has none (Qwen3Config's default), and always written back
+  write_file(dir + "/head_dim.json", llama + "\"head_dim\": 16}");
+  const ModelConfig hd = config_from_json_file(dir + "/head_dim.json");
+  EXPECT_EQ(hd.head_size(), 16);
+  EXPECT_EQ(hd.q_dim(), 64);
+  EXPECT_EQ(config_to_hf_json(hd)["head_dim"], 16);
+  const ModelLayout hl = make_layout(hd);
+  EXPECT_EQ(hl.units[1].params[1].hf_name, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(hl.units[1].params[1].shape, (std::vector<int64_t>{64, 32}));
+  write_file(dir + "/qwen3.json", "{\"model_type\": \"qwen3\", \"vocab_size\": 10, \"hidden_size\": 32, "
+                                  "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 4}");
+  const ModelConfig q3 = config_from_json_file(dir + "/qwen3.json");
+  EXPECT_EQ(q3.head_size(), 128);
+  EXPECT_TRUE(q3.family.qk_norm);
+  EXPECT_FALSE(q3.tied_embeddings);
+  EXPECT_EQ(config_to_hf_json(q3)["head_dim"], 128);
+  EXPECT_EQ(config_to_hf_json(q3)["architectures"][0], "Qwen3ForCausalLM");
+  // the preset: Qwen3-0.6B's published sizes
+  const ModelConfig q06 = config_from_preset("qwen3-0.6b");
+  EXPECT_EQ(q06.head_size(), 128);
+  EXPECT_EQ(q06.q_dim(), 2048);
+  EXPECT_EQ(make_layout(q06).total_numel, 596049920);  // Qwen3-0.6B's parameters, lm_head tied
 }
 
 // Issue 23: rope_scaling was ignored whenever rope_parameters was present, even when invalid; a factor
@@ -421,7 +450,7 @@ TEST(ModelConfig, FieldsThatChangeTheModelAreReadOrRefusedByName) {
 // decided by the norm's class, and its list lacked Qwen2RMSNorm and MistralRMSNorm, so it decayed
 // those two families' norm weights (README, Status).
 TEST(ModelConfig, WeightDecaySkipsBiasesAndNormWeightsOfEveryFamily) {
-  for (const char* type : {"gpt2", "llama", "mistral", "qwen2"}) {
+  for (const char* type : {"gpt2", "llama", "mistral", "qwen2", "qwen3"}) {
     nlohmann::json j = std::string(type) == "gpt2"
                            ? nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", 16}, {"n_layer", 2}, {"n_head", 2},
                                             {"n_embd", 8}, {"n_positions", 16}, {"tie_word_embeddings", false}}

@@ -225,6 +225,9 @@ TEST(HfReference, Qwen2WindowTiny) { check_model("qwen2_window_tiny", DType::f32
 TEST(HfReference, Qwen2WindowTinyBf16) { check_model("qwen2_window_tiny", DType::bf16); }
 TEST(HfReference, LlamaBiasTiny) { check_model("llama_bias_tiny", DType::f32); }
 TEST(HfReference, LlamaBiasTinyBf16) { check_model("llama_bias_tiny", DType::bf16); }
+// Qwen3: per-head q/k RMSNorm, and head_dim 16 where hidden / heads is 8
+TEST(HfReference, Qwen3Tiny) { check_model("qwen3_tiny", DType::f32); }
+TEST(HfReference, Qwen3TinyBf16) { check_model("qwen3_tiny", DType::bf16); }
 // the same fixtures with the CUDA backend
 TEST(HfReferenceCuda, Gpt2Tiny) { check_model("gpt2_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, LlamaTinyGqa) { check_model("llama_tiny", DType::f32, "cuda"); }
@@ -242,6 +245,8 @@ TEST(HfReferenceCuda, Qwen2WindowTiny) { check_model("qwen2_window_tiny", DType:
 TEST(HfReferenceCuda, Qwen2WindowTinyBf16) { check_model("qwen2_window_tiny", DType::bf16, "cuda"); }
 TEST(HfReferenceCuda, LlamaBiasTiny) { check_model("llama_bias_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, LlamaBiasTinyBf16) { check_model("llama_bias_tiny", DType::bf16, "cuda"); }
+TEST(HfReferenceCuda, Qwen3Tiny) { check_model("qwen3_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, Qwen3TinyBf16) { check_model("qwen3_tiny", DType::bf16, "cuda"); }
 
 // Issue 23: a GPT-2 directory with "tie_word_embeddings": false and its own lm_head.weight trained
 // tied (lm_head.weight skipped) and exported as tied. GPT2LMHeadModel untied computes

@@ -12,6 +12,7 @@ Makes tiny, randomly initialised models under tests/reference/:
   qwen2_window_tiny/ the same Qwen2 with use_sliding_window, sliding_window 4 and max_window_layers 1:
                     layer 0 full attention, layer 1 a window of 4 keys (local and global layers mixed)
   llama_bias_tiny/  LlamaForCausalLM with attention_bias and mlp_bias
+  qwen3_tiny/       Qwen3ForCausalLM: per-head q/k RMSNorm, head_dim 16 apart from hidden 32 / 4 heads, tied
 Each directory holds the Hugging Face export (config.json, model.safetensors, float32),
 reference.safetensors: one fixed batch, its logits, loss and gradients, and the parameters after
 3 AdamW steps on that batch (see README.md for the exact contents and conventions), and
@@ -34,7 +35,8 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 B, T, VOCAB = 2, 13, 259
@@ -96,6 +98,15 @@ def qwen2_window_config():
     return c
 
 
+def qwen3_config():
+    """Qwen3: LLaMA with an RMSNorm over each head of q and of k before RoPE, and a head_dim (16) that
+    is not hidden_size / num_attention_heads (8): q_proj's out and o_proj's in are 4 x 16 = 64."""
+    return Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, attention_bias=False,
+                       use_sliding_window=False, hidden_act="silu", attention_dropout=0.0)
+
+
 def llama_bias_config():
     """A LLaMA config with attention_bias and mlp_bias: biases on q, k, v, o, gate, up and down."""
     c = llama_config(tied=False)
@@ -113,6 +124,7 @@ MODELS = {
     "qwen2_tiny": (Qwen2ForCausalLM, qwen2_config),
     "qwen2_window_tiny": (Qwen2ForCausalLM, qwen2_window_config),
     "llama_bias_tiny": (LlamaForCausalLM, llama_bias_config),
+    "qwen3_tiny": (Qwen3ForCausalLM, qwen3_config),
 }
 
 
