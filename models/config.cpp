@@ -179,12 +179,14 @@ ModelConfig base_config(Arch arch) {
     f.mlp = MlpKind::gelu_tanh;
     f.learned_positions = true, f.rope = false;
     f.scaled_out_init = true;
+    f.fused_qkv_tensor = true, f.fused_gate_up_tensor = false;
     c.qkv_bias = c.o_bias = c.mlp_bias = true;
   } else {  // LLaMA: RMSNorm, RoPE, SwiGLU, no biases (Mistral, Qwen2 and Qwen3 start here)
     f.norm = NormKind::rmsnorm;
     f.mlp = MlpKind::swiglu;
     f.learned_positions = false, f.rope = true;
     f.scaled_out_init = false;
+    f.fused_qkv_tensor = false, f.fused_gate_up_tensor = false;
     c.qkv_bias = c.o_bias = c.mlp_bias = false;
   }
   return c;
@@ -200,7 +202,8 @@ std::string ModelConfig::describe() const {
     s += rope_scaling == "llama3" ? strformat(", rope llama3 x%g (low %g, high %g, original %d)", rope_factor,
                                               rope_low_freq_factor, rope_high_freq_factor, rope_original_max)
                                   : strformat(", rope %s x%g", rope_scaling.c_str(), rope_factor);
-  if (model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3") s += ", " + model_type;
+  if (model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" || model_type == "phi3")
+    s += ", " + model_type;
   if (head_dim > 0) s += strformat(", head_dim %d", head_dim);
   if (family.qk_norm) s += ", q/k norms";
   int sliding = 0;
@@ -281,7 +284,7 @@ static void read_layer_windows(const nlohmann::json& j, const std::string& sourc
       sliding.push_back(k == "sliding_attention");
     }
   }
-  if (type == "mistral") {
+  if (type == "mistral" || type == "phi3") {  // Phi3Model masks every layer alike too
     for (size_t l = 0; l < sliding.size(); l++)
       LLMT_CHECK(sliding[l] == (c.sliding_window > 0), "%s: \"layer_types\" makes layer %zu %s, but transformers' "
                  "Mistral ignores layer_types and gives every layer %s (sliding_window %d); remove layer_types or "
@@ -311,16 +314,25 @@ static void read_rope_scaling(const nlohmann::json& rp, const std::string& where
   LLMT_CHECK(rp.is_object(), "%s: expected an object or null", where.c_str());
   const std::string type = rp.contains("rope_type") ? get_required<std::string>(rp, "rope_type", where)
                                                     : get_optional<std::string>(rp, "type", "default", where);
+  // the type first: a type llmt does not compute (longrope with its short and long factors) is named
+  // as such, not by one of its keys
+  LLMT_CHECK(type == "default" || type == "linear" || type == "dynamic" || type == "llama3",
+             "%s: rope_type \"%s\" is not supported (default, linear, llama3, and dynamic within the original "
+             "context)", where.c_str(), type.c_str());
   for (const auto& [key, value] : rp.items()) {
     static const char* const known[] = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
-                                        "high_freq_factor", "original_max_position_embeddings"};
+                                        "high_freq_factor", "original_max_position_embeddings",
+                                        "partial_rotary_factor"};
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
     LLMT_CHECK(ok, "%s: \"%s\": %s is not supported (llmt reads rope_type, rope_theta, factor, low_freq_factor, "
-               "high_freq_factor, original_max_position_embeddings)", where.c_str(), key.c_str(),
+               "high_freq_factor, original_max_position_embeddings, partial_rotary_factor)", where.c_str(), key.c_str(),
                clip_for_message(value.dump()).c_str());
   }
   c.rope_theta = get_optional<float>(rp, "rope_theta", c.rope_theta, where);
+  // transformers 5 keeps Phi-3's partial_rotary_factor here (1.0 unless the file says otherwise)
+  require_default(rp, "partial_rotary_factor", 1.0f, where,
+                  "llmt rotates every dimension of a head (Phi-4-mini's 0.75 is not implemented)");
   if (type == "default") return;
   LLMT_CHECK(type == "linear" || type == "dynamic" || type == "llama3",
              "%s: rope_type \"%s\" is not supported (default, linear, llama3, and dynamic within the original "
@@ -375,7 +387,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     c.embd_pdrop = get_optional<float>(j, "embd_pdrop", 0.1f, source);
     c.attn_pdrop = get_optional<float>(j, "attn_pdrop", 0.1f, source);
     c.resid_pdrop = get_optional<float>(j, "resid_pdrop", 0.1f, source);
-  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3") {
+  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "phi3") {
     c = base_config(Arch::llama);
     c.model_type = type;
     c.vocab_size = get_required<int>(j, "vocab_size", source);
@@ -410,7 +422,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       LLMT_CHECK(c.rope_theta == from_v4.rope_theta, "%s: rope_theta %g and rope_parameters.rope_theta %g disagree: "
                  "transformers 4 reads the first, transformers 5 the second", source.c_str(), from_v4.rope_theta,
                  c.rope_theta);
-    if (type == "mistral" && j.contains("sliding_window") && !j.at("sliding_window").is_null()) {
+    if ((type == "mistral" || type == "phi3") && j.contains("sliding_window") && !j.at("sliding_window").is_null()) {
       c.sliding_window = get_required<int>(j, "sliding_window", source);
       LLMT_CHECK(c.sliding_window > 0, "%s: sliding_window %d must be positive (or null)", source.c_str(),
                  c.sliding_window);
@@ -435,6 +447,17 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       require_default(j, "mlp_bias", false, source, "transformers builds Qwen3's MLP without biases");
       require_default(j, "use_sliding_window", false, source,
                       "llmt does not compute Qwen3's sliding-window attention yet (released Qwen3 models have it off)");
+    } else if (type == "phi3") {
+      // Phi3: q, k, v stored as one qkv_proj and gate, up as one gate_up_proj ([gate | up], as llmt's),
+      // no biases; resid_pdrop on each residual branch (GPT-2's sites); embd_pdrop is read by nothing
+      // in transformers' Phi3Model, so it is not applied here either
+      c.family.fused_qkv_tensor = c.family.fused_gate_up_tensor = true;
+      require_default(j, "attention_bias", false, source, "transformers builds Phi-3 without biases");
+      require_default(j, "mlp_bias", false, source, "transformers builds Phi-3 without biases");
+      c.resid_pdrop = get_optional<float>(j, "resid_pdrop", 0.0f, source);
+      require_default(j, "partial_rotary_factor", 1.0f, source,
+                       "llmt rotates every dimension of a head (Phi-4-mini's 0.75 is not implemented)");
+      // original_max_position_embeddings only matters to longrope, which read_rope_scaling refuses
     } else if (type == "mistral") {  // MistralAttention and MistralMLP have no biases, whatever the file says
       require_default(j, "attention_bias", false, source, "transformers builds Mistral without biases");
       require_default(j, "mlp_bias", false, source, "transformers builds Mistral without biases");
@@ -452,7 +475,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       if ((int64_t)head_dim * c.n_head != c.d_model) c.head_dim = head_dim;
     }
   } else {
-    fail("%s: model_type \"%s\" is not supported (gpt2, llama, mistral, qwen2 or qwen3)", source.c_str(), type.c_str());
+    fail("%s: model_type \"%s\" is not supported (gpt2, llama, mistral, qwen2, qwen3 or phi3)", source.c_str(),
+         type.c_str());
   }
   // Fields of every family (PretrainedConfig's): the random initialisation's spread, read; pruned heads
   // (transformers prunes them when it builds the model) refused
@@ -521,12 +545,14 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
          {"attn_pdrop", decimal(c.attn_pdrop)},
          {"tie_word_embeddings", c.tied_embeddings}};
   } else {
-    const bool mistral = c.model_type == "mistral", qwen2 = c.model_type == "qwen2", qwen3 = c.model_type == "qwen3";
+    const bool mistral = c.model_type == "mistral", qwen2 = c.model_type == "qwen2", qwen3 = c.model_type == "qwen3",
+               phi3 = c.model_type == "phi3";
     j = {{"architectures", {mistral  ? "MistralForCausalLM"
                             : qwen2  ? "Qwen2ForCausalLM"
                             : qwen3  ? "Qwen3ForCausalLM"
+                            : phi3   ? "Phi3ForCausalLM"
                                      : "LlamaForCausalLM"}},
-         {"model_type", mistral ? "mistral" : qwen2 ? "qwen2" : qwen3 ? "qwen3" : "llama"},
+         {"model_type", mistral ? "mistral" : qwen2 ? "qwen2" : qwen3 ? "qwen3" : phi3 ? "phi3" : "llama"},
          {"vocab_size", c.vocab_size},
          {"max_position_embeddings", c.max_seq_len},
          {"hidden_size", c.d_model},
@@ -559,6 +585,12 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
       j.erase("mlp_bias");
       j["use_sliding_window"] = false;
       j["sliding_window"] = nullptr;
+    }
+    if (phi3) {  // Phi3Config has no attention_bias or mlp_bias; resid_pdrop and the window are its own
+      j.erase("attention_bias");
+      j.erase("mlp_bias");
+      j["resid_pdrop"] = decimal(c.resid_pdrop);
+      j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
     }
     if (mistral) j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
     if (qwen2) {  // Qwen2Config has no attention_bias or mlp_bias: its biases are fixed by the model

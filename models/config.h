@@ -14,7 +14,7 @@ namespace llmt {
 
 // Whose tensor names and storage the checkpoint has: GPT-2's (transformer.h.N.attn.c_attn, Conv1D
 // weights stored [in, out]) or LLaMA's (model.layers.N.self_attn.q_proj, nn.Linear [out, in]), which
-// Mistral, Qwen2 and Qwen3 share. It names tensors; what the model computes is the Family below.
+// Mistral, Qwen2, Qwen3 and Phi-3 share. It names tensors; what the model computes is the Family below.
 enum class Arch { gpt2, llama };
 
 enum class NormKind { layernorm, rmsnorm };  // LayerNorm (weight and bias) or RMSNorm (weight)
@@ -32,6 +32,9 @@ struct Family {
   bool qk_norm = false;           // RMSNorm over each head of q and of k (weights [head_dim]) before RoPE
   // the random init divides the output projections' (attention's and the MLP's) std by sqrt(2 L)
   bool scaled_out_init = true;
+  // the checkpoint stores q, k, v as one tensor (GPT-2's c_attn, Phi-3's qkv_proj), and the SwiGLU's
+  // gate and up as one (Phi-3's gate_up_proj); llmt's own matrices are fused either way
+  bool fused_qkv_tensor = true, fused_gate_up_tensor = false;
 };
 
 struct ModelConfig {
@@ -51,7 +54,8 @@ struct ModelConfig {
   std::string rope_scaling;
   float rope_factor = 1.0f, rope_low_freq_factor = 1.0f, rope_high_freq_factor = 4.0f;
   int rope_original_max = 0;        // original_max_position_embeddings (llama3; dynamic: the context)
-  std::string model_type = "";      // "llama", "mistral", "qwen2" or "qwen3" for a LLaMA-architecture model ("" = llama)
+  // "llama", "mistral", "qwen2", "qwen3" or "phi3" for a LLaMA-architecture model ("" = llama)
+  std::string model_type = "";
   int head_dim = 0;                 // head_dim of the config; 0: d_model / n_head (head_size())
   // biases: q/k/v (GPT-2's c_attn; attention_bias, and always in Qwen2), o (c_proj; attention_bias),
   // and the MLP's (c_fc and c_proj; gate/up/down with mlp_bias)
@@ -92,7 +96,7 @@ ModelConfig base_config(Arch arch);
 // Names accepted by config_from_preset, in the order `llmt` lists them.
 std::vector<std::string> preset_names();
 ModelConfig config_from_preset(const std::string& name);  // throws for an unknown name
-// Reads a Hugging Face config.json (model_type gpt2, llama, mistral, qwen2 or qwen3); errors name the file and the key.
+// Reads a Hugging Face config.json (model_type gpt2, llama, mistral, qwen2, qwen3 or phi3); errors name the file and the key.
 // A JSON file read whole and parsed after the depth check; `what` ("model config") names it when it
 // cannot be opened, and the path names it when it is malformed.
 nlohmann::json read_json_file(const std::string& path, const char* what);

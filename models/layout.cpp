@@ -27,16 +27,22 @@ ModelLayout make_layout(const ModelConfig& c) {
 
   // Hugging Face names of a block's tensors: GPT-2's Conv1D weights are stored [in, out] (hf_transposed)
   struct Names {
-    const char *ln1, *q, *k, *v, *qkv, *q_norm, *k_norm, *o, *ln2, *gate, *up, *fc, *down;
+    const char *ln1, *q, *k, *v, *qkv, *q_norm, *k_norm, *o, *ln2, *gate, *up, *gate_up, *fc, *down;
   };
-  static const Names gpt2_n = {"ln_1.", nullptr, nullptr, nullptr, "attn.c_attn.", nullptr, nullptr, "attn.c_proj.",
-                               "ln_2.", nullptr, nullptr, "mlp.c_fc.", "mlp.c_proj."};
+  static const Names gpt2_n = {"ln_1.",  nullptr, nullptr, nullptr, "attn.c_attn.", nullptr,    nullptr,
+                               "attn.c_proj.", "ln_2.", nullptr, nullptr, nullptr,   "mlp.c_fc.", "mlp.c_proj."};
   static const Names llama_n = {"input_layernorm.", "self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.",
-                                nullptr, "self_attn.q_norm.", "self_attn.k_norm.", "self_attn.o_proj.",
-                                "post_attention_layernorm.", "mlp.gate_proj.", "mlp.up_proj.", nullptr,
-                                "mlp.down_proj."};
+                                "self_attn.qkv_proj.", "self_attn.q_norm.", "self_attn.k_norm.", "self_attn.o_proj.",
+                                "post_attention_layernorm.", "mlp.gate_proj.", "mlp.up_proj.", "mlp.gate_up_proj.",
+                                nullptr, "mlp.down_proj."};
   const Names& n = gpt2_names ? gpt2_n : llama_n;
   const bool tr = gpt2_names;  // hf_transposed
+  LLMT_CHECK(c.family.fused_qkv_tensor ? n.qkv != nullptr : n.q != nullptr,
+             "make_layout: the %s names have no %s q/k/v projection", c.arch_name(),
+             c.family.fused_qkv_tensor ? "fused" : "split");
+  LLMT_CHECK(!glu || (c.family.fused_gate_up_tensor ? n.gate_up : n.gate), "make_layout: the %s names have no %s "
+             "gate/up projection", c.arch_name(), c.family.fused_gate_up_tensor ? "fused" : "split");
+  LLMT_CHECK(glu || n.fc, "make_layout: the %s names have no GELU MLP", c.arch_name());
   for (int l = 0; l < c.n_layer; l++) {
     UnitLayout u;
     u.name = "block." + std::to_string(l);
@@ -46,7 +52,7 @@ ModelLayout make_layout(const ModelConfig& c) {
     auto Bi = [&](const char* m) { return p + m + "bias"; };
     b.ln1_w = u.add(W(n.ln1), {C}, false);
     if (ln) b.ln1_b = u.add(Bi(n.ln1), {C}, false);
-    if (n.qkv) {  // one fused [q|k|v] matrix in the file
+    if (c.family.fused_qkv_tensor) {  // one fused [q|k|v] matrix in the file
       b.qkv_w = u.add(W(n.qkv), {q_dim + 2 * kv_dim, C}, true, tr);
       if (c.qkv_bias) b.qkv_b = u.add(Bi(n.qkv), {q_dim + 2 * kv_dim}, false);
     } else {  // q, k, v back to back: one fused [q|k|v] matrix here
@@ -68,7 +74,10 @@ ModelLayout make_layout(const ModelConfig& c) {
     if (c.o_bias) b.attn_proj_b = u.add(Bi(n.o), {C}, false);
     b.ln2_w = u.add(W(n.ln2), {C}, false);
     if (ln) b.ln2_b = u.add(Bi(n.ln2), {C}, false);
-    if (glu) {  // gate, then up: one fused [gate|up] matrix
+    if (glu && c.family.fused_gate_up_tensor) {  // one [gate|up] matrix in the file too
+      b.mlp_in_w = u.add(W(n.gate_up), {2 * F, C}, true, tr);
+      if (c.mlp_bias) b.mlp_in_b = u.add(Bi(n.gate_up), {2 * F}, false);
+    } else if (glu) {  // gate, then up: one fused [gate|up] matrix
       b.mlp_in_w = u.add(W(n.gate), {F, C}, true, tr);
       u.extend(W(n.up), {F, C}, true, tr);
       if (c.mlp_bias) {

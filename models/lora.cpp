@@ -45,6 +45,11 @@ std::vector<Projection> block_projections(const ModelConfig& c) {
             {"attn.c_proj", BlockMatrix::attn_proj, 0, C, C, C, true},
             {"mlp.c_fc", BlockMatrix::mlp_in, 0, F, C, F, true},
             {"mlp.c_proj", BlockMatrix::mlp_out, 0, C, F, C, true}};
+  if (c.family.fused_qkv_tensor)  // Phi-3: qkv_proj and gate_up_proj, as the checkpoint names them
+    return {{"self_attn.qkv_proj", BlockMatrix::qkv, 0, QKV, C, QKV, false},
+            {"self_attn.o_proj", BlockMatrix::attn_proj, 0, C, q, C, false},
+            {"mlp.gate_up_proj", BlockMatrix::mlp_in, 0, FI, C, FI, false},
+            {"mlp.down_proj", BlockMatrix::mlp_out, 0, C, F, C, false}};
   return {{"self_attn.q_proj", BlockMatrix::qkv, 0, q, C, QKV, false},
           {"self_attn.k_proj", BlockMatrix::qkv, q, kv, C, QKV, false},
           {"self_attn.v_proj", BlockMatrix::qkv, q + kv, kv, C, QKV, false},

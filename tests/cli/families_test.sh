@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Llama 3.1 (llama3 rope scaling), Mistral (sliding window), Qwen2 (q/k/v biases), LLaMA with
-# attention_bias + mlp_bias and Qwen3 (q/k norms, head_dim apart from the hidden size), from their Hugging Face fixture directories, through the executable:
+# attention_bias + mlp_bias, Qwen3 (q/k norms, head_dim apart from the hidden size) and Phi-3 (fused
+# qkv_proj and gate_up_proj), from their Hugging Face fixture directories, through the executable:
 # each trains, resumes bitwise from its checkpoint, and exports a directory that transformers loads
 # with the same parameters (when torch and transformers are installed; the config check always runs).
 # Usage: families_test.sh path/to/llmt SOURCE_DIR
@@ -15,7 +16,7 @@ common=(--tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --block_s
         --learning_rate 1e-3 --logging_steps 1 --threads 1 --cache_dir none)
 have_hf=0
 python3 -c "import torch, transformers" 2> /dev/null && have_hf=1
-for family in llama31_tiny mistral_tiny qwen2_tiny llama_bias_tiny qwen3_tiny; do
+for family in llama31_tiny mistral_tiny qwen2_tiny llama_bias_tiny qwen3_tiny phi3_tiny; do
   fixture="$src/tests/reference/$family"
   "$llmt" train "${common[@]}" --model_name_or_path "$fixture" --max_steps 4 --save_steps 2 --output_dir "$work/$family-a" \
     > "$work/$family-a.log" 2>&1 || { echo "FAIL: $family: training"; tail "$work/$family-a.log"; exit 1; }
@@ -33,7 +34,7 @@ for key in ("model_type", "architectures", "num_key_value_heads", "tie_word_embe
 rp = {k: v for k, v in theirs["rope_parameters"].items()}
 assert {k: float(v) if isinstance(v, (int, float)) else v for k, v in mine["rope_parameters"].items()} == \
        {k: float(v) if isinstance(v, (int, float)) else v for k, v in rp.items()}, f"FAIL: rope {mine['rope_parameters']} vs {rp}"
-for key in ("attention_bias", "mlp_bias", "sliding_window", "use_sliding_window"):
+for key in ("attention_bias", "mlp_bias", "sliding_window", "use_sliding_window", "resid_pdrop"):
     if key in theirs:
         assert mine.get(key) == theirs[key], f"FAIL: {key}: {mine.get(key)} vs {theirs[key]}"
 PY

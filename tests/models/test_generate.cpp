@@ -28,7 +28,8 @@ using IdRows = std::vector<std::vector<int32_t>>;
 namespace {
 
 const char* kFixtures[] = {"gpt2_tiny",    "llama_tiny", "llama_tied_tiny", "llama31_tiny",
-                           "mistral_tiny", "qwen2_tiny", "llama_bias_tiny", "qwen3_tiny"};
+                           "mistral_tiny", "qwen2_tiny", "llama_bias_tiny", "qwen3_tiny",
+                           "phi3_tiny"};
 
 // A fixture model on a backend, its parameters in an unsharded store, for batches of B sequences of
 // up to T tokens.

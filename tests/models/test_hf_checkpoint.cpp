@@ -47,7 +47,7 @@ using llmt_test::expect_error;
 }  // namespace
 
 TEST(HfCheckpoint, SaveAndReloadIsLosslessForEveryFixture) {
-  for (std::string name : {"gpt2_tiny", "llama_tiny", "llama_tied_tiny", "qwen3_tiny"}) {
+  for (std::string name : {"gpt2_tiny", "llama_tiny", "llama_tied_tiny", "qwen3_tiny", "phi3_tiny"}) {
     std::string src = llmt_test::reference_dir() + "/" + name;
     ModelConfig cfg = config_from_json_file(src + "/config.json");
     ModelLayout L = make_layout(cfg);
@@ -274,8 +274,17 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
       {"{\"model_type\": \"mistral\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
        "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"sliding_window\": 0}",
        {"sliding_window 0 must be positive"}},
-      {"{\"model_type\": \"gemma\"}", {"\"gemma\" is not supported (gpt2, llama, mistral, qwen2 or qwen3)"}},
+      {"{\"model_type\": \"gemma\"}", {"\"gemma\" is not supported (gpt2, llama, mistral, qwen2, qwen3 or phi3)"}},
       {llama + "\"attention_bias\": \"yes\"}", {"attention_bias", "must be true or false"}},
+      {"{\"model_type\": \"phi3\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
+       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"partial_rotary_factor\": 0.75}",
+       {"\"partial_rotary_factor\": 0.75 is not supported", "Phi-4-mini"}},
+      {"{\"model_type\": \"phi3\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
+       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"rope_parameters\": {\"rope_type\": \"default\", "
+       "\"partial_rotary_factor\": 0.75}}", {"rope_parameters", "\"partial_rotary_factor\": 0.75 is not supported"}},
+      {"{\"model_type\": \"phi3\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
+       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"rope_scaling\": {\"type\": \"longrope\", "
+       "\"short_factor\": [1], \"long_factor\": [1]}}", {"rope_scaling", "longrope"}},
   };
   for (size_t i = 0; i < std::size(refused); i++) {
     const std::string f = dir + strformat("/refused%zu.json", i);
@@ -450,7 +459,7 @@ TEST(ModelConfig, FieldsThatChangeTheModelAreReadOrRefusedByName) {
 // decided by the norm's class, and its list lacked Qwen2RMSNorm and MistralRMSNorm, so it decayed
 // those two families' norm weights (README, Status).
 TEST(ModelConfig, WeightDecaySkipsBiasesAndNormWeightsOfEveryFamily) {
-  for (const char* type : {"gpt2", "llama", "mistral", "qwen2", "qwen3"}) {
+  for (const char* type : {"gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3"}) {
     nlohmann::json j = std::string(type) == "gpt2"
                            ? nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", 16}, {"n_layer", 2}, {"n_head", 2},
                                             {"n_embd", 8}, {"n_positions", 16}, {"tie_word_embeddings", false}}

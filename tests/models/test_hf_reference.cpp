@@ -228,6 +228,9 @@ TEST(HfReference, LlamaBiasTinyBf16) { check_model("llama_bias_tiny", DType::bf1
 // Qwen3: per-head q/k RMSNorm, and head_dim 16 where hidden / heads is 8
 TEST(HfReference, Qwen3Tiny) { check_model("qwen3_tiny", DType::f32); }
 TEST(HfReference, Qwen3TinyBf16) { check_model("qwen3_tiny", DType::bf16); }
+// Phi-3: q/k/v and gate/up stored fused (qkv_proj, gate_up_proj)
+TEST(HfReference, Phi3Tiny) { check_model("phi3_tiny", DType::f32); }
+TEST(HfReference, Phi3TinyBf16) { check_model("phi3_tiny", DType::bf16); }
 // the same fixtures with the CUDA backend
 TEST(HfReferenceCuda, Gpt2Tiny) { check_model("gpt2_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, LlamaTinyGqa) { check_model("llama_tiny", DType::f32, "cuda"); }
@@ -247,6 +250,8 @@ TEST(HfReferenceCuda, LlamaBiasTiny) { check_model("llama_bias_tiny", DType::f32
 TEST(HfReferenceCuda, LlamaBiasTinyBf16) { check_model("llama_bias_tiny", DType::bf16, "cuda"); }
 TEST(HfReferenceCuda, Qwen3Tiny) { check_model("qwen3_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, Qwen3TinyBf16) { check_model("qwen3_tiny", DType::bf16, "cuda"); }
+TEST(HfReferenceCuda, Phi3Tiny) { check_model("phi3_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, Phi3TinyBf16) { check_model("phi3_tiny", DType::bf16, "cuda"); }
 
 // Issue 23: a GPT-2 directory with "tie_word_embeddings": false and its own lm_head.weight trained
 // tied (lm_head.weight skipped) and exported as tied. GPT2LMHeadModel untied computes

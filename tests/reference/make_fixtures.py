@@ -13,6 +13,7 @@ Makes tiny, randomly initialised models under tests/reference/:
                     layer 0 full attention, layer 1 a window of 4 keys (local and global layers mixed)
   llama_bias_tiny/  LlamaForCausalLM with attention_bias and mlp_bias
   qwen3_tiny/       Qwen3ForCausalLM: per-head q/k RMSNorm, head_dim 16 apart from hidden 32 / 4 heads, tied
+  phi3_tiny/        Phi3ForCausalLM: q, k, v stored as one qkv_proj, gate and up as one gate_up_proj
 Each directory holds the Hugging Face export (config.json, model.safetensors, float32),
 reference.safetensors: one fixed batch, its logits, loss and gradients, and the parameters after
 3 AdamW steps on that batch (see README.md for the exact contents and conventions), and
@@ -35,8 +36,8 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+                          MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 B, T, VOCAB = 2, 13, 259
@@ -107,6 +108,17 @@ def qwen3_config():
                        use_sliding_window=False, hidden_act="silu", attention_dropout=0.0)
 
 
+def phi3_config():
+    """Phi-3 (mini 4k's shape of config, tiny): LLaMA's block with q, k, v in one qkv_proj tensor and
+    gate, up in one gate_up_proj; no padding_idx (pad_token_id None), so every embedding row learns."""
+    return Phi3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      original_max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+                      tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
+                      sliding_window=None, hidden_act="silu", bos_token_id=1, eos_token_id=VOCAB - 1,
+                      pad_token_id=None)
+
+
 def llama_bias_config():
     """A LLaMA config with attention_bias and mlp_bias: biases on q, k, v, o, gate, up and down."""
     c = llama_config(tied=False)
@@ -125,6 +137,7 @@ MODELS = {
     "qwen2_window_tiny": (Qwen2ForCausalLM, qwen2_window_config),
     "llama_bias_tiny": (LlamaForCausalLM, llama_bias_config),
     "qwen3_tiny": (Qwen3ForCausalLM, qwen3_config),
+    "phi3_tiny": (Phi3ForCausalLM, phi3_config),
 }
 
 

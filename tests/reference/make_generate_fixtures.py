@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ["gpt2_tiny", "llama_tiny", "llama_tied_tiny", "llama31_tiny", "mistral_tiny", "qwen2_tiny", "llama_bias_tiny",
-          "qwen3_tiny"]
+          "qwen3_tiny", "phi3_tiny"]
 LENGTHS, NEW, PAD = [6, 3, 8], 8, 0
 
 
