@@ -192,6 +192,15 @@ ModelConfig base_config(Arch arch) {
   return c;
 }
 
+std::string ModelConfig::decoder_layer_class() const {
+  if (arch == Arch::gpt2) return "GPT2Block";
+  if (model_type == "mistral") return "MistralDecoderLayer";
+  if (model_type == "qwen2") return "Qwen2DecoderLayer";
+  if (model_type == "qwen3") return "Qwen3DecoderLayer";
+  if (model_type == "phi3") return "Phi3DecoderLayer";
+  return "LlamaDecoderLayer";
+}
+
 std::string ModelConfig::describe() const {
   std::string s = strformat("%s: %d layers, d_model %d, %d heads", arch_name(), n_layer, d_model, n_head);
   if (n_kv_head != n_head) s += strformat(" (%d kv heads)", n_kv_head);

@@ -87,6 +87,9 @@ struct ModelConfig {
   int q_dim() const { return n_head * head_size(); }  // attention's width: q_proj's out, o_proj's in
   int mlp_in_dim() const { return family.mlp == MlpKind::swiglu ? 2 * d_ff : d_ff; }  // [gate | up] for SwiGLU
   const char* arch_name() const { return arch == Arch::gpt2 ? "gpt2" : "llama"; }
+  // transformers' class of one block (GPT2Block, LlamaDecoderLayer, Qwen3DecoderLayer, ...), as
+  // --fsdp_transformer_layer_cls_to_wrap names it
+  std::string decoder_layer_class() const;
   std::string describe() const;
 };
 

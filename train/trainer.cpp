@@ -281,9 +281,10 @@ void Trainer::build_model(const TrainArgs& a) {
     check_ranks_agree(world_, "model configuration", model);
   }
   if (!a.fsdp_transformer_layer_cls_to_wrap.empty()) {
-    const char* want = cfg_.arch == Arch::gpt2 ? "GPT2Block" : "LlamaDecoderLayer";
+    const std::string want = cfg_.decoder_layer_class();  // transformers' own class: it finds no other
     LLMT_CHECK(a.fsdp_transformer_layer_cls_to_wrap == want, "--fsdp_transformer_layer_cls_to_wrap %s: a %s model's "
-               "layers are %s", a.fsdp_transformer_layer_cls_to_wrap.c_str(), cfg_.arch_name(), want);
+               "layers are %s", a.fsdp_transformer_layer_cls_to_wrap.c_str(),
+               cfg_.model_type.empty() ? cfg_.arch_name() : cfg_.model_type.c_str(), want.c_str());
   }
   tok_ = model_tokenizer(tokenizer_source(a), a.llama3_special_tokens, cfg_);
   tokenizer_dir_ = tokenizer_dir(tokenizer_source(a));

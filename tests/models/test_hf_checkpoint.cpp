@@ -328,6 +328,8 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
   EXPECT_FALSE(q3.tied_embeddings);
   EXPECT_EQ(config_to_hf_json(q3)["head_dim"], 128);
   EXPECT_EQ(config_to_hf_json(q3)["architectures"][0], "Qwen3ForCausalLM");
+  EXPECT_EQ(q3.decoder_layer_class(), "Qwen3DecoderLayer");  // --fsdp_transformer_layer_cls_to_wrap's
+  EXPECT_EQ(hd.decoder_layer_class(), "LlamaDecoderLayer");
   // the preset: Qwen3-0.6B's published sizes
   const ModelConfig q06 = config_from_preset("qwen3-0.6b");
   EXPECT_EQ(q06.head_size(), 128);
