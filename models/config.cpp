@@ -296,8 +296,8 @@ static void read_layer_windows(const nlohmann::json& j, const std::string& sourc
   if (type == "mistral" || type == "phi3") {  // Phi3Model masks every layer alike too
     for (size_t l = 0; l < sliding.size(); l++)
       LLMT_CHECK(sliding[l] == (c.sliding_window > 0), "%s: \"layer_types\" makes layer %zu %s, but transformers' "
-                 "Mistral and Phi-3 ignore layer_types and give every layer %s (sliding_window %d); remove layer_types or "
-                 "make it agree", source.c_str(), l, sliding[l] ? "sliding" : "full",
+                 "Mistral and Phi-3 ignore layer_types and give every layer %s (sliding_window %d); remove "
+                 "layer_types or make it agree", source.c_str(), l, sliding[l] ? "sliding" : "full",
                  c.sliding_window > 0 ? "the window" : "full attention", c.sliding_window);
     sliding.assign((size_t)c.n_layer, c.sliding_window > 0);
   } else if (type == "qwen2") {
