@@ -414,7 +414,7 @@ TEST(ModelConfig, FieldsThatChangeTheModelAreReadOrRefusedByName) {
        {"no positive sliding_window", "use_sliding_window"}},
       // transformers' Mistral gives every layer its window, whatever layer_types says
       {mistral + "\"sliding_window\": 8, \"layer_types\": [\"full_attention\", \"sliding_attention\"]}",
-       {"makes layer 0 full", "ignores layer_types"}},
+       {"makes layer 0 full", "ignore layer_types"}},
       {llama + "\"layer_types\": [\"full_attention\", \"sliding_attention\"]}", {"LLaMA has no sliding window"}},
   };
   for (size_t i = 0; i < std::size(refused); i++) {
