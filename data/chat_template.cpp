@@ -7,6 +7,7 @@
 #include "data/chat_template.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -21,6 +22,23 @@ namespace llmt {
 using ojson = nlohmann::ordered_json;
 
 namespace {
+
+// Nesting deeper than this (brackets, `not`s, blocks, chains like a ~ b ~ c ~ ...) is refused when
+// the template is parsed, and values nested deeper are refused when rendered: the parser and the tree
+// walker recurse, and a hostile template must get an error, not a stack overflow. Python's own
+// parser refuses 200 nested brackets.
+constexpr int kMaxDepth = 256;
+// Render limits (a template is data: a hostile one must fail cleanly, not take the machine): the
+// size of any string or list made, and the loop iterations of one rendering.
+constexpr size_t kMaxBytes = size_t(1) << 26, kMaxItems = size_t(1) << 22;  // 64 MiB, 4M items
+constexpr int64_t kMaxIterations = 1000000;
+// a limit hit where the line is not known (deep values in repr, tojson, ==); render() adds the line
+struct RenderLimit {
+  std::string msg;
+};
+[[noreturn]] void too_deep() {
+  throw RenderLimit{"a value nested deeper than " + std::to_string(kMaxDepth) + " levels"};
+}
 
 // ---- values ----
 
@@ -84,6 +102,36 @@ std::string from_cps(const std::vector<uint32_t>& cps, size_t b, size_t e) {
 bool py_space(uint32_t c) {
   return (c >= 9 && c <= 13) || c == 32 || (c >= 0x1C && c <= 0x1F) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+// the code point of the UTF-8 sequence at s[i] and its length (0: not valid UTF-8)
+uint32_t utf8_at(const std::string& s, size_t i, size_t* len) {
+  const unsigned char c = (unsigned char)s[i];
+  const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+  *len = 0;
+  if (!n || i + n > s.size()) return 0;
+  uint32_t cp = n == 1 ? c : c & (0x7F >> n);
+  for (size_t k = 1; k < n; k++) {
+    if (((unsigned char)s[i + k] >> 6) != 2) return 0;
+    cp = (cp << 6) | ((unsigned char)s[i + k] & 0x3F);
+  }
+  *len = n;
+  return cp;
+}
+// how many bytes of Python whitespace s starts with (from_end: ends with); other bytes are untouched
+size_t ws_run(const std::string& s, bool from_end) {
+  size_t n = 0, len = 0;
+  if (!from_end) {
+    while (n < s.size() && py_space(utf8_at(s, n, &len)) && len) n += len;
+    return n;
+  }
+  while (n < s.size()) {
+    size_t b = s.size() - n - 1;
+    while (b > 0 && ((unsigned char)s[b] >> 6) == 2 && s.size() - n - b < 4) b--;
+    const uint32_t cp = utf8_at(s, b, &len);
+    if (!len || b + len != s.size() - n || !py_space(cp)) break;
+    n += len;
+  }
+  return n;
 }
 // str.strip / lstrip / rstrip, with `chars` (null: whitespace)
 std::string py_strip(const std::string& s, const std::string* chars, bool left, bool right) {
@@ -159,8 +207,10 @@ std::string json_quote(const std::string& s, bool ensure_ascii) {
 // json.dumps(v, ensure_ascii, indent, separators, sort_keys); indent < 0: None
 void dumps(const ojson& v, int indent, const std::string& item_sep, const std::string& key_sep, bool sort_keys,
            bool ensure_ascii, int depth, std::string& o) {
+  if (depth > kMaxDepth) too_deep();
   auto nl = [&](int d) {
-    if (indent >= 0) o += "\n" + std::string((size_t)(indent * d), ' ');
+    if (indent >= 0) o += "\n" + std::string((size_t)indent * (size_t)d, ' ');
+    if (o.size() > kMaxBytes) throw RenderLimit{"tojson of more than " + std::to_string(kMaxBytes) + " bytes"};
   };
   if (v.is_null()) o += "null";
   else if (v.is_boolean()) o += v.get<bool>() ? "true" : "false";
@@ -196,7 +246,7 @@ void dumps(const ojson& v, int indent, const std::string& item_sep, const std::s
   }
 }
 
-std::string py_repr(const ojson& v);
+std::string py_repr(const ojson& v, int depth = 0);
 std::string py_str(const Val& v) {
   if (v.k == Val::kUndef) return "";
   if (v.k == Val::kNs) return "<Namespace>";
@@ -204,7 +254,8 @@ std::string py_str(const Val& v) {
   if (v.j.is_string()) return v.str();
   return py_repr(v.j);
 }
-std::string py_repr(const ojson& v) {
+std::string py_repr(const ojson& v, int depth) {
+  if (depth > kMaxDepth) too_deep();
   if (v.is_null()) return "None";
   if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
   if (v.is_number_float()) return py_float(v.get<double>());
@@ -214,10 +265,12 @@ std::string py_repr(const ojson& v) {
     const char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
     std::string o(1, q);
     for (char c : s) {
+      const unsigned char u = (unsigned char)c;
       if (c == q || c == '\\') o += '\\', o += c;
       else if (c == '\n') o += "\\n";
       else if (c == '\r') o += "\\r";
       else if (c == '\t') o += "\\t";
+      else if (u < 0x20 || u == 0x7F) o += strformat("\\x%02x", u);  // Python's repr of a control character
       else o += c;
     }
     return o + q;
@@ -225,13 +278,13 @@ std::string py_repr(const ojson& v) {
   std::string o;
   if (v.is_array()) {
     o = "[";
-    for (size_t i = 0; i < v.size(); i++) o += (i ? ", " : "") + py_repr(v[i]);
+    for (size_t i = 0; i < v.size(); i++) o += (i ? ", " : "") + py_repr(v[i], depth + 1);
     return o + "]";
   }
   o = "{";
   bool first = true;
   for (auto it = v.begin(); it != v.end(); ++it, first = false)
-    o += (first ? "" : ", ") + py_repr(ojson(it.key())) + ": " + py_repr(it.value());
+    o += (first ? "" : ", ") + py_repr(ojson(it.key())) + ": " + py_repr(it.value(), depth + 1);
   return o + "}";
 }
 
@@ -243,7 +296,8 @@ bool truthy(const Val& v) {
   if (j.is_boolean()) return j.get<bool>();
   if (j.is_number_float()) return j.get<double>() != 0.0;
   if (j.is_number()) return j.get<int64_t>() != 0;
-  if (j.is_string() || j.is_array() || j.is_object()) return !j.empty();
+  if (j.is_string()) return !j.get_ref<const std::string&>().empty();  // nlohmann's empty() is false for any string
+  if (j.is_array() || j.is_object()) return !j.empty();
   return true;
 }
 
@@ -251,20 +305,21 @@ double num(const ojson& j) { return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0)
 bool is_int(const ojson& j) { return j.is_boolean() || j.is_number_integer() || j.is_number_unsigned(); }
 int64_t as_int(const ojson& j) { return j.is_boolean() ? (j.get<bool>() ? 1 : 0) : j.get<int64_t>(); }
 
-bool json_eq(const ojson& a, const ojson& b) {
+bool json_eq(const ojson& a, const ojson& b, int depth = 0) {
+  if (depth > kMaxDepth) too_deep();
   const bool an = a.is_number() || a.is_boolean(), bn = b.is_number() || b.is_boolean();
   if (an && bn) return is_int(a) && is_int(b) ? as_int(a) == as_int(b) : num(a) == num(b);
   if (a.is_array() && b.is_array()) {
     if (a.size() != b.size()) return false;
     for (size_t i = 0; i < a.size(); i++)
-      if (!json_eq(a[i], b[i])) return false;
+      if (!json_eq(a[i], b[i], depth + 1)) return false;
     return true;
   }
   if (a.is_object() && b.is_object()) {  // dict equality ignores order
     if (a.size() != b.size()) return false;
     for (auto it = a.begin(); it != a.end(); ++it) {
       auto f = b.find(it.key());
-      if (f == b.end() || !json_eq(it.value(), *f)) return false;
+      if (f == b.end() || !json_eq(it.value(), *f, depth + 1)) return false;
     }
     return true;
   }
@@ -306,25 +361,27 @@ struct Piece {
   std::string data;
   std::vector<Tok> toks;  // kVar, kBlock: the tag's tokens
   int line = 0;
-  bool strip_before = false, strip_after = false, plus = false;
+  bool strip_before = false, strip_after = false, plus = false, plus_after = false;  // '-' and '+' marks
 };
 
 [[noreturn]] void syntax(const std::string& name, int line, const std::string& msg) {
   fail("chat template %s, line %d: %s", name.c_str(), line, msg.c_str());
 }
 
-std::vector<Tok> lex_tag(const std::string& s, size_t& p, bool var, int& line, const std::string& name, bool* strip) {
+std::vector<Tok> lex_tag(const std::string& s, size_t& p, bool var, int& line, const std::string& name, bool* strip,
+                         bool* plus) {
   std::vector<Tok> out;
   const std::string end = var ? "}}" : "%}";
+  int open = 0;  // brackets open: inside them '}}' closes two dicts, not the tag (Jinja's balancing)
   for (;;) {
     while (p < s.size() && std::isspace((unsigned char)s[p])) line += s[p] == '\n', p++;
     if (p >= s.size()) syntax(name, line, std::string("a tag opened with ") + (var ? "{{" : "{%") + " is never closed");
-    if (s.compare(p, 3, "-" + end) == 0) {
-      *strip = true;
+    if (open > 0) {  // not the end
+    } else if (s.compare(p, 3, "-" + end) == 0 || (!var && s.compare(p, 3, "+%}") == 0)) {
+      (s[p] == '-' ? *strip : *plus) = true;  // {% ... +%}: no trim_blocks after this tag
       p += 3;
       return out;
-    }
-    if (s.compare(p, 2, end) == 0) {
+    } else if (s.compare(p, 2, end) == 0) {
       p += 2;
       return out;
     }
@@ -340,12 +397,14 @@ std::vector<Tok> lex_tag(const std::string& s, size_t& p, bool var, int& line, c
       size_t b = p;
       while (p < s.size() && (std::isdigit((unsigned char)s[p]) || s[p] == '_')) p++;
       bool is_float = false;
-      if (p + 1 < s.size() && s[p] == '.' && std::isdigit((unsigned char)s[p + 1])) {
+      const bool after_dot = b > 0 && s[b - 1] == '.';  // x.0.1 is x[0][1] (Jinja: no float right after a '.')
+      if (after_dot) {
+      } else if (p + 1 < s.size() && s[p] == '.' && std::isdigit((unsigned char)s[p + 1])) {
         is_float = true;
         p++;
         while (p < s.size() && std::isdigit((unsigned char)s[p])) p++;
       }
-      if (p < s.size() && (s[p] == 'e' || s[p] == 'E')) {
+      if (!after_dot && p < s.size() && (s[p] == 'e' || s[p] == 'E')) {
         is_float = true;
         p++;
         if (p < s.size() && (s[p] == '+' || s[p] == '-')) p++;
@@ -354,7 +413,11 @@ std::vector<Tok> lex_tag(const std::string& s, size_t& p, bool var, int& line, c
       std::string lit = s.substr(b, p - b);
       lit.erase(std::remove(lit.begin(), lit.end(), '_'), lit.end());
       if (is_float) t.t = Tok::kFloat, t.f = std::strtod(lit.c_str(), nullptr);
-      else t.t = Tok::kInt, t.i = std::strtoll(lit.c_str(), nullptr, 10);
+      else {
+        errno = 0;
+        t.t = Tok::kInt, t.i = std::strtoll(lit.c_str(), nullptr, 10);
+        if (errno == ERANGE) syntax(name, line, "the integer " + lit + " does not fit in 64 bits (llmt's integers)");
+      }
     } else if (c == '\'' || c == '"') {
       t.t = Tok::kStr;
       p++;
@@ -380,16 +443,30 @@ std::vector<Tok> lex_tag(const std::string& s, size_t& p, bool var, int& line, c
           case 'f': t.s += '\f'; break;
           case 'v': t.s += '\v'; break;
           case 'a': t.s += '\a'; break;
-          case '0': t.s += '\0'; break;
           case '\n': line++; break;
-          case 'x': case 'u': case 'U': {
-            const int n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-            if (p + n > s.size()) syntax(name, t.line, "a short \\" + std::string(1, e) + " escape");
-            const uint32_t cp = (uint32_t)std::strtoul(s.substr(p, n).c_str(), nullptr, 16);
+          case '0': case '1': case '2': case '3': case '4': case '5': case '6': case '7': {  // octal, 1 to 3 digits
+            uint32_t cp = (uint32_t)(e - '0');
+            for (int k = 0; k < 2 && p < s.size() && s[p] >= '0' && s[p] <= '7'; k++) cp = cp * 8 + (uint32_t)(s[p++] - '0');
             t.s += from_cps({cp}, 0, 1);
-            p += n;
             break;
           }
+          case 'x': case 'u': case 'U': {  // exactly 2, 4 or 8 hex digits, as Python
+            const int n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+            uint32_t cp = 0;
+            for (int k = 0; k < n; k++, p++) {
+              if (p >= s.size() || !std::isxdigit((unsigned char)s[p]))
+                syntax(name, t.line, "a truncated \\" + std::string(1, e) + " escape (it takes " + std::to_string(n) +
+                                         " hex digits)");
+              const char h = s[p];
+              cp = cp * 16 + (uint32_t)(h <= '9' ? h - '0' : (h | 0x20) - 'a' + 10);
+            }
+            if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+              syntax(name, t.line, "a \\" + std::string(1, e) + " escape of U+" + strformat("%X", cp) +
+                                       ", not a Unicode scalar value (a surrogate or beyond U+10FFFF)");
+            t.s += from_cps({cp}, 0, 1);
+            break;
+          }
+          case 'N': syntax(name, t.line, "unsupported construct: a \\N{...} escape");
           default: t.s += '\\', t.s += e;  // Python keeps unknown escapes
         }
       }
@@ -404,6 +481,8 @@ std::vector<Tok> lex_tag(const std::string& s, size_t& p, bool var, int& line, c
           t.s = op;
           p += n;
           found = true;
+          if (n == 1 && (*op == '(' || *op == '[' || *op == '{')) open++;
+          if (n == 1 && (*op == ')' || *op == ']' || *op == '}') && open > 0) open--;
           break;
         }
       }
@@ -461,7 +540,7 @@ std::vector<Piece> lex(std::string s, const std::string& name) {
       p = e + 2;
     } else {
       t.t = kind == '{' ? Piece::kVar : Piece::kBlock;
-      t.toks = lex_tag(s, p, kind == '{', line, name, &t.strip_after);
+      t.toks = lex_tag(s, p, kind == '{', line, name, &t.strip_after, &t.plus_after);
       if (t.toks.empty()) syntax(name, t.line, kind == '{' ? "an empty {{ }}" : "an empty {% %}");
       if (t.t == Piece::kBlock && t.toks[0].t == Tok::kName && t.toks[0].s == "raw")
         syntax(name, t.line, "unsupported construct: {% raw %}");
@@ -475,26 +554,21 @@ std::vector<Piece> lex(std::string s, const std::string& name) {
     if (t.t == Piece::kData) continue;
     const bool block = t.t != Piece::kVar;
     Piece* before = i > 0 && out[i - 1].t == Piece::kData ? &out[i - 1] : nullptr;
+    // whitespace is Python's (str.isspace, re's \s): U+00A0, U+3000, ... too
     if (before && t.strip_before) {
-      std::string& d = before->data;
-      size_t e = d.size();
-      while (e > 0 && std::isspace((unsigned char)d[e - 1])) e--;
-      d.resize(e);
+      before->data.resize(before->data.size() - ws_run(before->data, true));
     } else if (before && block && !t.plus) {  // lstrip_blocks
       std::string& d = before->data;
       const size_t nl = d.rfind('\n');
       const size_t from = nl == std::string::npos ? 0 : nl + 1;
       const bool at_start = nl != std::string::npos || line_start;
-      if (at_start && d.find_first_not_of(" \t", from) == std::string::npos) d.resize(from);
+      if (at_start && ws_run(d, true) >= d.size() - from) d.resize(from);
     }
     line_start = false;
     Piece* after = i + 1 < out.size() && out[i + 1].t == Piece::kData ? &out[i + 1] : nullptr;
     if (after && t.strip_after) {
-      std::string& d = after->data;
-      size_t b = 0;
-      while (b < d.size() && std::isspace((unsigned char)d[b])) b++;
-      d.erase(0, b);
-    } else if (after && block && !after->data.empty() && after->data[0] == '\n') {  // trim_blocks
+      after->data.erase(0, ws_run(after->data, false));
+    } else if (after && block && !t.plus_after && !after->data.empty() && after->data[0] == '\n') {  // trim_blocks
       after->data.erase(0, 1);
       line_start = true;
     }
@@ -507,14 +581,16 @@ std::vector<Piece> lex(std::string s, const std::string& name) {
 struct Expr;
 using ExprP = std::unique_ptr<Expr>;
 struct Expr {
-  enum T { kLit, kName, kAttr, kItem, kSlice, kCall, kFilter, kTest, kNot, kNeg, kBin, kCond, kList, kDict } t;
+  enum T { kLit, kName, kAttr, kItem, kSlice, kCall, kFilter, kTest, kNot, kNeg, kBin, kCompare, kCond, kList, kDict } t;
   explicit Expr(T type) : t(type) {}
   ojson lit;
   std::string s;              // name, attribute, operator, filter or test name
   std::vector<ExprP> a;       // operands / arguments (null entries: omitted slice bounds)
   std::vector<std::string> kw;  // kCall/kFilter/kTest: names of the keyword arguments, aligned at the end of a
+  std::vector<std::string> ops;  // kCompare: a[0] ops[0] a[1] ops[1] a[2] ..., a Python chain
   bool negate = false;        // kTest: `is not`
   int line = 0;
+  int depth = 1;              // of the tree below (the parser refuses trees deeper than kMaxDepth)
 };
 
 struct Node;
@@ -531,19 +607,40 @@ struct Node {
   int line = 0;
 };
 
-const std::set<std::string> kFilters = {
-    "trim", "length", "count", "tojson", "upper", "lower", "capitalize", "title", "default", "d", "join", "first",
-    "last", "list", "string", "int", "float", "abs", "replace", "reject", "select", "rejectattr", "selectattr", "map",
-    "items", "reverse", "safe", "unique", "sort", "dictsort", "wordcount", "min", "max", "sum", "round", "indent"};
+// The filters, methods, tests and functions llmt implements, with the parameters it implements, in
+// Python's positional order ("*": any arguments, checked when called). A call with another keyword
+// or more positional arguments is refused when the template is parsed, naming the argument: llmt
+// never ignores an argument.
+using Sigs = std::map<std::string, std::vector<std::string>>;
+const Sigs kFilters = {
+    {"trim", {"chars"}}, {"length", {}}, {"count", {}},
+    {"tojson", {"ensure_ascii", "indent", "separators", "sort_keys"}},  // transformers' tojson
+    {"upper", {}}, {"lower", {}}, {"capitalize", {}}, {"title", {}}, {"default", {"default_value", "boolean"}},
+    {"d", {"default_value", "boolean"}}, {"join", {"d", "attribute"}}, {"first", {}}, {"last", {}}, {"list", {}},
+    {"string", {}}, {"int", {"default", "base"}}, {"float", {"default"}}, {"abs", {}},
+    {"replace", {"old", "new", "count"}}, {"reject", {"*"}}, {"select", {"*"}}, {"rejectattr", {"*"}},
+    {"selectattr", {"*"}}, {"map", {"*"}}, {"items", {}}, {"reverse", {}}, {"safe", {}},
+    {"unique", {"case_sensitive", "attribute"}}, {"sort", {"reverse", "case_sensitive", "attribute"}},
+    {"dictsort", {"case_sensitive", "by", "reverse"}}, {"wordcount", {}}, {"min", {"case_sensitive", "attribute"}},
+    {"max", {"case_sensitive", "attribute"}}, {"sum", {"attribute", "start"}}, {"round", {"precision", "method"}},
+    {"indent", {"width", "first", "blank"}}};
 const std::set<std::string> kTests = {"defined", "undefined", "none", "string", "number", "integer", "float", "mapping",
                                       "iterable", "sequence", "boolean", "true", "false", "equalto", "eq", "==", "ne",
                                       "!=", "even", "odd", "divisibleby", "in", "lower", "upper", "sameas",
                                       "callable", "gt", "ge", "lt", "le", ">", ">=", "<", "<="};
-const std::set<std::string> kMethods = {"strip", "lstrip", "rstrip", "startswith", "endswith", "split", "upper",
-                                        "lower", "title", "capitalize", "replace", "items", "keys", "values", "get",
-                                        "find", "count", "join", "splitlines", "index", "rsplit", "isdigit", "isalpha",
-                                        "isspace", "format"};
-const std::set<std::string> kGlobals = {"raise_exception", "strftime_now", "namespace", "range", "dict"};
+// the tests that take one argument (the others take none)
+const std::set<std::string> kTestsWithArg = {"equalto", "eq", "==", "ne", "!=", "divisibleby", "in", "sameas",
+                                             "gt", "ge", "lt", "le", ">", ">=", "<", "<="};
+// str methods, and dict's items/keys/values/get
+const Sigs kMethods = {
+    {"strip", {"chars"}}, {"lstrip", {"chars"}}, {"rstrip", {"chars"}}, {"startswith", {"prefix", "start", "end"}},
+    {"endswith", {"suffix", "start", "end"}}, {"split", {"sep", "maxsplit"}}, {"rsplit", {"sep", "maxsplit"}},
+    {"upper", {}}, {"lower", {}}, {"title", {}}, {"capitalize", {}}, {"replace", {"old", "new", "count"}},
+    {"items", {}}, {"keys", {}}, {"values", {}}, {"get", {"key", "default"}}, {"find", {"sub", "start", "end"}},
+    {"count", {"sub", "start", "end"}}, {"index", {"sub", "start", "end"}}, {"join", {"iterable"}},
+    {"splitlines", {}}, {"isdigit", {}}, {"isalpha", {}}, {"isspace", {}}, {"format", {"*"}}};
+const Sigs kGlobals = {{"raise_exception", {"message"}}, {"strftime_now", {"format"}}, {"namespace", {"*"}},
+                       {"range", {"start", "stop", "step"}}, {"dict", {"*"}}};
 
 class Parser {
  public:
@@ -564,6 +661,41 @@ class Parser {
   const std::vector<Tok>* toks_ = nullptr;
   size_t k_ = 0;
   int line_ = 0;
+  int depth_ = 0;        // recursion depth of the parser
+  bool in_loop_ = false;  // {% break %} / {% continue %} are allowed here (Jinja's loop frame)
+
+  // counts one level of the parser's recursion; refuses nesting deeper than kMaxDepth
+  struct Deeper {
+    Parser* p;
+    explicit Deeper(Parser* parser) : p(parser) {
+      if (++p->depth_ > kMaxDepth) p->err("nesting deeper than " + std::to_string(kMaxDepth) + " levels");
+    }
+    ~Deeper() { p->depth_--; }
+  };
+  // a node's tree depth from its operands'; refuses trees deeper than kMaxDepth (a ~ b ~ c ~ ... chains)
+  ExprP deep(ExprP n) {
+    for (const ExprP& c : n->a)
+      if (c) n->depth = std::max(n->depth, c->depth + 1);
+    if (n->depth > kMaxDepth) err("an expression nested deeper than " + std::to_string(kMaxDepth) + " levels");
+    return n;
+  }
+  // the arguments of a call of `what` against the parameters llmt implements
+  void check_args(const std::string& what, const std::vector<std::string>& params, const Expr& c, size_t skip) {
+    if (!params.empty() && params[0] == "*") return;
+    const size_t npos = c.a.size() - skip - c.kw.size();
+    std::string list;
+    for (const std::string& p : params) list += (list.empty() ? "" : ", ") + p;
+    if (npos > params.size())
+      unsupported(what + " with " + std::to_string(npos) + " positional arguments (llmt implements " +
+                  (list.empty() ? std::string("none") : list) + ")");
+    for (size_t i = 0; i < c.kw.size(); i++) {
+      const auto f = std::find(params.begin(), params.end(), c.kw[i]);
+      if (f == params.end()) unsupported("the argument '" + c.kw[i] + "' of " + what);
+      if ((size_t)(f - params.begin()) < npos) err(what + " got '" + c.kw[i] + "' twice");
+      for (size_t k = 0; k < i; k++)
+        if (c.kw[k] == c.kw[i]) err(what + " got '" + c.kw[i] + "' twice");
+    }
+  }
 
   [[noreturn]] void err(const std::string& m) const { syntax(name_, line_, m); }
   [[noreturn]] void unsupported(const std::string& what) const {
@@ -583,7 +715,7 @@ class Parser {
   std::string found() const {
     const Tok& t = peek();
     if (t.t == Tok::kEnd) return ", found the end of the tag";
-    return ", found '" + (t.t == Tok::kInt ? std::to_string(t.i) : t.s) + "'";
+    return ", found '" + (t.t == Tok::kInt ? std::to_string(t.i) : t.t == Tok::kFloat ? py_float(t.f) : t.s) + "'";
   }
   std::string expect_name() {
     if (peek().t != Tok::kName) err("expected a name" + found());
@@ -595,6 +727,7 @@ class Parser {
 
   // Statements until a block tag whose keyword is in `ends`; *end gets it ("" at the end of the template).
   Body parse_body(const std::set<std::string>& ends, std::string* end) {
+    Deeper guard(this);
     Body body;
     while (i_ < pc_.size()) {
       Piece& p = pc_[i_++];
@@ -658,7 +791,10 @@ class Parser {
         if (at_name("recursive")) unsupported("a recursive for loop");
         expect_end();
         std::string e;
+        const bool was_in_loop = in_loop_;
+        in_loop_ = true;
         n.body = parse_body({"else", "endfor"}, &e);
+        in_loop_ = false;  // Jinja: {% break %} in a for's else is outside the loop
         if (e.empty()) err("{% for %} opened at line " + std::to_string(n.line) + " is never closed");
         expect_end();
         if (e == "else") {
@@ -666,6 +802,7 @@ class Parser {
           if (e.empty()) err("{% for %} opened at line " + std::to_string(n.line) + " is never closed");
           expect_end();
         }
+        in_loop_ = was_in_loop;
       } else if (kw == "set") {
         std::string first = expect_name();
         if (at_op(".")) {
@@ -700,11 +837,15 @@ class Parser {
         saw_generation = true;
         expect_end();
         std::string e;
+        const bool was_in_loop = in_loop_;
+        in_loop_ = false;  // transformers: a {% break %} in a generation block is outside the loop
         n.body = parse_body({"endgeneration"}, &e);
+        in_loop_ = was_in_loop;
         if (e.empty()) err("{% generation %} opened at line " + std::to_string(n.line) + " is never closed");
         expect_end();
       } else if (kw == "break" || kw == "continue") {
         n.t = kw == "break" ? Node::kBreak : Node::kContinue;
+        if (!in_loop_) err("{% " + kw + " %} outside a loop (Jinja refuses it in a for's else and in a generation block)");
         expect_end();
       } else if (kw == "elif" || kw == "else" || kw == "endif" || kw == "endfor" || kw == "endset" ||
                  kw == "endgeneration") {
@@ -726,6 +867,7 @@ class Parser {
 
   // expression grammar, lowest precedence first (Jinja's parser)
   ExprP expr(bool with_cond = true) {
+    Deeper guard(this);
     ExprP e = or_expr();
     if (with_cond && at_name("if")) {  // a if c else b
       k_++;
@@ -736,7 +878,7 @@ class Parser {
       n->a.push_back(std::move(c));
       n->a.push_back(std::move(e));
       n->a.push_back(std::move(alt));
-      return n;
+      return deep(std::move(n));
     }
     return e;
   }
@@ -745,7 +887,7 @@ class Parser {
     n->s = op;
     n->a.push_back(std::move(l));
     n->a.push_back(std::move(r));
-    return n;
+    return deep(std::move(n));
   }
   ExprP or_expr() {
     ExprP l = and_expr();
@@ -758,31 +900,41 @@ class Parser {
     return l;
   }
   ExprP not_expr() {
-    if (at_name("not")) {
+    if (at_name("not") && !at_name("in", 1)) {
+      Deeper guard(this);
       k_++;
       ExprP n = mk(Expr::kNot);
       n->a.push_back(not_expr());
-      return n;
+      return deep(std::move(n));
     }
     return compare();
   }
+  // a < b < c is Python's chain: a < b and b < c, b evaluated once
   ExprP compare() {
     ExprP l = math1();
+    ExprP n;
     for (;;) {
+      std::string op;
       if (peek().t == Tok::kOp && (peek().s == "==" || peek().s == "!=" || peek().s == "<" || peek().s == "<=" ||
                                    peek().s == ">" || peek().s == ">=")) {
-        std::string op = (*toks_)[k_++].s;
-        l = bin(op, std::move(l), math1());
+        op = (*toks_)[k_++].s;
       } else if (at_name("in")) {
         k_++;
-        l = bin("in", std::move(l), math1());
+        op = "in";
       } else if (at_name("not") && at_name("in", 1)) {
         k_ += 2;
-        l = bin("not in", std::move(l), math1());
+        op = "not in";
       } else {
-        return l;
+        break;
       }
+      if (!n) {
+        n = mk(Expr::kCompare);
+        n->a.push_back(std::move(l));
+      }
+      n->ops.push_back(op);
+      n->a.push_back(math1());
     }
+    return n ? deep(std::move(n)) : std::move(l);
   }
   ExprP math1() {
     ExprP l = concat();
@@ -813,10 +965,13 @@ class Parser {
   ExprP unary(bool with_filter) {
     ExprP e;
     if (at_op("-")) {
+      Deeper guard(this);
       k_++;
       e = mk(Expr::kNeg);
       e->a.push_back(unary(false));
+      e = deep(std::move(e));
     } else if (at_op("+")) {
+      Deeper guard(this);
       k_++;
       e = unary(false);
     } else {
@@ -888,7 +1043,7 @@ class Parser {
     } else {
       err("expected a value" + found());
     }
-    return e;
+    return deep(std::move(e));
   }
   // (args, kwargs) after '('
   void call_args(Expr* c) {
@@ -914,11 +1069,20 @@ class Parser {
     for (;;) {
       if (at_op(".")) {
         k_++;
-        ExprP n = mk(Expr::kAttr);
-        if (peek().t == Tok::kInt) n->s = std::to_string(peek().i), k_++;
-        else n->s = expect_name();
-        n->a.push_back(std::move(e));
-        e = std::move(n);
+        ExprP n;
+        if (peek().t == Tok::kInt) {  // x.0 is x[0] (Jinja's Getitem)
+          n = mk(Expr::kItem);
+          ExprP i = mk(Expr::kLit);
+          i->lit = peek().i;
+          k_++;
+          n->a.push_back(std::move(e));
+          n->a.push_back(std::move(i));
+        } else {
+          n = mk(Expr::kAttr);
+          n->s = expect_name();
+          n->a.push_back(std::move(e));
+        }
+        e = deep(std::move(n));
       } else if (at_op("[")) {
         k_++;
         ExprP lo, hi, step;
@@ -938,7 +1102,7 @@ class Parser {
         n->a.push_back(std::move(e));
         n->a.push_back(std::move(lo));
         if (slice) n->a.push_back(std::move(hi)), n->a.push_back(std::move(step));
-        e = std::move(n);
+        e = deep(std::move(n));
       } else if (at_op("(")) {
         if (e->t == Expr::kName && !kGlobals.count(e->s)) unsupported("a call of '" + e->s + "' (macros and "
                                                                       "functions other than " "raise_exception, "
@@ -946,9 +1110,13 @@ class Parser {
         if (e->t == Expr::kAttr && !kMethods.count(e->s)) unsupported("the method ." + e->s + "()");
         if (e->t != Expr::kName && e->t != Expr::kAttr) unsupported("a call of a computed value");
         ExprP n = mk(Expr::kCall);
+        const std::string callee = e->s;
+        const bool method = e->t == Expr::kAttr;
         n->a.push_back(std::move(e));
         call_args(n.get());
-        e = std::move(n);
+        check_args(method ? "the method ." + callee + "()" : callee + "()",
+                   method ? kMethods.at(callee) : kGlobals.at(callee), *n, 1);
+        e = deep(std::move(n));
       } else {
         return e;
       }
@@ -963,7 +1131,8 @@ class Parser {
         if (!kFilters.count(n->s)) unsupported("the filter '" + n->s + "'");
         n->a.push_back(std::move(e));
         if (at_op("(")) call_args(n.get());
-        e = postfix(std::move(n));
+        check_args("the filter '" + n->s + "'", kFilters.at(n->s), *n, 1);
+        e = postfix(deep(std::move(n)));
       } else if (at_name("is")) {
         k_++;
         ExprP n = mk(Expr::kTest);
@@ -983,7 +1152,11 @@ class Parser {
                                      t.s != "if" && t.s != "in" && t.s != "is" && t.s != "not");
           if (starts_value) n->a.push_back(postfix(primary()));
         }
-        e = std::move(n);
+        if (!n->kw.empty()) unsupported("the argument '" + n->kw[0] + "' of the test '" + n->s + "'");
+        const size_t want = kTestsWithArg.count(n->s) ? 1 : 0;
+        if (n->a.size() - 1 > want)
+          unsupported("the test '" + n->s + "' with " + std::to_string(n->a.size() - 1) + " arguments");
+        e = deep(std::move(n));
       } else {
         return e;
       }
@@ -992,6 +1165,8 @@ class Parser {
 };
 
 // ---- evaluation ----
+
+using Kwargs = std::vector<std::pair<std::string, Val>>;  // in call order (dict(b=1, a=2) keeps it)
 
 struct BreakSignal {};
 struct ContinueSignal {};
@@ -1005,11 +1180,55 @@ class Renderer {
   void run(const Body& b) {
     for (const Node& n : b) exec(n);
   }
+  int line() const { return line_; }
 
  private:
   const std::string& name_;
   std::time_t now_;
   int line_ = 0;
+  int64_t iterations_ = 0;  // loop iterations so far (kMaxIterations)
+
+  void count_iteration() {
+    if (++iterations_ > kMaxIterations)
+      err("more than " + std::to_string(kMaxIterations) + " loop iterations in one rendering (llmt's limit)");
+  }
+  // a string or list about to be `n` bytes or items long: refused past the render limits
+  void check_size(size_t n, bool items, const char* what) const {
+    if (n > (items ? kMaxItems : kMaxBytes))
+      err(std::string(what) + " of more than " + std::to_string(items ? kMaxItems : kMaxBytes) +
+          (items ? " items" : " bytes") + " (llmt's limit on what a template makes)");
+  }
+  // Python's int arithmetic where it fits in 64 bits; beyond, an error (Python's ints are unbounded)
+  int64_t checked(bool overflow, int64_t r, const char* op) const {
+    if (overflow) err(std::string("integer overflow in '") + op + "' (llmt's integers are 64-bit)");
+    return r;
+  }
+  int64_t add(int64_t a, int64_t b, const char* op) const {
+    int64_t r;
+    const bool o = __builtin_add_overflow(a, b, &r);
+    return checked(o, r, op);
+  }
+  int64_t mul(int64_t a, int64_t b, const char* op) const {
+    int64_t r;
+    const bool o = __builtin_mul_overflow(a, b, &r);
+    return checked(o, r, op);
+  }
+  // nested lists/dicts as deep as kMaxDepth at most (copies and destructors of JSON values recurse)
+  static int nesting(const ojson& v, int limit) {
+    if (limit <= 0) return 1;
+    int d = 0;
+    if (v.is_array())
+      for (const auto& x : v) d = std::max(d, nesting(x, limit - 1));
+    else if (v.is_object())
+      for (auto it = v.begin(); it != v.end(); ++it) d = std::max(d, nesting(it.value(), limit - 1));
+    else
+      return 0;
+    return d + 1;
+  }
+  ojson nested(ojson v) const {
+    if (nesting(v, kMaxDepth + 1) > kMaxDepth) err("a value nested deeper than " + std::to_string(kMaxDepth) + " levels");
+    return v;
+  }
 
   [[noreturn]] void err(const std::string& m) const { fail("chat template %s, line %d: %s", name_.c_str(), line_, m.c_str()); }
 
@@ -1026,8 +1245,16 @@ class Renderer {
   void exec(const Node& n) {
     line_ = n.line ? n.line : line_;
     switch (n.t) {
-      case Node::kText: out.text += n.text; break;
-      case Node::kOut: out.text += py_str(eval(*n.e)); break;
+      case Node::kText:
+        check_size(out.text.size() + n.text.size(), false, "an output");
+        out.text += n.text;
+        break;
+      case Node::kOut: {
+        const std::string s = py_str(eval(*n.e));
+        check_size(out.text.size() + s.size(), false, "an output");
+        out.text += s;
+        break;
+      }
       case Node::kIf:
         for (const auto& br : n.branches)
           if (!br.first || truthy(eval(*br.first))) {
@@ -1057,15 +1284,25 @@ class Renderer {
         break;
       }
       case Node::kSetBlock: {
-        std::string saved;
-        saved.swap(out.text);
-        const size_t gens = out.generation.size();
-        run(n.body);
+        // the block renders into its own buffer; the guard puts the output back however the block
+        // ends ({% break %} inside a loop: Jinja drops the capture and assigns nothing)
+        struct Capture {
+          ChatRender& out;
+          std::string saved;
+          size_t gens;
+          explicit Capture(ChatRender& o) : out(o), gens(o.generation.size()) { saved.swap(out.text); }
+          ~Capture() {
+            out.text.swap(saved);
+            out.generation.resize(gens);
+          }
+        };
         std::string captured;
-        captured.swap(out.text);
-        out.text.swap(saved);
-        out.generation.resize(gens);
-        assign(n.targets[0], Val::of(captured));
+        {
+          Capture c(out);
+          run(n.body);
+          captured.swap(out.text);
+        }
+        assign(n.targets[0], Val::of(std::move(captured)));
         break;
       }
       case Node::kGen: {
@@ -1115,6 +1352,7 @@ class Renderer {
     if (n.cond) {  // `for x in y if c`: filtered first, loop.length counts what is kept
       std::vector<Val> kept;
       for (const Val& it : items) {
+        count_iteration();
         scopes.emplace_back();
         bind(it);
         const bool keep = truthy(eval(*n.cond));
@@ -1131,6 +1369,7 @@ class Renderer {
     }
     const int64_t len = (int64_t)items.size();
     for (int64_t i = 0; i < len; i++) {
+      count_iteration();
       scopes.emplace_back();  // a fresh scope each iteration: a {% set %} inside lasts one iteration
       ojson loop = {{"index0", i}, {"index", i + 1}, {"revindex0", len - 1 - i}, {"revindex", len - i},
                     {"first", i == 0}, {"last", i == len - 1}, {"length", len}, {"depth", 1}, {"depth0", 0}};
@@ -1199,15 +1438,40 @@ class Renderer {
     return Val::undef("no item " + py_str(key));
   }
 
-  static std::vector<int64_t> slice_indices(int64_t n, const Val* lo, const Val* hi, const Val* st) {
-    auto get = [](const Val* v, bool* has) -> int64_t {
-      *has = v && v->k == Val::kJson && !v->j.is_null();
-      return *has ? as_int(v->j) : 0;
+  // Jinja's make_attrgetter: "function.name" looks up function, then name; a part of digits indexes
+  Val attr_path(const Val& x, const std::string& path) {
+    Val v = x;
+    for (size_t b = 0;;) {
+      const size_t e = path.find('.', b);
+      const std::string part = path.substr(b, e == std::string::npos ? std::string::npos : e - b);
+      if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        errno = 0;
+        const long long i = std::strtoll(part.c_str(), nullptr, 10);
+        if (errno == ERANGE) err("the index " + part + " in the attribute '" + path + "'");
+        v = item(v, Val::of((int64_t)i));
+      } else {
+        v = item(v, Val::of(part));
+      }
+      if (e == std::string::npos) return v;
+      b = e + 1;
+    }
+  }
+
+  // the indices s[lo:hi:st] selects of a sequence of n, as Python's slice.indices; no overflow
+  std::vector<int64_t> slice_indices(int64_t n, const Val* lo, const Val* hi, const Val* st) const {
+    auto get = [&](const Val* v, bool* has) -> int64_t {
+      *has = v && !(v->k == Val::kJson && v->j.is_null());
+      if (!*has) return 0;
+      if (!v->is_num() || !is_int(v->j))
+        err(std::string("slice indices must be integers or None, not ") + type_name(*v));
+      return as_int(v->j);
     };
     bool hl, hh, hs;
     int64_t a = get(lo, &hl), b = get(hi, &hh), s = get(st, &hs);
     if (!hs) s = 1;
-    if (s == 0) fail("slice step cannot be zero");
+    if (s == 0) err("slice step cannot be zero");
+    if (s > n) s = n + 1;  // a step past the sequence selects one item at most: clamped, i += s cannot overflow
+    if (s < -n - 1) s = -n - 1;
     std::vector<int64_t> idx;
     if (s > 0) {
       a = !hl ? 0 : a < 0 ? std::max<int64_t>(0, a + n) : std::min(a, n);
@@ -1251,7 +1515,7 @@ class Renderer {
       }
       case Expr::kList: {
         ojson r = ojson::array();
-        for (const auto& x : e.a) r.push_back(plain(eval(*x), "a list"));
+        for (const auto& x : e.a) r.push_back(nested(plain(eval(*x), "a list")));
         return Val::of(std::move(r));
       }
       case Expr::kDict: {
@@ -1259,7 +1523,7 @@ class Renderer {
         for (size_t i = 0; i + 1 < e.a.size(); i += 2) {
           Val k = eval(*e.a[i]);
           if (!k.is_str()) err("llmt's dicts take string keys");
-          r[k.str()] = plain(eval(*e.a[i + 1]), "a dict");
+          r[k.str()] = nested(plain(eval(*e.a[i + 1]), "a dict"));
         }
         return Val::of(std::move(r));
       }
@@ -1267,13 +1531,25 @@ class Renderer {
       case Expr::kNeg: {
         Val v = eval(*e.a[0]);
         if (!v.is_num()) err(std::string("bad operand type for unary -: '") + type_name(v) + "'");
-        return is_int(v.j) ? Val::of(-as_int(v.j)) : Val::of(-num(v.j));
+        if (!is_int(v.j)) return Val::of(-num(v.j));
+        const int64_t x = as_int(v.j);
+        return Val::of(x == INT64_MIN ? checked(true, 0, "-") : -x);
       }
       case Expr::kCond: {
         if (truthy(eval(*e.a[0]))) return eval(*e.a[1]);
         return e.a[2] ? eval(*e.a[2]) : Val::undef("the else of an inline if");
       }
       case Expr::kBin: return binary(e);
+      case Expr::kCompare: {  // a < b < c: a < b and b < c, each operand evaluated once, as Python
+        Val l = eval(*e.a[0]);
+        for (size_t i = 0; i < e.ops.size(); i++) {
+          Val r = eval(*e.a[i + 1]);
+          line_ = e.line;
+          if (!compare(e.ops[i], l, r)) return Val::of(false);
+          l = std::move(r);
+        }
+        return Val::of(true);
+      }
       case Expr::kCall: return call(e);
       case Expr::kFilter: return filter(e);
       case Expr::kTest: {
@@ -1290,6 +1566,34 @@ class Renderer {
     err(std::string("a ") + type_name(v) + " inside " + where);
   }
 
+  bool compare(const std::string& op, const Val& l, const Val& r) {
+    if (op == "==") return val_eq(l, r);
+    if (op == "!=") return !val_eq(l, r);
+    if (op == "in" || op == "not in") return contains(r, l) == (op == "in");
+    if (l.is_undef() || r.is_undef())
+      err("an undefined value in '" + op + "' (" + (l.is_undef() ? l.name : r.name) + ")");
+    int c;
+    if (l.is_num() && r.is_num()) c = num(l.j) < num(r.j) ? -1 : num(l.j) > num(r.j) ? 1 : 0;
+    else if (l.is_str() && r.is_str()) c = l.str() < r.str() ? -1 : l.str() == r.str() ? 0 : 1;  // UTF-8 bytes sort as code points
+    else err(std::string("'") + op + "' not supported between '" + type_name(l) + "' and '" + type_name(r) + "'");
+    return op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0;
+  }
+  // `x in c` (and the test `x is in c`) as Python: a substring, a dict's key, a list's item
+  bool contains(const Val& c, const Val& x) {
+    if (c.k == Val::kUndef) return false;  // Jinja's Undefined iterates as empty
+    if (c.k == Val::kJson && c.j.is_string()) {
+      if (!x.is_str()) err(std::string("'in <string>' requires string as left operand, not ") + type_name(x));
+      return c.str().find(x.str()) != std::string::npos;
+    }
+    if (c.k == Val::kJson && c.j.is_object()) return x.is_str() && c.j.contains(x.str());
+    if (c.k == Val::kJson && c.j.is_array()) {
+      for (const auto& y : c.j)
+        if (x.k == Val::kJson && json_eq(x.j, y)) return true;
+      return false;
+    }
+    err(std::string("argument of type '") + type_name(c) + "' is not iterable");
+  }
+
   Val binary(const Expr& e) {
     const std::string& op = e.s;
     if (op == "and") {
@@ -1302,48 +1606,46 @@ class Renderer {
     }
     Val l = eval(*e.a[0]), r = eval(*e.a[1]);
     line_ = e.line;
-    if (op == "~") return Val::of(py_str(l) + py_str(r));
-    if (op == "==") return Val::of(val_eq(l, r));
-    if (op == "!=") return Val::of(!val_eq(l, r));
-    if (op == "in" || op == "not in") {
-      bool found = false;
-      if (r.k == Val::kUndef) found = false;
-      else if (r.k == Val::kNs) found = l.is_str() && r.ns->contains(l.str());
-      else if (r.j.is_string()) {
-        if (!l.is_str()) err(std::string("'in <string>' requires string as left operand, not ") + type_name(l));
-        found = r.str().find(l.str()) != std::string::npos;
-      } else if (r.j.is_object()) {
-        found = l.is_str() && r.j.contains(l.str());
-      } else if (r.j.is_array()) {
-        for (const auto& x : r.j)
-          if (l.k == Val::kJson && json_eq(l.j, x)) found = true;
-      } else {
-        err(std::string("argument of type '") + type_name(r) + "' is not iterable");
-      }
-      return Val::of(op == "in" ? found : !found);
+    if (op == "~") {
+      std::string a = py_str(l), b = py_str(r);
+      check_size(a.size() + b.size(), false, "a string");
+      return Val::of(a + b);
     }
     if (l.is_undef() || r.is_undef())
       err("an undefined value in '" + op + "' (" + (l.is_undef() ? l.name : r.name) + ")");
-    if (op == "<" || op == "<=" || op == ">" || op == ">=") {
-      int c;
-      if (l.is_num() && r.is_num()) c = num(l.j) < num(r.j) ? -1 : num(l.j) > num(r.j) ? 1 : 0;
-      else if (l.is_str() && r.is_str()) c = to_cps(l.str()) < to_cps(r.str()) ? -1 : l.str() == r.str() ? 0 : 1;
-      else err(std::string("'") + op + "' not supported between '" + type_name(l) + "' and '" + type_name(r) + "'");
-      return Val::of(op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0);
-    }
+    const bool lists = l.k == Val::kJson && r.k == Val::kJson && l.j.is_array() && r.j.is_array();
     if (op == "+") {
-      if (l.is_str() && r.is_str()) return Val::of(l.str() + r.str());
-      if (l.k == Val::kJson && r.k == Val::kJson && l.j.is_array() && r.j.is_array()) {
+      if (l.is_str() && r.is_str()) {
+        check_size(l.str().size() + r.str().size(), false, "a string");
+        return Val::of(l.str() + r.str());
+      }
+      if (lists) {
+        check_size(l.j.size() + r.j.size(), true, "a list");
         ojson a = l.j;
         for (const auto& x : r.j) a.push_back(x);
         return Val::of(std::move(a));
       }
     }
-    if (op == "*" && ((l.is_str() && r.is_num() && is_int(r.j)) || (r.is_str() && l.is_num() && is_int(l.j)))) {
-      const std::string& s = l.is_str() ? l.str() : r.str();
-      std::string o;
-      for (int64_t i = 0, n = as_int(l.is_str() ? r.j : l.j); i < n; i++) o += s;
-      return Val::of(o);
+    if (op == "*") {  // a sequence repeated: s * n, n * s
+      const Val& seq = l.is_num() ? r : l;
+      const Val& times = l.is_num() ? l : r;
+      if (times.is_num() && is_int(times.j) && seq.k == Val::kJson && (seq.j.is_string() || seq.j.is_array())) {
+        const int64_t n = std::max<int64_t>(0, as_int(times.j));
+        const size_t each = seq.j.is_string() ? seq.str().size() : seq.j.size();
+        const bool items = seq.j.is_array();
+        if (each && (uint64_t)n > (items ? kMaxItems : kMaxBytes) / each)  // before allocating
+          check_size((items ? kMaxItems : kMaxBytes) + 1, items, items ? "a list" : "a string");
+        if (!items) {
+          std::string o;
+          o.reserve(each * (size_t)n);
+          for (int64_t i = 0; i < n; i++) o += seq.str();
+          return Val::of(std::move(o));
+        }
+        ojson o = ojson::array();
+        for (int64_t i = 0; i < n; i++)
+          for (const auto& x : seq.j) o.push_back(x);
+        return Val::of(std::move(o));
+      }
     }
     if (!l.is_num() || !r.is_num())
       err(std::string("unsupported operand types for ") + op + ": '" + type_name(l) + "' and '" + type_name(r) + "'");
@@ -1357,6 +1659,7 @@ class Renderer {
       if (b == 0) err("integer division or modulo by zero");
       if (ints) {
         const int64_t x = as_int(l.j), y = as_int(r.j);
+        if (y == -1) return op == "%" ? Val::of((int64_t)0) : Val::of(x == INT64_MIN ? checked(true, 0, "//") : -x);
         int64_t q = x / y, m = x % y;
         if (m != 0 && ((m < 0) != (y < 0))) q--, m += y;  // Python floors
         return Val::of(op == "//" ? q : m);
@@ -1364,24 +1667,40 @@ class Renderer {
       const double q = std::floor(a / b);
       return Val::of(op == "//" ? q : a - q * b);
     }
-    if (op == "**") return ints && as_int(r.j) >= 0 ? Val::of((int64_t)std::llround(std::pow(a, b))) : Val::of(std::pow(a, b));
+    if (op == "**") {
+      if (!ints || as_int(r.j) < 0) return Val::of(std::pow(a, b));
+      int64_t base = as_int(l.j), p = as_int(r.j), acc = 1;
+      while (p > 0) {  // by squaring, each product checked
+        if (p & 1) acc = mul(acc, base, "**");
+        p >>= 1;
+        if (p) base = mul(base, base, "**");
+      }
+      return Val::of(acc);
+    }
     if (ints) {
       const int64_t x = as_int(l.j), y = as_int(r.j);
-      return Val::of(op == "+" ? x + y : op == "-" ? x - y : x * y);
+      int64_t z = 0;
+      const bool o = op == "+" ? __builtin_add_overflow(x, y, &z) : op == "-" ? __builtin_sub_overflow(x, y, &z)
+                                                                              : __builtin_mul_overflow(x, y, &z);
+      return Val::of(checked(o, z, op.c_str()));  // o is computed before z is read
     }
     return Val::of(op == "+" ? a + b : op == "-" ? a - b : a * b);
   }
 
   // the positional and keyword arguments of a call, filter or test (skipping `skip` leading operands)
-  void args(const Expr& e, size_t skip, std::vector<Val>* pos, std::map<std::string, Val>* kw) {
+  void args(const Expr& e, size_t skip, std::vector<Val>* pos, Kwargs* kw) {
     const size_t nkw = e.kw.size(), n = e.a.size();
     for (size_t i = skip; i < n - nkw; i++) pos->push_back(eval(*e.a[i]));
-    for (size_t i = 0; i < nkw; i++) (*kw)[e.kw[i]] = eval(*e.a[n - nkw + i]);
+    for (size_t i = 0; i < nkw; i++) kw->emplace_back(e.kw[i], eval(*e.a[n - nkw + i]));
   }
-  const Val* arg(const std::vector<Val>& pos, const std::map<std::string, Val>& kw, size_t i, const char* name) {
-    if (i < pos.size()) return &pos[i];
-    auto f = kw.find(name);
-    return f == kw.end() ? nullptr : &f->second;
+  static const Val* kwarg(const Kwargs& kw, const char* name) {
+    for (const auto& [k, v] : kw)
+      if (k == name) return &v;
+    return nullptr;
+  }
+  // parameter `name`, the i-th positional one; null when not given
+  static const Val* arg(const std::vector<Val>& pos, const Kwargs& kw, size_t i, const char* name) {
+    return i < pos.size() ? &pos[i] : kwarg(kw, name);
   }
   std::string str_arg(const Val* v, const std::string& what) {
     if (!v || !v->is_str()) err(what + " must be a string");
@@ -1391,7 +1710,7 @@ class Renderer {
   Val call(const Expr& e) {
     const Expr& callee = *e.a[0];
     std::vector<Val> pos;
-    std::map<std::string, Val> kw;
+    Kwargs kw;
     if (callee.t == Expr::kName) {
       Val f = lookup(callee.s);
       args(e, 1, &pos, &kw);
@@ -1399,8 +1718,9 @@ class Renderer {
       if (f.k != Val::kFunc) err("'" + callee.s + "' is a " + type_name(f) + ", not a function");
       const std::string& n = f.name;
       if (n == "raise_exception") {
+        const Val* msg = arg(pos, kw, 0, "message");
         fail("chat template %s, line %d: the template raised an error: %s", name_.c_str(), line_,
-             pos.empty() ? "" : py_str(pos[0]).c_str());
+             msg ? py_str(*msg).c_str() : "");
       }
       if (n == "strftime_now") {
         std::string fmt = str_arg(arg(pos, kw, 0, "format"), "strftime_now's format");
@@ -1417,7 +1737,7 @@ class Renderer {
           if (p.k != Val::kJson || !p.j.is_object()) err(n + "() takes keyword arguments or a dict");
           for (auto it = p.j.begin(); it != p.j.end(); ++it) o[it.key()] = it.value();
         }
-        for (auto& [k, v] : kw) o[k] = plain(v, "a namespace");
+        for (const auto& [k, v] : kw) o[k] = plain(v, "a namespace");  // in call order
         if (n == "dict") return Val::of(std::move(o));
         Val r;
         r.k = Val::kNs;
@@ -1426,6 +1746,7 @@ class Renderer {
       }
       if (n == "range") {
         std::vector<int64_t> v;
+        if (!kw.empty()) err("range() takes no keyword arguments");
         for (const Val& p : pos) {
           if (!p.is_num() || !is_int(p.j)) err("range() takes integers");
           v.push_back(as_int(p.j));
@@ -1433,9 +1754,12 @@ class Renderer {
         if (v.empty() || v.size() > 3) err("range() takes 1 to 3 integers");
         int64_t a = v.size() == 1 ? 0 : v[0], b = v.size() == 1 ? v[0] : v[1], s = v.size() == 3 ? v[2] : 1;
         if (s == 0) err("range() step must not be zero");
-        if ((b - a) / s > 100000) err("range() of more than 100000 numbers");
+        __int128 count = 0;  // counted first, in 128 bits: no overflow, no endless loop
+        if (s > 0 && b > a) count = ((__int128)b - a - 1) / s + 1;
+        if (s < 0 && a > b) count = ((__int128)a - b - 1) / -(__int128)s + 1;
+        if (count > 100000) err("range() of more than 100000 numbers");
         ojson r = ojson::array();
-        for (int64_t i = a; s > 0 ? i < b : i > b; i += s) r.push_back(i);
+        for (int64_t k = 0; k < (int64_t)count; k++) r.push_back((int64_t)((__int128)a + (__int128)k * s));
         return Val::of(std::move(r));
       }
       err("unknown function " + n);
@@ -1484,19 +1808,49 @@ class Renderer {
       return Val::of(r);
     }
     if (m == "title" || m == "capitalize") return Val::of(case_words(s, m == "title"));
-    if (m == "startswith" || m == "endswith") {
-      const Val* p = arg(pos, kw, 0, "prefix");
-      std::vector<std::string> opts;
-      if (p && p->is_str()) opts.push_back(p->str());
-      else if (p && p->k == Val::kJson && p->j.is_array())
-        for (const auto& x : p->j)
-          if (x.is_string()) opts.push_back(x.get<std::string>());
-      if (opts.empty()) err(m + "() takes a string or a tuple of strings");
-      for (const std::string& o : opts)
-        if (o.size() <= s.size() && (m == "startswith" ? s.compare(0, o.size(), o) == 0
-                                                       : s.compare(s.size() - o.size(), o.size(), o) == 0))
-          return Val::of(true);
-      return Val::of(false);
+    if (m == "startswith" || m == "endswith" || m == "find" || m == "index" || m == "count") {
+      // s[start:end] (code points, Python's clamping); a start past the end matches nothing, not even ''
+      const std::vector<uint32_t> cps = to_cps(s);
+      const int64_t n = (int64_t)cps.size();
+      auto bound = [&](const Val* v, int64_t dflt) -> int64_t {
+        if (!v || (v->k == Val::kJson && v->j.is_null())) return dflt;
+        if (!v->is_num() || !is_int(v->j)) err(m + "()'s start and end must be integers or None");
+        const int64_t x = as_int(v->j);
+        return x < 0 ? std::max<int64_t>(0, x + n) : std::min<int64_t>(x, n + 1);
+      };
+      const int64_t b = bound(arg(pos, kw, 1, "start"), 0), e = std::min(bound(arg(pos, kw, 2, "end"), n), n);
+      const bool none = b > n || e < b;
+      const std::string part = none ? "" : from_cps(cps, (size_t)b, (size_t)e);
+      if (m == "startswith" || m == "endswith") {
+        const Val* p = arg(pos, kw, 0, m == "startswith" ? "prefix" : "suffix");
+        std::vector<std::string> opts;
+        if (p && p->is_str()) opts.push_back(p->str());
+        else if (p && p->k == Val::kJson && p->j.is_array())
+          for (const auto& x : p->j)
+            if (x.is_string()) opts.push_back(x.get<std::string>());
+            else err(m + "() takes a string or a tuple of strings");
+        else err(m + "() takes a string or a tuple of strings");
+        for (const std::string& o : opts)
+          if (!none && o.size() <= part.size() &&
+              (m == "startswith" ? part.compare(0, o.size(), o) == 0
+                                 : part.compare(part.size() - o.size(), o.size(), o) == 0))
+            return Val::of(true);
+        return Val::of(false);
+      }
+      std::string sub = str_arg(arg(pos, kw, 0, "sub"), m + "()'s argument");
+      if (m == "count") {
+        if (none) return Val::of((int64_t)0);
+        if (sub.empty()) return Val::of(e - b + 1);
+        int64_t c = 0;
+        for (size_t f = part.find(sub); f != std::string::npos; f = part.find(sub, f + sub.size())) c++;
+        return Val::of(c);
+      }
+      const size_t f = none ? std::string::npos : part.find(sub);
+      if (f == std::string::npos) {
+        if (m == "index") err("substring not found");
+        return Val::of((int64_t)-1);
+      }
+      return Val::of(b + (int64_t)to_cps(part.substr(0, f)).size());
     }
     if (m == "split" || m == "rsplit") {
       const Val* sep = arg(pos, kw, 0, "sep");
@@ -1511,10 +1865,8 @@ class Renderer {
         while (i < cps.size()) {
           while (i < cps.size() && py_space(cps[i])) i++;
           if (i >= cps.size()) break;
-          if (maxsplit >= 0 && splits == maxsplit) {
-            size_t e2 = cps.size();
-            while (e2 > i && py_space(cps[e2 - 1])) e2--;
-            r.push_back(from_cps(cps, i, e2));
+          if (maxsplit >= 0 && splits == maxsplit) {  // the rest, its trailing whitespace kept (Python)
+            r.push_back(from_cps(cps, i, cps.size()));
             break;
           }
           size_t b = i;
@@ -1571,21 +1923,6 @@ class Renderer {
       const Val* c = arg(pos, kw, 2, "count");
       return Val::of(replace_all(s, a, b, c && c->is_num() ? as_int(c->j) : -1));
     }
-    if (m == "find" || m == "index" || m == "count") {
-      std::string sub = str_arg(arg(pos, kw, 0, "sub"), m + "()'s argument");
-      if (m == "count") {
-        if (sub.empty()) return Val::of((int64_t)to_cps(s).size() + 1);
-        int64_t c = 0;
-        for (size_t f = s.find(sub); f != std::string::npos; f = s.find(sub, f + sub.size())) c++;
-        return Val::of(c);
-      }
-      size_t f = s.find(sub);
-      if (f == std::string::npos) {
-        if (m == "index") err("substring not found");
-        return Val::of((int64_t)-1);
-      }
-      return Val::of((int64_t)to_cps(s.substr(0, f)).size());
-    }
     if (m == "join") {
       const Val* it = arg(pos, kw, 0, "iterable");
       if (!it) err("join() takes an iterable");
@@ -1594,7 +1931,43 @@ class Renderer {
       for (const Val& x : iterate(*it)) {
         if (!x.is_str()) err("join() takes strings");
         o += (first ? "" : s) + x.str();
+        check_size(o.size(), false, "join()'s result");
         first = false;
+      }
+      return Val::of(o);
+    }
+    if (m == "format") {  // str.format's plain fields: {}, {0}, {name}, {{, }}; a field with more is refused
+      std::string o;
+      size_t next = 0;
+      for (size_t i = 0; i < s.size(); i++) {
+        if ((s[i] == '{' || s[i] == '}') && i + 1 < s.size() && s[i + 1] == s[i]) {
+          o += s[i++];
+        } else if (s[i] == '}') {
+          err("format(): a single '}' in the format string");
+        } else if (s[i] == '{') {
+          const size_t e = s.find('}', i);
+          if (e == std::string::npos) err("format(): a single '{' in the format string");
+          const std::string field = s.substr(i + 1, e - i - 1);
+          const Val* v = nullptr;
+          if (field.empty()) {
+            if (next >= pos.size()) err("format(): more {} fields than arguments");
+            v = &pos[next++];
+          } else if (std::all_of(field.begin(), field.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+            const size_t k = field.size() > 9 ? pos.size() : (size_t)std::stoul(field);
+            if (k >= pos.size()) err("format(): no argument " + field);
+            v = &pos[k];
+          } else if (field.find_first_of(":!.[") == std::string::npos) {
+            v = kwarg(kw, field.c_str());
+            if (!v) err("format(): no keyword argument '" + field + "'");
+          } else {
+            err("format(): the field {" + field + "} (llmt implements {}, {N} and {name}, no format specs)");
+          }
+          o += py_str(*v);
+          check_size(o.size(), false, "format()'s result");
+          i = e;
+        } else {
+          o += s[i];
+        }
       }
       return Val::of(o);
     }
@@ -1611,14 +1984,23 @@ class Renderer {
     err("the method ." + m + "() on a string");
   }
 
-  static std::string replace_all(const std::string& s, const std::string& a, const std::string& b, int64_t count) {
-    if (a.empty()) return s;  // Python inserts b between characters; no template does this
+  std::string replace_all(const std::string& s, const std::string& a, const std::string& b, int64_t count) const {
     std::string o;
+    if (a.empty()) {  // Python: b before each character and at the end, count times at most
+      const std::vector<uint32_t> cps = to_cps(s);
+      size_t i = 0;
+      for (int64_t n = 0; (count < 0 || n < count) && i <= cps.size(); n++, i++) {
+        o += b + (i < cps.size() ? from_cps(cps, i, i + 1) : "");
+        check_size(o.size(), false, "replace()'s result");
+      }
+      return o + (i < cps.size() ? from_cps(cps, i, cps.size()) : "");
+    }
     size_t p = 0;
     for (int64_t n = 0; count < 0 || n < count; n++) {
       size_t f = s.find(a, p);
       if (f == std::string::npos) break;
       o += s.substr(p, f - p) + b;
+      check_size(o.size(), false, "replace()'s result");
       p = f + a.size();
     }
     return o + s.substr(p);
@@ -1684,7 +2066,9 @@ class Renderer {
         d = as_int(targs[0].j);
         if (d == 0) err("divisibleby 0");
       }
-      const int64_t r = ((as_int(j) % d) + d) % d;
+      if (d == -1) return t != "odd";  // INT64_MIN % -1 traps
+      const int64_t r = as_int(j) % d;
+      if (t == "odd") return r != 0;
       return t == "odd" ? r == 1 : r == 0;
     }
     if (targs.empty()) err("the test '" + t + "' takes an argument");
@@ -1692,14 +2076,7 @@ class Renderer {
     if (t == "equalto" || t == "eq" || t == "==") return val_eq(v, o);
     if (t == "ne" || t == "!=") return !val_eq(v, o);
     if (t == "sameas") return val_eq(v, o) && (!js || j.type() == o.j.type());
-    if (t == "in") {
-      if (o.k != Val::kJson) return false;
-      if (o.j.is_string()) return v.is_str() && o.str().find(v.str()) != std::string::npos;
-      if (o.j.is_object()) return v.is_str() && o.j.contains(v.str());
-      for (const auto& x : o.j)
-        if (js && json_eq(j, x)) return true;
-      return false;
-    }
+    if (t == "in") return contains(o, v);
     // gt ge lt le
     if (!(v.is_num() && o.is_num()) && !(v.is_str() && o.is_str())) err("the test '" + t + "' compares numbers or strings");
     const int c = v.is_num() ? (num(j) < num(o.j) ? -1 : num(j) > num(o.j) ? 1 : 0)
@@ -1713,7 +2090,7 @@ class Renderer {
   bool test(const Expr& e) {
     Val v = eval(*e.a[0]);
     std::vector<Val> pos;
-    std::map<std::string, Val> kw;
+    Kwargs kw;
     args(e, 1, &pos, &kw);
     line_ = e.line;
     return apply_test(e.s, v, pos);
@@ -1722,13 +2099,63 @@ class Renderer {
   Val filter(const Expr& e) {
     Val v = eval(*e.a[0]);
     std::vector<Val> pos;
-    std::map<std::string, Val> kw;
+    Kwargs kw;
     args(e, 1, &pos, &kw);
     line_ = e.line;
     return apply_filter(e.s, v, pos, kw);
   }
 
-  Val apply_filter(const std::string& f, const Val& v, const std::vector<Val>& pos, std::map<std::string, Val> kw) {
+  // Python's order of two sort keys (numbers, strings; strings folded to lower case unless
+  // case_sensitive, as Jinja's ignore_case): -1, 0, 1
+  int order(const Val& x, const Val& y, bool case_sensitive) {
+    if (x.is_num() && y.is_num()) return num(x.j) < num(y.j) ? -1 : num(x.j) > num(y.j) ? 1 : 0;
+    if (x.is_str() && y.is_str()) {
+      if (case_sensitive) return x.str() < y.str() ? -1 : x.str() == y.str() ? 0 : 1;
+      const std::string a = ascii_lower(x.str()), b = ascii_lower(y.str());
+      return a < b ? -1 : a == b ? 0 : 1;
+    }
+    err(std::string("'<' not supported between '") + type_name(x) + "' and '" + type_name(y) + "'");
+  }
+  static std::string ascii_lower(std::string s) {
+    for (char& c : s) c = (char)std::tolower((unsigned char)c);
+    return s;
+  }
+  bool flag(const Val* v) { return v && truthy(*v); }
+  int64_t int_arg(const Val* v, int64_t dflt, const std::string& what) {
+    if (!v) return dflt;
+    if (!v->is_num() || !is_int(v->j)) err(what + " must be an integer");
+    return as_int(v->j);
+  }
+  // a float's integer part as Python's int(); past 64 bits an error
+  int64_t to_int(double d) {
+    if (!(d > -9223372036854775808.0 && d < 9223372036854775808.0)) err("int() of " + py_float(d) + " (llmt's integers are 64-bit)");
+    return (int64_t)d;
+  }
+  // a number in a string, as Python's float() reads it: decimal, inf, nan (not C's hex floats)
+  static bool parse_float(const std::string& s, double* d) {
+    if (s.empty() || s.find_first_of("xX") != std::string::npos) return false;
+    char* end = nullptr;
+    *d = std::strtod(s.c_str(), &end);
+    return end && *end == 0;
+  }
+  // Jinja's do_title: words begin after whitespace, '-', '(', '{', '[' and '<'; each word's first
+  // character upper-cased, the rest lower-cased (ASCII; other characters are kept)
+  static std::string jinja_title(const std::string& s) {
+    std::string r = s;
+    bool start = true;
+    for (char& c : r) {
+      const unsigned char u = (unsigned char)c;
+      if (std::isspace(u) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<') {
+        start = true;
+        continue;
+      }
+      c = (char)(start ? std::toupper(u) : std::tolower(u));
+      start = false;
+    }
+    return r;
+  }
+
+  Val apply_filter(const std::string& f, const Val& v, const std::vector<Val>& pos, const Kwargs& kw) {
     if (f == "safe") return v;
     if (f == "default" || f == "d") {
       const Val* def = arg(pos, kw, 0, "default_value");
@@ -1742,6 +2169,7 @@ class Renderer {
       const Val* c = arg(pos, kw, 0, "chars");
       std::string chars;
       if (c && c->is_str()) chars = c->str();
+      else if (c && !(c->k == Val::kJson && c->j.is_null())) err("trim's chars must be a string or None");
       return Val::of(py_strip(py_str(v), c && c->is_str() ? &chars : nullptr, true, true));
     }
     if (f == "upper" || f == "lower") {
@@ -1749,55 +2177,105 @@ class Renderer {
       for (char& c : r) c = (char)(f == "upper" ? std::toupper((unsigned char)c) : std::tolower((unsigned char)c));
       return Val::of(r);
     }
-    if (f == "capitalize" || f == "title") return Val::of(case_words(py_str(v), f == "title"));
+    if (f == "capitalize") return Val::of(case_words(py_str(v), false));
+    if (f == "title") return Val::of(jinja_title(py_str(v)));
     if (f == "replace") {
       std::string a = str_arg(arg(pos, kw, 0, "old"), "replace's old"), b = str_arg(arg(pos, kw, 1, "new"), "replace's new");
       const Val* c = arg(pos, kw, 2, "count");
-      return Val::of(replace_all(py_str(v), a, b, c && c->is_num() ? as_int(c->j) : -1));
+      return Val::of(replace_all(py_str(v), a, b, c && !(c->k == Val::kJson && c->j.is_null()) ? int_arg(c, -1, "replace's count") : -1));
     }
-    if (f == "tojson") {
-      const Val* ind = arg(pos, kw, 0, "indent");
-      const Val* sk = kw.count("sort_keys") ? &kw["sort_keys"] : nullptr;
-      const Val* ea = kw.count("ensure_ascii") ? &kw["ensure_ascii"] : nullptr;
-      const Val* sep = kw.count("separators") ? &kw["separators"] : nullptr;
-      const int indent = ind && ind->is_num() ? (int)as_int(ind->j) : -1;
+    if (f == "tojson") {  // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
+      const Val* ea = arg(pos, kw, 0, "ensure_ascii");
+      const Val* ind = arg(pos, kw, 1, "indent");
+      const Val* sep = arg(pos, kw, 2, "separators");
+      const Val* sk = arg(pos, kw, 3, "sort_keys");
+      int indent = -1;
+      std::string pad;
+      if (ind && ind->is_str()) err("tojson with a string indent");
+      if (ind && !(ind->k == Val::kJson && ind->j.is_null())) {
+        const int64_t n = int_arg(ind, 0, "tojson's indent");
+        check_size((size_t)std::max<int64_t>(0, std::min<int64_t>(n, INT32_MAX)), false, "tojson's indent");
+        indent = (int)std::max<int64_t>(0, n);  // json.dumps: a negative indent is 0 (newlines, no spaces)
+      }
       std::string item_sep = indent >= 0 ? "," : ", ", key_sep = ": ";
-      if (sep && sep->k == Val::kJson && sep->j.is_array() && sep->j.size() == 2 && sep->j[0].is_string() &&
-          sep->j[1].is_string())
+      if (sep && !(sep->k == Val::kJson && sep->j.is_null())) {
+        if (!(sep->k == Val::kJson && sep->j.is_array() && sep->j.size() == 2 && sep->j[0].is_string() &&
+              sep->j[1].is_string()))
+          err("tojson's separators must be two strings");
         item_sep = sep->j[0].get<std::string>(), key_sep = sep->j[1].get<std::string>();
+      }
       std::string o;
-      dumps(plain(v, "tojson"), indent, item_sep, key_sep, sk && truthy(*sk), ea && truthy(*ea), 0, o);
+      dumps(plain(v, "tojson"), indent, item_sep, key_sep, flag(sk), flag(ea), 0, o);
       return Val::of(o);
     }
-    if (f == "int") {
-      if (v.is_num()) return Val::of(is_int(v.j) ? as_int(v.j) : (int64_t)num(v.j));
+    if (f == "int") {  // Jinja: int(x, base) for a string, else int(x); failing that int(float(x)); failing that the default
+      const Val* def = arg(pos, kw, 0, "default");
+      const int64_t base = int_arg(arg(pos, kw, 1, "base"), 10, "int's base");
+      if (base < 2 || base > 36) err("int's base must be 2 to 36 (llmt does not implement base 0)");
+      if (v.is_num()) return Val::of(is_int(v.j) ? as_int(v.j) : to_int(num(v.j)));
       if (v.is_str()) {
-        char* end = nullptr;
         std::string s = py_strip(v.str(), nullptr, true, true);
-        long long x = std::strtoll(s.c_str(), &end, 10);
-        if (end && *end == 0 && !s.empty()) return Val::of((int64_t)x);
+        std::string digits;  // Python allows one '_' between digits
+        for (size_t i = 0; i < s.size(); i++)
+          if (!(s[i] == '_' && i > 0 && i + 1 < s.size() && std::isalnum((unsigned char)s[i - 1]) &&
+                std::isalnum((unsigned char)s[i + 1])))
+            digits += s[i];
+        char* end = nullptr;
+        errno = 0;
+        const long long x = digits.empty() || std::isspace((unsigned char)digits[0]) ? 0 : std::strtoll(digits.c_str(), &end, (int)base);
+        if (end && *end == 0) {
+          if (errno == ERANGE) err("int() of '" + s + "' (llmt's integers are 64-bit)");
+          return Val::of((int64_t)x);
+        }
+        double d;
+        if (parse_float(digits, &d) && std::isfinite(d)) return Val::of(to_int(d));
       }
-      return arg(pos, kw, 0, "default") ? *arg(pos, kw, 0, "default") : Val::of((int64_t)0);
+      return def ? *def : Val::of((int64_t)0);
     }
     if (f == "float") {
+      const Val* def = arg(pos, kw, 0, "default");
       if (v.is_num()) return Val::of(num(v.j));
-      if (v.is_str()) {
-        char* end = nullptr;
-        std::string s = py_strip(v.str(), nullptr, true, true);
-        double x = std::strtod(s.c_str(), &end);
-        if (end && *end == 0 && !s.empty()) return Val::of(x);
-      }
-      return Val::of(0.0);
+      double d;
+      if (v.is_str() && parse_float(py_strip(v.str(), nullptr, true, true), &d)) return Val::of(d);
+      return def ? *def : Val::of(0.0);
     }
     if (f == "abs") {
       if (!v.is_num()) err("abs of a " + std::string(type_name(v)));
-      return is_int(v.j) ? Val::of(std::llabs(as_int(v.j))) : Val::of(std::fabs(num(v.j)));
+      if (!is_int(v.j)) return Val::of(std::fabs(num(v.j)));
+      const int64_t x = as_int(v.j);
+      return Val::of(x == INT64_MIN ? checked(true, 0, "abs") : x < 0 ? -x : x);
     }
-    if (f == "round") {
+    if (f == "round") {  // Jinja: round(x, precision) for 'common' (Python's: half to even, an int stays an int)
       if (!v.is_num()) err("round of a " + std::string(type_name(v)));
-      const Val* p = arg(pos, kw, 0, "precision");
-      const double m = std::pow(10.0, p && p->is_num() ? (double)as_int(p->j) : 0.0);
-      return Val::of(std::nearbyint(num(v.j) * m) / m);
+      const int64_t prec = std::max<int64_t>(-400, std::min<int64_t>(400, int_arg(arg(pos, kw, 0, "precision"), 0, "round's precision")));
+      const Val* mv = arg(pos, kw, 1, "method");
+      const std::string method = mv ? str_arg(mv, "round's method") : "common";
+      if (method != "common" && method != "ceil" && method != "floor")
+        err("round's method must be 'common', 'ceil' or 'floor', not '" + method + "'");
+      if (method == "common" && is_int(v.j)) {
+        const int64_t x = as_int(v.j);
+        if (prec >= 0) return Val::of(x);
+        if (prec < -18) return Val::of((int64_t)0);
+        int64_t p10 = 1;
+        for (int64_t k = 0; k < -prec; k++) p10 *= 10;
+        int64_t q = x / p10, r = x % p10;
+        if (r < 0) q--, r += p10;  // floor
+        if (2 * (__int128)r > p10 || (2 * (__int128)r == p10 && (q & 1))) q++;
+        return Val::of(mul(q, p10, "round"));
+      }
+      const double d = num(v.j);
+      if (!std::isfinite(d)) return Val::of(d);
+      if (method == "common") {
+        if (prec >= 0) {  // correctly rounded, half to even on the exact binary value, as Python's round
+          std::string buf((size_t)std::snprintf(nullptr, 0, "%.*f", (int)prec, d) + 1, '\0');
+          std::snprintf(&buf[0], buf.size(), "%.*f", (int)prec, d);
+          return Val::of(std::strtod(buf.c_str(), nullptr));
+        }
+        const double m = std::pow(10.0, (double)-prec);
+        return Val::of(std::nearbyint(d / m) * m);
+      }
+      const double m = std::pow(10.0, (double)prec);
+      return Val::of((method == "ceil" ? std::ceil(d * m) : std::floor(d * m)) / m);
     }
     if (f == "items") {
       if (v.is_undef()) return Val::of(ojson::array());
@@ -1806,41 +2284,49 @@ class Renderer {
       for (auto it = v.j.begin(); it != v.j.end(); ++it) r.push_back(ojson::array({it.key(), it.value()}));
       return Val::of(std::move(r));
     }
-    if (f == "dictsort") {
+    if (f == "dictsort") {  // sorted(items, key=key or value, case-folded unless case_sensitive; reverse stable)
       if (v.k != Val::kJson || !v.j.is_object()) err("dictsort of a " + std::string(type_name(v)));
-      std::vector<std::string> keys;
-      for (auto it = v.j.begin(); it != v.j.end(); ++it) keys.push_back(it.key());
-      std::sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
-        std::string x = a, y = b;
-        for (char& c : x) c = (char)std::tolower((unsigned char)c);
-        for (char& c : y) c = (char)std::tolower((unsigned char)c);
-        return x < y;
+      const bool cs = flag(arg(pos, kw, 0, "case_sensitive")), rev = flag(arg(pos, kw, 2, "reverse"));
+      const Val* byv = arg(pos, kw, 1, "by");
+      const std::string by = byv ? str_arg(byv, "dictsort's by") : "key";
+      if (by != "key" && by != "value") err("dictsort's by must be 'key' or 'value', not '" + by + "'");
+      std::vector<std::pair<Val, Val>> kv;
+      for (auto it = v.j.begin(); it != v.j.end(); ++it) kv.emplace_back(Val::of(it.key()), Val::of(it.value()));
+      std::stable_sort(kv.begin(), kv.end(), [&](const auto& a, const auto& b) {
+        const Val& x = by == "key" ? a.first : a.second;
+        const Val& y = by == "key" ? b.first : b.second;
+        return rev ? order(y, x, cs) < 0 : order(x, y, cs) < 0;
       });
       ojson r = ojson::array();
-      for (const auto& k : keys) r.push_back(ojson::array({k, v.j.at(k)}));
+      for (const auto& [k, x] : kv) r.push_back(ojson::array({k.j, x.j}));
       return Val::of(std::move(r));
     }
     if (f == "indent") {
       const Val* w = arg(pos, kw, 0, "width");
       const Val* first = arg(pos, kw, 1, "first");
       const Val* blank = arg(pos, kw, 2, "blank");
-      std::string pad = w && w->is_str() ? w->str() : std::string(w && w->is_num() ? (size_t)as_int(w->j) : 4, ' ');
+      std::string pad;
+      if (w && w->is_str()) {
+        pad = w->str();
+      } else {
+        const int64_t n = int_arg(w, 4, "indent's width");  // Python: ' ' * n, nothing for n < 0
+        check_size((size_t)std::max<int64_t>(0, std::min<int64_t>(n, INT32_MAX)), false, "indent's padding");
+        pad.assign((size_t)std::max<int64_t>(0, n), ' ');
+      }
       std::string s = py_str(v), o;
       std::vector<std::string> lines;
       size_t b = 0;
       for (size_t i = 0; i <= s.size(); i++)
         if (i == s.size() || s[i] == '\n') lines.push_back(s.substr(b, i - b)), b = i + 1;
+      check_size(s.size() + (pad.size() ? lines.size() : 0) * pad.size(), false, "indent's result");
       for (size_t i = 0; i < lines.size(); i++) {
         if (i) o += "\n";
-        const bool indent_it = (i > 0 || (first && truthy(*first))) && (!lines[i].empty() || (blank && truthy(*blank)));
+        const bool indent_it = (i > 0 || flag(first)) && (!lines[i].empty() || flag(blank));
         o += (indent_it ? pad : "") + lines[i];
       }
       return Val::of(o);
     }
-    if (f == "wordcount") {
-      std::vector<Val> none;
-      return Val::of((int64_t)call_split_words(py_str(v)));
-    }
+    if (f == "wordcount") return Val::of((int64_t)call_split_words(py_str(v)));
     // filters over sequences
     std::vector<Val> items = iterate(v);
     if (f == "list") {
@@ -1863,45 +2349,78 @@ class Renderer {
     if (f == "join") {
       const Val* sep = arg(pos, kw, 0, "d");
       const Val* at = arg(pos, kw, 1, "attribute");
+      if (at && at->k == Val::kJson && at->j.is_null()) at = nullptr;
       std::string s = sep ? py_str(*sep) : "", o;
-      for (size_t i = 0; i < items.size(); i++) o += (i ? s : "") + py_str(at ? attr(items[i], py_str(*at)) : items[i]);
+      for (size_t i = 0; i < items.size(); i++) {
+        o += (i ? s : "") + py_str(at ? attr_path(items[i], py_str(*at)) : items[i]);
+        check_size(o.size(), false, "join's result");
+      }
       return Val::of(o);
     }
     if (f == "unique" || f == "sort" || f == "min" || f == "max" || f == "sum") {
-      const Val* at = kw.count("attribute") ? &kw["attribute"] : nullptr;
-      auto key = [&](const Val& x) { return at ? attr(x, py_str(*at)) : x; };
+      const size_t at_i = f == "sum" ? 0 : f == "sort" ? 2 : 1;
+      const Val* at = arg(pos, kw, at_i, "attribute");
+      if (at && at->k == Val::kJson && at->j.is_null()) at = nullptr;
+      std::vector<std::string> paths;  // sort(attribute='a,b'): several keys (Jinja's make_multi_attrgetter)
+      if (at) {
+        const std::string a = py_str(*at);
+        for (size_t b = 0;;) {
+          const size_t e = a.find(',', b);
+          paths.push_back(a.substr(b, e == std::string::npos ? std::string::npos : e - b));
+          if (e == std::string::npos || f != "sort") break;
+          b = e + 1;
+        }
+        if (f != "sort") paths.assign(1, a);
+      }
+      auto keys = [&](const Val& x) {
+        std::vector<Val> k;
+        if (paths.empty()) k.push_back(x);
+        for (const std::string& p : paths) k.push_back(attr_path(x, p));
+        return k;
+      };
       if (f == "sum") {
-        Val acc = Val::of((int64_t)0);
+        const Val* st = arg(pos, kw, 1, "start");
+        Val acc = st ? *st : Val::of((int64_t)0);
+        if (!acc.is_num()) err("sum's start must be a number (llmt sums numbers)");
         for (const Val& x : items) {
-          Val k = key(x);
+          Val k = keys(x)[0];
           if (!k.is_num()) err("sum of a " + std::string(type_name(k)));
-          acc = is_int(acc.j) && is_int(k.j) ? Val::of(as_int(acc.j) + as_int(k.j)) : Val::of(num(acc.j) + num(k.j));
+          if (is_int(acc.j) && is_int(k.j)) {
+            acc = Val::of(add(as_int(acc.j), as_int(k.j), "sum"));
+          } else {
+            acc = Val::of(num(acc.j) + num(k.j));
+          }
         }
         return acc;
       }
-      auto less = [&](const Val& a, const Val& b) {
-        Val x = key(a), y = key(b);
-        if (x.is_num() && y.is_num()) return num(x.j) < num(y.j);
-        if (x.is_str() && y.is_str()) return x.str() < y.str();
-        err("sorting values of types " + std::string(type_name(x)) + " and " + type_name(y));
+      const bool cs = flag(arg(pos, kw, f == "sort" ? 1 : 0, "case_sensitive"));
+      auto cmp = [&](const Val& a, const Val& b) {  // -1, 0, 1 over the keys in turn
+        const std::vector<Val> x = keys(a), y = keys(b);
+        for (size_t i = 0; i < x.size(); i++)
+          if (int c = order(x[i], y[i], cs)) return c;
+        return 0;
       };
-      if (f == "min" || f == "max") {
+      if (f == "min" || f == "max") {  // the first of the smallest / largest, as Python's min() and max()
         if (items.empty()) return Val::undef("min/max of an empty sequence");
-        return f == "min" ? *std::min_element(items.begin(), items.end(), less)
-                          : *std::max_element(items.begin(), items.end(), less);
+        size_t best = 0;
+        for (size_t i = 1; i < items.size(); i++)
+          if (f == "min" ? cmp(items[i], items[best]) < 0 : cmp(items[i], items[best]) > 0) best = i;
+        return items[best];
       }
       std::vector<Val> r;
-      if (f == "unique") {
+      if (f == "unique") {  // the first of each group of equal keys (strings case-folded unless case_sensitive)
+        std::vector<Val> seen;
         for (const Val& x : items) {
-          bool seen = false;
-          for (const Val& y : r) seen = seen || val_eq(key(x), key(y));
-          if (!seen) r.push_back(x);
+          Val k = keys(x)[0];
+          if (!cs && k.is_str()) k = Val::of(ascii_lower(k.str()));
+          bool dup = false;
+          for (const Val& y : seen) dup = dup || val_eq(k, y);
+          if (!dup) seen.push_back(k), r.push_back(x);
         }
-      } else {
+      } else {  // Python's sorted(): stable, and reverse keeps equal items in their order
+        const bool rev = flag(arg(pos, kw, 0, "reverse"));
         r = items;
-        std::stable_sort(r.begin(), r.end(), less);
-        const Val* rev = arg(pos, kw, 0, "reverse");
-        if (rev && truthy(*rev)) std::reverse(r.begin(), r.end());
+        std::stable_sort(r.begin(), r.end(), [&](const Val& a, const Val& b) { return rev ? cmp(b, a) < 0 : cmp(a, b) < 0; });
       }
       ojson o = ojson::array();
       for (const Val& x : r) o.push_back(plain(x, "a list"));
@@ -1909,24 +2428,38 @@ class Renderer {
     }
     if (f == "map") {
       ojson r = ojson::array();
-      if (kw.count("attribute")) {
-        const std::string a = py_str(kw["attribute"]);
+      if (const Val* at = kwarg(kw, "attribute")) {
+        for (const auto& [k, x] : kw)
+          if (k != "attribute" && k != "default") err("map(attribute=...) with the argument '" + k + "'");
+        if (!pos.empty()) err("map(attribute=...) with positional arguments");
+        const std::string a = py_str(*at);
+        const Val* def = kwarg(kw, "default");
         for (const Val& x : items) {
-          Val y = attr(x, a);
-          if (y.is_undef() && kw.count("default")) y = kw["default"];
+          Val y = attr_path(x, a);
+          if (y.is_undef() && def) y = *def;
+          // Jinja yields Undefined here; llmt's lists hold values only, so it refuses
+          if (y.is_undef()) err("map(attribute='" + a + "'): an item has no '" + a + "' (" + y.name +
+                                "); llmt refuses what Jinja would make Undefined: pass default=");
           r.push_back(plain(y, "map's result"));
         }
         return Val::of(std::move(r));
       }
       if (pos.empty() || !pos[0].is_str()) err("map takes a filter name or attribute=");
       const std::string fname = pos[0].str();
-      if (!kFilters.count(fname) || fname == "map") err("map with the filter '" + fname + "'");
+      auto sig = kFilters.find(fname);
+      if (sig == kFilters.end() || (sig->second.size() == 1 && sig->second[0] == "*"))
+        err("map with the filter '" + fname + "'");
+      if (pos.size() - 1 > sig->second.size()) err("map('" + fname + "') with too many arguments");
+      for (const auto& [k, x] : kw)
+        if (std::find(sig->second.begin(), sig->second.end(), k) == sig->second.end())
+          err("map('" + fname + "') with the argument '" + k + "'");
       std::vector<Val> rest(pos.begin() + 1, pos.end());
       for (const Val& x : items) r.push_back(plain(apply_filter(fname, x, rest, kw), "map's result"));
       return Val::of(std::move(r));
     }
     if (f == "select" || f == "reject" || f == "selectattr" || f == "rejectattr") {
       const bool by_attr = f == "selectattr" || f == "rejectattr", keep_if = f == "select" || f == "selectattr";
+      if (!kw.empty()) err(f + " with the keyword argument '" + kw[0].first + "'");
       size_t k = 0;
       std::string a;
       if (by_attr) {
@@ -1937,9 +2470,10 @@ class Renderer {
       if (k < pos.size()) t = py_str(pos[k++]);
       if (!t.empty() && !kTests.count(t)) err(f + " with the test '" + t + "'");
       std::vector<Val> targs(pos.begin() + (long)std::min(k, pos.size()), pos.end());
+      if (!t.empty() && targs.size() > (kTestsWithArg.count(t) ? 1u : 0u)) err(f + " with too many arguments for '" + t + "'");
       ojson r = ojson::array();
       for (const Val& x : items) {
-        Val y = by_attr ? attr(x, a) : x;
+        Val y = by_attr ? attr_path(x, a) : x;
         const bool pass = t.empty() ? truthy(y) : apply_test(t, y, targs);
         if (pass == keep_if) r.push_back(plain(x, "a list"));
       }
@@ -1988,7 +2522,9 @@ ChatRender ChatTemplate::render(const ojson& vars) const {
   r.scopes.emplace_back();  // the template's own {% set %}s shadow the variables
   try {
     r.run(impl_->body);
-  } catch (const BreakSignal&) {
+  } catch (const RenderLimit& e) {
+    fail("chat template %s, line %d: %s", impl_->name.c_str(), r.line(), e.msg.c_str());
+  } catch (const BreakSignal&) {  // the parser refuses these outside a loop
     fail("chat template %s: {%% break %%} outside a loop", impl_->name.c_str());
   } catch (const ContinueSignal&) {
     fail("chat template %s: {%% continue %%} outside a loop", impl_->name.c_str());

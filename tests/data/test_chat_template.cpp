@@ -182,6 +182,99 @@ TEST(ChatTemplate, StrftimeNowReadsTheClockOrTheGivenTime) {
   EXPECT_TRUE(d == "07 Dec 2026" || d == "06 Dec 2026") << d;  // the local day
 }
 
+// Hostile templates (a template is data: it comes with a tokenizer or a --chat_template file): each
+// is refused with an error naming the template and the line, quickly, without a crash, an overflow
+// (UBSan/ASan builds check), an endless loop or an allocation past the render limits.
+TEST(ChatTemplate, HostileTemplatesAreRefusedNamingTheLine) {
+  auto rep = [](const std::string& s, int n) {
+    std::string o;
+    for (int i = 0; i < n; i++) o += s;
+    return o;
+  };
+  const std::vector<std::pair<std::string, std::string>> parse = {
+      {"x\n{{ " + rep("(", 100000) + "1" + rep(")", 100000) + " }}", "line 2: nesting deeper than 256 levels"},
+      {"{{ " + rep("not ", 100000) + "1 }}", "line 1: nesting deeper than 256 levels"},
+      {"{{ " + rep("-", 100000) + "1 }}", "line 1: nesting deeper than 256 levels"},
+      {"{{ " + rep("[", 100000) + rep("]", 100000) + " }}", "line 1: nesting deeper than 256 levels"},
+      {rep("{% if 1 %}", 50000) + rep("{% endif %}", 50000), "line 1: nesting deeper than 256 levels"},
+      {"{{ 1" + rep(" ~ 1", 100000) + " }}", "line 1: an expression nested deeper than 256 levels"},
+      {"{{ x" + rep(".a", 100000) + " }}", "line 1: an expression nested deeper than 256 levels"},
+      {"{{ x" + rep("|first", 100000) + " }}", "line 1: an expression nested deeper than 256 levels"},
+      {"{{ 99999999999999999999 }}", "line 1: the integer 99999999999999999999 does not fit in 64 bits"},
+      {"{{ 'a\\xZZ' }}", "line 1: a truncated \\x escape"},
+      {"{{ 'a\\x4g' }}", "line 1: a truncated \\x escape"},
+      {"\n{{ '\\U00110000' }}", "line 2: a \\U escape of U+110000, not a Unicode scalar value"},
+      {"{{ '\\ud800' }}", "line 1: a \\u escape of U+D800"},
+      {"{% break %}", "line 1: {% break %} outside a loop"},
+      {"{% for x in [] %}{% else %}{% continue %}{% endfor %}", "line 1: {% continue %} outside a loop"},
+      {"{% for m in [1] %}{% generation %}{% break %}{% endgeneration %}{% endfor %}", "line 1: {% break %} outside a loop"},
+      {"{% set x %}{% break %}{% endset %}", "line 1: {% break %} outside a loop"},
+      {"{{ x|round(2, 'common', 3) }}", "line 1: unsupported construct: the filter 'round' with 3 positional arguments"},
+      {"{{ x|sort(key=1) }}", "line 1: unsupported construct: the argument 'key' of the filter 'sort'"},
+      {"{{ x.splitlines(true) }}", "line 1: unsupported construct: the method .splitlines() with 1 positional arguments"},
+      {"{{ x|tojson(indent=2, indent=3) }}", "line 1: the filter 'tojson' got 'indent' twice"},
+      {"{{ x is divisibleby(2, 3) }}", "line 1: unsupported construct: the test 'divisibleby' with 2 arguments"},
+  };
+  for (const auto& [src, msg] : parse) {
+    const std::string e = throws([&] { ChatTemplate t(src, "hostile.jinja"); });
+    EXPECT_NE(e.find("chat template hostile.jinja, " + msg), std::string::npos) << src.substr(0, 80) << ": " << e;
+  }
+  const std::vector<std::pair<std::string, std::string>> render = {
+      {"a\n{{ 'x' * 1000000000000 }}", "line 2: a string of more than"},
+      {"{{ [1] * 1000000000000 }}", "line 1: a list of more than"},
+      {"{{ 'x'|indent(100000000000) }}", "line 1: indent's padding of more than"},
+      {"{{ {'a': 1}|tojson(indent=1000000000000) }}", "line 1: tojson's indent of more than"},
+      {"{{ range(-9223372036854775807, 9223372036854775807) }}", "line 1: range() of more than 100000 numbers"},
+      {"{{ (-9223372036854775807 - 1) // -1 }}", "line 1: integer overflow in '//'"},
+      {"{{ 9223372036854775807 + 1 }}", "line 1: integer overflow in '+'"},
+      {"{{ -(-9223372036854775807 - 1) }}", "line 1: integer overflow in '-'"},
+      {"{{ (-9223372036854775807 - 1)|abs }}", "line 1: integer overflow in 'abs'"},
+      {"{{ 3 ** 100 }}", "line 1: integer overflow in '**'"},
+      {"{{ (1e308 * 10)|int }}", "line 1: int() of inf"},
+      {"{{ 'abc'['a':] }}", "line 1: slice indices must be integers or None, not str"},
+      {"{% set ns = namespace(s='x') %}\n{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+       "line 2: a string of more than"},
+      {"{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = [ns.l] %}{% endfor %}",
+       "line 1: a value nested deeper than 256 levels"},
+      {"{{ [{'n': 'a'}, {}]|map(attribute='n')|join }}", "line 1: map(attribute='n'): an item has no 'n'"},
+      {"{{ '{:>3}'.format(1) }}", "line 1: format(): the field {:>3}"},
+      {"{{ x|round(1, 'up') }}", "line 1: round's method must be 'common', 'ceil' or 'floor'"},
+      {"{{ 1 is in 1 }}", "line 1: argument of type 'int' is not iterable"},
+      {"{% set ns = namespace(a=1) %}{{ 'a' in ns }}", "line 1: argument of type 'namespace' is not iterable"},
+  };
+  for (const auto& [src, msg] : render) {
+    ChatTemplate t(src, "hostile.jinja");
+    const std::string e = throws([&] { t.render({{"x", 2.5}}); });
+    EXPECT_NE(e.find("chat template hostile.jinja, " + msg), std::string::npos) << src.substr(0, 80) << ": " << e;
+  }
+  // overflow-prone arithmetic that is fine: clamped slices, counted ranges, a step past the end
+  ChatTemplate ok("{{ 'abc'[1::9223372036854775807] }} {{ 'abc'[::-9223372036854775807] }} "
+                  "{{ range(9223372036854775806, 9223372036854775807, 5)|length }} {{ 8 is divisibleby(-1) }} "
+                  "{{ (-9223372036854775807 - 1) % -1 }} {{ 'ab'|indent(-1, true) }}",
+                  "ok.jinja");
+  EXPECT_EQ(ok.render(ojson::object()).text, "b c 1 True 0 ab");
+}
+
+// {% break %} inside a {% set %} block inside a loop: the loop stops, the block's output is dropped
+// and the outer output is kept (Jinja: "AC"), however the block is left.
+TEST(ChatTemplate, BreakInsideASetBlockRestoresTheOutput) {
+  ChatTemplate t("A{% for i in [1] %}{% set x %}B{% break %}{% endset %}{% endfor %}C{{ x is defined }}", "t");
+  EXPECT_EQ(t.render(ojson::object()).text, "ACFalse");
+  ChatTemplate g("{% for i in [1, 2] %}{% generation %}<{{ i }}>{% endgeneration %}{% set y %}{% generation %}"
+                 "no{% endgeneration %}{% continue %}{% endset %}{% endfor %}", "g");
+  ChatRender r = g.render(ojson::object());
+  EXPECT_EQ(r.text, "<1><2>");
+  ASSERT_EQ(r.generation.size(), 2u);
+  EXPECT_EQ(r.generation[1], std::make_pair(size_t(3), size_t(6)));
+}
+
+// A template's loops are bounded: a rendering past kMaxIterations is refused, naming the line.
+TEST(ChatTemplate, EndlessLoopsAreRefused) {
+  ChatTemplate t("\n\n{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "loop.jinja");
+  const std::string e = throws([&] { t.render(ojson::object()); });
+  EXPECT_NE(e.find("chat template loop.jinja, line 3: more than 1000000 loop iterations"), std::string::npos) << e;
+}
+
 // ---- chat data ----
 
 struct TempFile {
