@@ -1241,6 +1241,19 @@ class Renderer {
     return Val::undef("'" + n + "' is undefined");
   }
   void assign(const std::string& n, Val v) { scopes.back()[n] = std::move(v); }
+  // e's value without copying a variable's (messages[i], messages|length: no deep copy of messages);
+  // other expressions are evaluated into tmp. Expressions assign nothing, so the reference lasts.
+  const Val& ref(const Expr& e, Val& tmp) {
+    if (e.t == Expr::kName) {
+      line_ = e.line ? e.line : line_;
+      for (auto it = scopes.rbegin(); it != scopes.rend(); ++it) {
+        auto f = it->find(e.s);
+        if (f != it->end()) return f->second;
+      }
+    }
+    tmp = eval(e);
+    return tmp;
+  }
 
   void exec(const Node& n) {
     line_ = n.line ? n.line : line_;
@@ -1340,7 +1353,8 @@ class Renderer {
   }
 
   void exec_for(const Node& n) {
-    std::vector<Val> items = iterate(eval(*n.e));
+    Val tmp;
+    std::vector<Val> items = iterate(ref(*n.e, tmp));
     auto bind = [&](const Val& item) {
       if (n.targets.size() == 1) {
         assign(n.targets[0], item);
@@ -1490,10 +1504,18 @@ class Renderer {
     switch (e.t) {
       case Expr::kLit: return Val::of(e.lit);
       case Expr::kName: return lookup(e.s);
-      case Expr::kAttr: return attr(eval(*e.a[0]), e.s);
-      case Expr::kItem: return item(eval(*e.a[0]), eval(*e.a[1]));
+      case Expr::kAttr: {
+        Val tmp;
+        return attr(ref(*e.a[0], tmp), e.s);
+      }
+      case Expr::kItem: {
+        Val tmp;
+        const Val& o = ref(*e.a[0], tmp);
+        return item(o, eval(*e.a[1]));
+      }
       case Expr::kSlice: {
-        Val o = eval(*e.a[0]);
+        Val tmp;
+        const Val& o = ref(*e.a[0], tmp);
         Val lo, hi, st;
         if (e.a[1]) lo = eval(*e.a[1]);
         if (e.a[2]) hi = eval(*e.a[2]);
@@ -1765,7 +1787,8 @@ class Renderer {
       err("unknown function " + n);
     }
     // a method: callee is kAttr
-    Val self = eval(*callee.a[0]);
+    Val tmp;
+    const Val& self = ref(*callee.a[0], tmp);
     args(e, 1, &pos, &kw);
     line_ = e.line;
     const std::string& m = callee.s;
@@ -2088,7 +2111,8 @@ class Renderer {
   }
 
   bool test(const Expr& e) {
-    Val v = eval(*e.a[0]);
+    Val tmp;
+    const Val& v = ref(*e.a[0], tmp);
     std::vector<Val> pos;
     Kwargs kw;
     args(e, 1, &pos, &kw);
@@ -2097,7 +2121,8 @@ class Renderer {
   }
 
   Val filter(const Expr& e) {
-    Val v = eval(*e.a[0]);
+    Val tmp;
+    const Val& v = ref(*e.a[0], tmp);
     std::vector<Val> pos;
     Kwargs kw;
     args(e, 1, &pos, &kw);

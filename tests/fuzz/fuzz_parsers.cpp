@@ -8,6 +8,7 @@
 //
 //   llmt_fuzz TARGET [--seconds S] [--iterations N] [--seed K] [--out DIR]
 //   TARGET: safetensors config bpe tokenizer_json sp_model alpaca manifest token_cache hostfile
+//           chat_template
 // ctest runs each target for a bounded time (tests/CMakeLists: fuzz.*).
 #include <dirent.h>
 #include <sys/resource.h>
@@ -29,6 +30,7 @@
 
 #include "data/alpaca.h"
 #include "data/bpe_bytelevel.h"
+#include "data/chat_template.h"
 #include "data/dataset.h"
 #include "data/sentencepiece.h"
 #include "data/token_cache.h"
@@ -66,7 +68,12 @@ struct Target {
 
 const char* const kTokens[] = {"1e309", "-1", "99999999999999999999", "2147483648", "[[[[[[[[", "]]]]",
                                "{{{{", "null", "\"\"", ":", ",", "true", "0.5", "\"\\u0000\"", "\\\"",
-                               "NaN", "\xff\xfe", "\r\n", "#", "=", "slots=", "\n\n"};
+                               "NaN", "\xff\xfe", "\r\n", "#", "=", "slots=", "\n\n",
+                               // chat templates
+                               "{{", "}}", "{%", "%}", "{% for x in messages %}", "{% endfor %}", "{% if 1 %}",
+                               "{% endif %}", "{% set x %}", "{% endset %}", "{% break %}", "(((((", "|first",
+                               ".0", "[::-1]", "* 99999999999", "not not", " < 1 < ", "\\x4", "\\U0011",
+                               "-%}", "+%}", "range(9223372036854775806)"};
 
 std::string mutate(std::string s, size_t hot_bytes, std::mt19937_64& rng) {
   auto pick = [&](size_t n) { return n ? (size_t)(rng() % n) : 0; };
@@ -195,6 +202,24 @@ std::map<std::string, Target> make_targets(const std::string& src, const std::st
                        throw Error(msg);
                      throw std::runtime_error(strformat("launch.sh --check exited %d: %s", rc, msg.c_str()));
                    }};
+  // a chat template: parsed, then rendered over a fixture conversation (a clean llmt::Error is fine;
+  // a crash, an overflow under UBSan, a hang past ctest's timeout or another exception is a finding)
+  {
+    std::vector<std::string> seeds;
+    for (const char* f : {"constructs.jinja", "llama3_1.jinja", "qwen2_5.jinja", "mistral_v0_3.jinja"})
+      seeds.push_back(read_all(ref + "/chat/templates/" + f));
+    t["chat_template"] = {seeds, "template.jinja", [](const std::string& p, const std::string&) {
+                            static const nlohmann::ordered_json vars = {
+                                {"messages", {{{"role", "system"}, {"content", "Be brief."}},
+                                              {{"role", "user"}, {"content", "Hi \u00e9"}},
+                                              {{"role", "assistant"}, {"content", "Yo."}}}},
+                                {"add_generation_prompt", true}, {"bos_token", "<s>"}, {"eos_token", "</s>"},
+                                {"tools", nullptr}};
+                            ChatTemplate tmpl(read_all(p), "template.jinja");
+                            tmpl.set_now(1796601600);
+                            tmpl.render(vars);
+                          }};
+  }
   return t;
 }
 
