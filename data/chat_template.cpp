@@ -1339,6 +1339,7 @@ class Renderer {
       for (auto it = v.j.begin(); it != v.j.end(); ++it) items.push_back(Val::of(it.key()));
     } else if (v.j.is_string()) {
       std::vector<uint32_t> cps = to_cps(v.str());
+      check_size(cps.size(), true, "a string's characters, as a list,");
       for (size_t i = 0; i < cps.size(); i++) items.push_back(Val::of(from_cps(cps, i, i + 1)));
     } else {
       err(std::string("'") + type_name(v) + "' object is not iterable");
@@ -1652,8 +1653,8 @@ class Renderer {
       const Val& seq = l.is_num() ? r : l;
       const Val& times = l.is_num() ? l : r;
       if (times.is_num() && is_int(times.j) && seq.k == Val::kJson && (seq.j.is_string() || seq.j.is_array())) {
-        const int64_t n = std::max<int64_t>(0, as_int(times.j));
         const size_t each = seq.j.is_string() ? seq.str().size() : seq.j.size();
+        const int64_t n = each ? std::max<int64_t>(0, as_int(times.j)) : 0;  // '' * 10**11: no loop
         const bool items = seq.j.is_array();
         if (each && (uint64_t)n > (items ? kMaxItems : kMaxBytes) / each)  // before allocating
           check_size((items ? kMaxItems : kMaxBytes) + 1, items, items ? "a list" : "a string");

@@ -250,9 +250,10 @@ TEST(ChatTemplate, HostileTemplatesAreRefusedNamingTheLine) {
   // overflow-prone arithmetic that is fine: clamped slices, counted ranges, a step past the end
   ChatTemplate ok("{{ 'abc'[1::9223372036854775807] }} {{ 'abc'[::-9223372036854775807] }} "
                   "{{ range(9223372036854775806, 9223372036854775807, 5)|length }} {{ 8 is divisibleby(-1) }} "
-                  "{{ (-9223372036854775807 - 1) % -1 }} {{ 'ab'|indent(-1, true) }}",
+                  "{{ (-9223372036854775807 - 1) % -1 }} {{ 'ab'|indent(-1, true) }} {{ '' * 99999999999 }}"
+                  "{{ [] * 99999999999 }}",
                   "ok.jinja");
-  EXPECT_EQ(ok.render(ojson::object()).text, "b c 1 True 0 ab");
+  EXPECT_EQ(ok.render(ojson::object()).text, "b c 1 True 0 ab []");
 }
 
 // {% break %} inside a {% set %} block inside a loop: the loop stops, the block's output is dropped
