@@ -114,6 +114,12 @@ LoraConfig resolve_lora_config(const LoraConfig& in, const ModelConfig& cfg) {
     for (auto& p : projs) hit = hit || lora_targets(c, block_module_prefix(cfg, 0) + p.module);
     LLMT_CHECK(hit, "target_modules: %s matches no projection of block 0 (its projections: %s)",
                clip_for_message(c.target_regex).c_str(), join(names).c_str());
+    for (bool head : {true, false}) {  // PEFT would put an adapter of its own on the head or the embeddings
+      const std::string path = root_module_path(cfg, head);
+      LLMT_CHECK(!lora_targets(c, path), "target_modules: %s also matches %s, which PEFT would give a LoRA "
+                 "adapter of its own; llmt adapts block projections only (train it whole with "
+                 "--lora_modules_to_save)", clip_for_message(c.target_regex).c_str(), path.c_str());
+    }
   }
   for (auto& m : c.modules_to_save) {
     bool head = ends_with("lm_head", m), embed = ends_with(root_module_path(cfg, false), m);
@@ -426,35 +432,37 @@ Tensor LoraAdapters::embed_grad() {
   return store_.grads(0).view(embed_->offset, {cfg_.vocab_size, cfg_.d_model});
 }
 
-void LoraAdapters::forward(const AdapterSite& at, Tensor y, Tensor x) {
+// Each adapted projection of the site's matrix in turn: its activations, A and B (views into the held
+// unit), and its own dropout stream (PEFT gives every LoRA module its own nn.Dropout, so q_proj's and
+// k_proj's masks over the same input are independent), the same in forward and backward.
+template <class F>
+void LoraAdapters::each_slot(const AdapterSite& at, F&& f) {
   const int64_t N = (int64_t)at.B * at.T;
   LLMT_CHECK(N <= rows_, "LoRA: %lld rows, the adapter was sized for %lld", (long long)N, (long long)rows_);
   const Tensor& u = held_[(size_t)(1 + at.layer)];
   LLMT_CHECK(u.data, "LoRA: block %d's adapter used while its unit is not held", at.layer);
-  const LoraDropout drop{at.dropout, at.B, at.T};
   for (size_t k = 0; k < layout_.slots.size(); k++) {
     const LoraSlot& s = layout_.slots[k];
     if (s.proj.matrix != at.matrix) continue;
-    const LoraActs acts{h_[(size_t)at.layer][k], dh_, xd_};
-    lora_forward(be_, s.proj, lora_.r, scaling_, y, x, u.view(s.a, {lora_.r, s.proj.in}),
-                 u.view(s.b, {s.proj.out, lora_.r}), acts, N, drop);
+    LoraDropout drop{at.dropout, at.B, at.T};
+    if (drop.d.active()) drop.d.key = stream_state(drop.d.key, (uint64_t)k);
+    f(s, u.view(s.a, {lora_.r, s.proj.in}), u.view(s.b, {s.proj.out, lora_.r}),
+      LoraActs{h_[(size_t)at.layer][k], dh_, xd_}, N, drop);
   }
 }
 
+void LoraAdapters::forward(const AdapterSite& at, Tensor y, Tensor x) {
+  each_slot(at, [&](const LoraSlot& s, Tensor A, Tensor B, const LoraActs& acts, int64_t N, const LoraDropout& drop) {
+    lora_forward(be_, s.proj, lora_.r, scaling_, y, x, A, B, acts, N, drop);
+  });
+}
+
 void LoraAdapters::backward(const AdapterSite& at, Tensor dy, Tensor x, Tensor dx) {
-  const int64_t N = (int64_t)at.B * at.T;
-  const Tensor& u = held_[(size_t)(1 + at.layer)];
-  LLMT_CHECK(u.data, "LoRA: block %d's adapter used while its unit is not held", at.layer);
   Tensor g = store_.grads(1 + at.layer);
-  const LoraDropout drop{at.dropout, at.B, at.T};
-  for (size_t k = 0; k < layout_.slots.size(); k++) {
-    const LoraSlot& s = layout_.slots[k];
-    if (s.proj.matrix != at.matrix) continue;
-    const LoraActs acts{h_[(size_t)at.layer][k], dh_, xd_};
-    lora_backward(be_, s.proj, lora_.r, scaling_, dy, x, u.view(s.a, {lora_.r, s.proj.in}),
-                  u.view(s.b, {s.proj.out, lora_.r}), g.view(s.a, {lora_.r, s.proj.in}),
+  each_slot(at, [&](const LoraSlot& s, Tensor A, Tensor B, const LoraActs& acts, int64_t N, const LoraDropout& drop) {
+    lora_backward(be_, s.proj, lora_.r, scaling_, dy, x, A, B, g.view(s.a, {lora_.r, s.proj.in}),
                   g.view(s.b, {s.proj.out, lora_.r}), dx, acts, N, drop);
-  }
+  });
 }
 
 // ---- PEFT's adapter directory ----
@@ -504,6 +512,11 @@ bool unset(const nlohmann::json& v) {  // a field at "nothing asked": null, fals
 }
 }  // namespace
 
+static std::string lower_ascii(std::string s) {
+  for (char& ch : s) ch = (char)std::tolower((unsigned char)ch);
+  return s;
+}
+
 LoraConfig read_adapter_config(const std::string& path, bool* fifo) {
   nlohmann::json j = read_json_file(path, "adapter config");
   LLMT_CHECK(j.is_object(), "%s: not a JSON object", path.c_str());
@@ -526,7 +539,7 @@ LoraConfig read_adapter_config(const std::string& path, bool* fifo) {
   LoraConfig c;
   // fields llmt reads, fields that must stay at PEFT's default, fields with no effect on the numbers
   static const std::set<std::string> harmless = {"auto_mapping", "base_model_name_or_path", "revision",
-                                                 "inference_mode", "init_lora_weights", "megatron_core",
+                                                 "inference_mode", "megatron_core",
                                                  "peft_version", "qalora_group_size", "loftq_config",
                                                  "layers_pattern", "task_type"};
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -549,8 +562,18 @@ LoraConfig read_adapter_config(const std::string& path, bool* fifo) {
       LLMT_CHECK(v.is_boolean(), "%s: fan_in_fan_out must be true or false", path.c_str());
       if (fifo) *fifo = v.get<bool>();
     } else if (k == "target_modules") {
-      if (v.is_string()) c.target_regex = v.get<std::string>();
+      if (v.is_string() && lower_ascii(v.get<std::string>()) == "all-linear") c.target_modules = {"all-linear"};
+      else if (v.is_string()) c.target_regex = v.get<std::string>();  // PEFT: a string is a regular expression
       else c.target_modules = names("target_modules");
+    } else if (k == "init_lora_weights") {
+      // How PEFT initialises A and B when it builds the layers; loading then overwrites them, except
+      // where the initialisation rewrites the base weights too (PiSSA, OLoRA, CorDA, LoftQ, LoRA-GA),
+      // which a PEFT load repeats on the base: llmt would apply the adapter to another base
+      const bool only_ab = v.is_boolean() || (v.is_string() && (v == "gaussian" || v == "orthogonal" || v == "eva"));
+      LLMT_CHECK(only_ab, "%s: init_lora_weights %s: that initialisation rewrites the base model's weights when PEFT "
+                 "loads the adapter (PiSSA, OLoRA, CorDA, LoftQ, LoRA-GA), which llmt does not do; it reads adapters "
+                 "initialised with true, false, gaussian, orthogonal or eva", path.c_str(),
+                 clip_for_message(v.dump()).c_str());
     } else if (k == "modules_to_save") {
       if (!v.is_null()) c.modules_to_save = names("modules_to_save");
     } else if (k == "bias") {

@@ -188,6 +188,8 @@ class LoraAdapters : public ProjectionAdapters {
 
  private:
   bool empty(int unit) const { return layout_.units[(size_t)unit].numel == 0; }
+  template <class F>
+  void each_slot(const AdapterSite& at, F&& f);  // forward's and backward's walk over a site's projections
   ModelConfig cfg_;
   LoraConfig lora_;
   const LoraLayout& layout_;

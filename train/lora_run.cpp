@@ -98,7 +98,7 @@ void save_lora(ControlComm& world, LoraRun& run, const std::string& dir, const s
       for (auto& u : units) ptrs.push_back(u.data());
       save_adapter(dir, run.config, run.layout, ptrs);
       if (!tokenizer_dir.empty()) copy_tokenizer_files(tokenizer_dir, dir);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // any failure (a JSON dump of a bad path too): every rank must hear
       error = e.what();
     }
   agree_or_throw(world, error.empty(), error);
@@ -126,7 +126,7 @@ const std::string& lora_state_identity(ControlComm& world, LoraRun& run) {
       LLMT_CHECK(::stat(f.c_str(), &st) == 0, "%s: cannot stat: %s", f.c_str(), std::strerror(errno));
       sizes.push_back((int64_t)st.st_size);
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     error = e.what();
   }
   agree_or_throw(world, error.empty(), error);
@@ -138,7 +138,7 @@ const std::string& lora_state_identity(ControlComm& world, LoraRun& run) {
       const int64_t b = sizes[i] * r / W, e = sizes[i] * (r + 1) / W;
       mine[i] = e > b ? (int32_t)crc32c_file(files[i], b, e) : 0;
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     error = e.what();
   }
   agree_or_throw(world, error.empty(), error);

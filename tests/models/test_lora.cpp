@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "engine/formats/safetensors.h"
+#include "engine/fsdp/fsdp.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/lora.h"
@@ -225,6 +226,10 @@ TEST(Lora, TargetsMatchAsPeftMatches) {
   EXPECT_EQ(modules(llama, c), (std::vector<std::string>{"self_attn.q_proj", "self_attn.k_proj"}));
   c.target_regex = "q_proj";  // does not match "model.layers.0.self_attn.q_proj" in full
   llmt_test::expect_error([&] { make_lora_layout(llama, c); }, {"q_proj", "matches no projection"});
+  c.target_regex = ".*(q_proj|v_proj|lm_head)";  // PEFT would adapt the head too: refused, not cut down
+  llmt_test::expect_error([&] { make_lora_layout(llama, c); }, {"also matches lm_head", "--lora_modules_to_save"});
+  c.target_regex = ".*(embed_tokens|q_proj)";
+  llmt_test::expect_error([&] { make_lora_layout(llama, c); }, {"also matches model.embed_tokens"});
 
   // where each projection sits in llmt's fused matrices
   c.target_regex.clear();
@@ -356,6 +361,15 @@ TEST(Lora, AdapterConfigsLlmtCannotTrainAreRefusedByName) {
   llmt_test::expect_error([&] { read_adapter_config(with("peft_type", "IA3")); }, {"peft_type IA3", "LoRA"});
   llmt_test::expect_error([&] { read_adapter_config(with("task_type", "SEQ_CLS")); }, {"task_type", "CAUSAL_LM"});
   llmt_test::expect_error([&] { read_adapter_config(with("r", -2)); }, {"r must be a positive integer"});
+  // initialisations that rewrite the base weights when PEFT loads the adapter; those of A and B only pass
+  for (const char* init : {"pissa", "pissa_niter_4", "olora", "corda", "loftq", "lora_ga"})
+    llmt_test::expect_error([&] { read_adapter_config(with("init_lora_weights", init)); },
+                            {"init_lora_weights", init, "rewrites the base"});
+  for (const nlohmann::json& init : {nlohmann::json(true), nlohmann::json(false), nlohmann::json("gaussian")})
+    EXPECT_NO_THROW(read_adapter_config(with("init_lora_weights", init)));
+  // PEFT reads the string "all-linear" (any case) as the shorthand, not as a regular expression
+  EXPECT_EQ(read_adapter_config(with("target_modules", "ALL-Linear")).target_modules,
+            std::vector<std::string>{"all-linear"});
   // a tensor the config does not explain
   ModelConfig cfg = config_from_json_file(llmt_test::reference_dir() + "/llama_tiny/config.json");
   LoraConfig qk;
@@ -473,5 +487,51 @@ TEST(Lora, FreshAdapterIsPeftsInit) {
     EXPECT_LT(lo, -0.8 * bound) << s.proj.module;  // the draws fill the range
     EXPECT_GT(hi, 0.8 * bound) << s.proj.module;
     for (int64_t k = 0; k < nb; k++) ASSERT_EQ(u1[s.b + k], 0.0f);
+  }
+}
+
+// PEFT gives every LoRA module its own nn.Dropout: q_proj's and k_proj's adapters, which read the same
+// input through one fused matrix, draw independent masks. With equal A and equal B rows, the two
+// adapters' outputs agree without dropout and differ with it.
+TEST(Lora, EachAdaptedProjectionDrawsItsOwnDropoutMask) {
+  const ModelConfig cfg = config_from_json_file(llmt_test::reference_dir() + "/llama_tiny/config.json");
+  LoraConfig c;
+  c.r = 4, c.alpha = 8, c.dropout = 0.5;
+  c.target_modules = {"q_proj", "k_proj"};
+  c = resolve_lora_config(c, cfg);
+  const LoraLayout AL = make_lora_layout(cfg, c);
+  ASSERT_EQ(AL.slots.size(), 2u);
+  const LoraSlot &q = AL.slots[0], &k = AL.slots[1];
+  const int64_t C = cfg.d_model, R = cfg.qkv_dim(), kout = k.proj.out, T = 6;
+  auto be = make_cpu_backend(1, DType::f32);
+  std::unique_ptr<DataComm> solo = make_solo_data_comm();
+  FsdpStore store(*be, AL, Strategy::no_shard, *solo, 1);
+  std::vector<float> unit((size_t)AL.units[1].numel, 0.0f);
+  const std::vector<float> A = randn(c.r * C, 21, 0.3f), B = randn(kout * c.r, 22, 0.3f);
+  std::copy(A.begin(), A.end(), unit.begin() + q.a);
+  std::copy(A.begin(), A.end(), unit.begin() + k.a);
+  std::copy(B.begin(), B.end(), unit.begin() + q.b);  // q's first kout rows = k's rows
+  std::copy(B.begin(), B.end(), unit.begin() + k.b);
+  store.set_unit(1, unit.data());
+  LoraAdapters hook(cfg, c, AL, *be, store, 1, (int)T);
+  Dev dev{*be, {}};
+  const Tensor x = dev.put(randn(T * C, 23), DType::f32);
+  for (float p : {0.0f, 0.5f}) {
+    hook.acquire(1);
+    Tensor y = dev.put(std::vector<float>((size_t)(T * R), 0.0f), DType::f32);
+    AdapterSite at;
+    at.layer = 0, at.matrix = BlockMatrix::qkv, at.B = 1, at.T = (int)T;
+    at.dropout.p = p, at.dropout.key = 99;
+    hook.forward(at, y, x);
+    hook.release(1);
+    const std::vector<float> out = dev.get(y);
+    std::vector<float> yq, yk;
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t j = 0; j < kout; j++) {
+        yq.push_back(out[(size_t)(t * R + q.proj.row0 + j)]);
+        yk.push_back(out[(size_t)(t * R + k.proj.row0 + j)]);
+      }
+    if (p == 0.0f) EXPECT_EQ(yq, yk);
+    else EXPECT_GT(rel_error(yq.data(), yk.data(), (int64_t)yk.size()), 0.1) << "q_proj and k_proj share a mask";
   }
 }
