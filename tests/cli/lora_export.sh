@@ -127,11 +127,7 @@ echo "generate: an lm_head copy on a tied base merged at load gives the export's
 grep -q '"tie_word_embeddings": false' "$work/emb_merged/config.json" || fail "the embed_tokens merge is still tied"
 echo "embed_tokens trained on a tied base; its merge is written untied"
 
-py=${LLMT_PEFT_PYTHON:-}
-for cand in /tmp/lora-venv/bin/python python3; do
-  [ -n "$py" ] && break
-  command -v "$cand" > /dev/null && "$cand" -c "import peft, torch, transformers" 2> /dev/null && py=$cand
-done
+. "$src/tests/cli/peft_python.sh"
 if [ -z "$py" ]; then
   echo "skipped: no Python with peft, torch and transformers to load the exports"
   exit 0

@@ -157,11 +157,7 @@ train "$work/t.log" "$llmt" train "${base[@]}" "${lora[@]}" "${one[@]}" --max_st
 grep -q "resume .*$ck: step $n" "$work/t.log" || fail "the signal's checkpoint did not resume"
 echo "SIGTERM at step $n: $ck written, exit 0, resumed"
 
-py=${LLMT_PEFT_PYTHON:-}
-for cand in /tmp/lora-venv/bin/python python3; do
-  [ -n "$py" ] && break
-  command -v "$cand" > /dev/null && "$cand" -c "import peft, torch, transformers" 2> /dev/null && py=$cand
-done
+. "$src/tests/cli/peft_python.sh"
 if [ -z "$py" ]; then
   echo "skipped: no Python with peft, torch and transformers for PeftModel.from_pretrained"
   exit 0

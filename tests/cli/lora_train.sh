@@ -81,11 +81,7 @@ grep -q "^adapter $work/out merged (r 4, alpha 8, 2 projections a block)" "$work
 cmp -s "$work/base.jsonl" "$work/adapted.jsonl" && fail "the adapter changed nothing in generation"
 echo "generate: the adapter merged at load"
 
-py=${LLMT_PEFT_PYTHON:-}
-for cand in /tmp/lora-venv/bin/python python3; do
-  [ -n "$py" ] && break
-  command -v "$cand" > /dev/null && "$cand" -c "import peft, torch, transformers" 2> /dev/null && py=$cand
-done
+. "$src/tests/cli/peft_python.sh"
 if [ -z "$py" ]; then
   echo "skipped: no Python with peft, torch and transformers for PeftModel.from_pretrained"
   exit 0
