@@ -57,6 +57,8 @@ EXPECT = [
     # the memory-bound kernels: the norms (scalar and vectorised), their column sums, AdamW, the loss
     (r"(layernorm|rmsnorm)_(forward|backward_dx)_vec_kernel<.*>", 256, 0, {"stack0": 1, "ld128": 1}),
     (r"(layernorm|rmsnorm)_(forward|backward_dx)_kernel<.*>", 256, 0, {"stack0": 1}),
+    # Qwen3's q/k norms: one block a head, and the weight gradients' column partials
+    (r"head_rmsnorm_(forward|backward_dx|dw_partials)_kernel<.*>", 128, 0, {"stack0": 1}),
     (r"column_partials_kernel<.*, [48]>", 256, 0, {"stack0": 1, "ld128": 1}),
     (r"adamw_kernel<4>", 256, 0, {"stack0": 1, "ld128": 1}),
     (r"cross_entropy_kernel<.*, [48]>", 256, 0, {"stack0": 1, "ld128": 1}),
