@@ -300,7 +300,7 @@ static void read_layer_windows(const nlohmann::json& j, const std::string& sourc
                  "layer_types or make it agree", source.c_str(), l, sliding[l] ? "sliding" : "full",
                  c.sliding_window > 0 ? "the window" : "full attention", c.sliding_window);
     sliding.assign((size_t)c.n_layer, c.sliding_window > 0);
-  } else if (type == "qwen2") {
+  } else if (type == "qwen2" || type == "qwen3") {
     if (sliding.empty() && c.sliding_window > 0) {
       const int from = get_optional<int>(j, "max_window_layers", 28, source);  // Qwen2Config's default
       for (int l = 0; l < c.n_layer; l++) sliding.push_back(l >= from);
@@ -454,8 +454,10 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       c.family.qk_norm = true;
       c.qkv_bias = c.o_bias = get_optional<bool>(j, "attention_bias", false, source);
       require_default(j, "mlp_bias", false, source, "transformers builds Qwen3's MLP without biases");
-      require_default(j, "use_sliding_window", false, source,
-                      "llmt does not compute Qwen3's sliding-window attention yet (released Qwen3 models have it off)");
+      if (get_optional<bool>(j, "use_sliding_window", false, source)) {  // Qwen3Config: as Qwen2's
+        c.sliding_window = get_required<int>(j, "sliding_window", source);
+        LLMT_CHECK(c.sliding_window > 0, "%s: sliding_window %d must be positive", source.c_str(), c.sliding_window);
+      }
     } else if (type == "phi3") {
       // Phi3: q, k, v stored as one qkv_proj and gate, up as one gate_up_proj ([gate | up], as llmt's),
       // no biases; resid_pdrop on each residual branch (GPT-2's sites); embd_pdrop is read by nothing
@@ -590,11 +592,7 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
     }
     // Qwen3Config's head_dim defaults to 128, not hidden_size / num_attention_heads: always written
     if (c.head_dim > 0 || qwen3) j["head_dim"] = c.head_size();
-    if (qwen3) {  // Qwen3Config has no mlp_bias; its sliding window is off
-      j.erase("mlp_bias");
-      j["use_sliding_window"] = false;
-      j["sliding_window"] = nullptr;
-    }
+    if (qwen3) j.erase("mlp_bias");  // Qwen3Config has none
     if (phi3) {  // Phi3Config has no attention_bias or mlp_bias; resid_pdrop and the window are its own
       j.erase("attention_bias");
       j.erase("mlp_bias");
@@ -605,6 +603,8 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
     if (qwen2) {  // Qwen2Config has no attention_bias or mlp_bias: its biases are fixed by the model
       j.erase("attention_bias");
       j.erase("mlp_bias");
+    }
+    if (qwen2 || qwen3) {  // the window as Qwen2Config and Qwen3Config read it
       j["use_sliding_window"] = c.sliding_window > 0;
       j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
       if (!c.layer_window.empty()) {  // which layers slide, spelled out (max_window_layers would default to 28)

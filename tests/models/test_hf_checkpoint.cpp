@@ -266,9 +266,6 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
       {llama + "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 0.5}}", {"factor 0.5 must be at least 1"}},
       {llama + "\"head_dim\": 0}", {"head_dim 0 must be positive"}},
       {"{\"model_type\": \"qwen3\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
-       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"use_sliding_window\": true}",
-       {"\"use_sliding_window\": true is not supported", "sliding-window"}},
-      {"{\"model_type\": \"qwen3\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
        "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"mlp_bias\": true}",
        {"\"mlp_bias\": true is not supported"}},
       {"{\"model_type\": \"mistral\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
@@ -450,6 +447,21 @@ TEST(ModelConfig, FieldsThatChangeTheModelAreReadOrRefusedByName) {
   write_file(dir + "/qwen_off.json", qwen2 + "\"layer_types\": [\"full_attention\", \"full_attention\"], "
                                              "\"sliding_window\": 16}");
   EXPECT_TRUE(config_from_json_file(dir + "/qwen_off.json").layer_window.empty());
+  // Qwen3Config reads its window as Qwen2Config does (layers from max_window_layers on, with
+  // use_sliding_window), and a saved config says the same
+  std::string qwen3 = qwen2;
+  qwen3.replace(qwen3.find("qwen2"), 5, "qwen3");
+  write_file(dir + "/qwen3_max_window.json", qwen3 + "\"use_sliding_window\": true, \"sliding_window\": 4, "
+                                                     "\"max_window_layers\": 1, \"head_dim\": 8}");
+  const ModelConfig q3 = config_from_json_file(dir + "/qwen3_max_window.json");
+  EXPECT_EQ(q3.layer_window, (std::vector<int>{0, 4}));
+  const nlohmann::json q3_saved = config_to_hf_json(q3);
+  EXPECT_EQ(q3_saved["use_sliding_window"], true);
+  EXPECT_EQ(q3_saved["sliding_window"], 4);
+  EXPECT_EQ(q3_saved["layer_types"], nlohmann::json({"full_attention", "sliding_attention"}));
+  write_file(dir + "/qwen3_off.json", qwen3 + "\"use_sliding_window\": false, \"sliding_window\": 4, "
+                                              "\"max_window_layers\": 0, \"head_dim\": 8}");
+  EXPECT_TRUE(config_from_json_file(dir + "/qwen3_off.json").layer_window.empty());
   write_file(dir + "/mistral_window.json", mistral + "\"sliding_window\": 8}");
   EXPECT_EQ(config_from_json_file(dir + "/mistral_window.json").layer_window, (std::vector<int>{8, 8}));
   write_file(dir + "/mistral_ok.json", mistral + "\"attention_bias\": false, \"mlp_bias\": null}");
