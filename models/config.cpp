@@ -80,6 +80,19 @@ ModelConfig qwen3(int n_layer, int n_head, int n_kv_head, int d_model, int d_ff,
   return c;
 }
 
+// Phi-3-mini-4k: LLaMA's block with q|k|v and gate|up stored fused, vocabulary 32064, a sliding
+// window of 2047 keys on every layer, untied; bos 1, eos 32000 (<|endoftext|>).
+ModelConfig phi3_mini() {
+  ModelConfig c = llama(32, 32, 32, 3072, 8192, 4096, 1e-5f, 32064);
+  c.model_type = "phi3";
+  c.family.fused_qkv_tensor = c.family.fused_gate_up_tensor = true;
+  c.sliding_window = 2047;
+  c.layer_window.assign((size_t)c.n_layer, c.sliding_window);
+  c.bos_token_id = 1;
+  c.eos_token_ids = {32000};
+  return c;
+}
+
 // Sizes from the published Hugging Face config.json files of each model.
 const std::map<std::string, ModelConfig>& presets() {
   static const std::map<std::string, ModelConfig> p = {
@@ -96,6 +109,7 @@ const std::map<std::string, ModelConfig>& presets() {
       {"llama3.2-1b", llama3(16, 32, 2048, 8192, true, 32.0f)},
       {"llama3.2-3b", llama3(28, 24, 3072, 8192, true, 32.0f)},
       {"qwen3-0.6b", qwen3(28, 16, 8, 1024, 3072, 128, true)},
+      {"phi3-mini-4k", phi3_mini()},
       // tiny sizes for tests and the quickstart (byte-level vocabulary of 256, no dropout)
       {"gpt2-tiny", gpt2(2, 4, 64, 256, 256)},
       {"gpt2-small-byte", gpt2(4, 4, 128, 256, 256)},

@@ -332,6 +332,17 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
   EXPECT_EQ(q06.head_size(), 128);
   EXPECT_EQ(q06.q_dim(), 2048);
   EXPECT_EQ(make_layout(q06).total_numel, 596049920);  // Qwen3-0.6B's parameters, lm_head tied
+  // Phi-3-mini-4k's published sizes: 3,821,079,552 parameters (3.8B), its window on every layer, and
+  // the config.json a Phi3ForCausalLM reads back
+  const ModelConfig phi = config_from_preset("phi3-mini-4k");
+  EXPECT_EQ(make_layout(phi).total_numel, 3821079552);
+  EXPECT_EQ(phi.window(0), 2047);
+  EXPECT_EQ(phi.window(31), 2047);
+  const nlohmann::json pj = config_to_hf_json(phi);
+  EXPECT_EQ(pj["architectures"][0], "Phi3ForCausalLM");
+  EXPECT_EQ(pj["sliding_window"], 2047);
+  write_file(dir + "/phi3_preset.json", pj.dump());
+  EXPECT_EQ(config_to_hf_json(config_from_json_file(dir + "/phi3_preset.json")), pj);
 }
 
 // Issue 23: rope_scaling was ignored whenever rope_parameters was present, even when invalid; a factor
