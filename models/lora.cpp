@@ -143,7 +143,7 @@ double lora_flops_per_token(const ModelConfig& cfg, const ModelLayout& base, con
   double head_copy = 0.0;
   for (const LoraSavedModule& m : layout.saved)
     if (m.lm_head) head_copy = (double)cfg.vocab_size * cfg.d_model;
-  return 4.0 * (double)base.matmul_numel + 2.0 * head_copy + 6.0 * adapter + 12.0 * cfg.n_layer * cfg.d_model * T;
+  return 4.0 * (double)base.matmul_numel + 2.0 * head_copy + 6.0 * adapter + 12.0 * cfg.n_layer * cfg.q_dim() * T;
 }
 
 std::string lora_key(const ModelConfig& cfg, int layer, const Projection& p, bool b) {

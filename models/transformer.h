@@ -66,8 +66,9 @@ class Transformer {
   static int64_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute,
                                   int vocab_pad, int64_t head_chunk = 0);
   // FLOPs of one token's training step (forward and backward) at sequence length T, by the PaLM
-  // convention (appendix B): 6 * N_matmul + 12 * n_layer * d_model * T, N_matmul counting every
-  // weight of a matrix product and the LM head once.
+  // convention (appendix B): 6 * N_matmul + 12 * n_layer * q_dim * T, N_matmul counting every
+  // weight of a matrix product and the LM head once, q_dim = heads x head_dim (d_model unless a
+  // config gives head_dim apart, as Qwen3's).
   static double flops_per_token(const ModelConfig& cfg, const ModelLayout& layout, int T);
   static constexpr const char* kFlopsConvention = "6*N_matmul + 12*L*d*T per token (PaLM B)";
 
