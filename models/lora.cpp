@@ -406,31 +406,24 @@ void LoraAdapters::grads_done(int unit) {
   if (!empty(unit)) store_.grads_done(unit);
 }
 
-Tensor LoraAdapters::head_weight() {
-  if (!head_) return Tensor();
+// A modules_to_save copy ([V, C] in the adapter's unit 0), or its gradient; none when not saved.
+Tensor LoraAdapters::saved_weight(const LoraSavedModule* m) {
+  if (!m) return Tensor();
   const Tensor& u = held_[0];
-  LLMT_CHECK(u.data, "LoRA: the head's copy is read while the adapter's unit 0 is not held");
-  return u.view(head_->offset, {cfg_.vocab_size, cfg_.d_model});
+  LLMT_CHECK(u.data, "LoRA: the %s copy is read while the adapter's unit 0 is not held", m->name.c_str());
+  return u.view(m->offset, {cfg_.vocab_size, cfg_.d_model});
 }
 
-Tensor LoraAdapters::head_grad() {
-  if (!head_) return Tensor();
-  return store_.grads(0).view(head_->offset, {cfg_.vocab_size, cfg_.d_model});
+Tensor LoraAdapters::saved_grad(const LoraSavedModule* m) {
+  return m ? store_.grads(0).view(m->offset, {cfg_.vocab_size, cfg_.d_model}) : Tensor();
 }
 
 // PEFT's embed_tokens copy feeds the input embeddings only: on a tied base the head keeps reading the
 // frozen base table (PEFT 0.21 without ensure_weight_tying), which the model does when only this is set.
-Tensor LoraAdapters::embed_weight() {
-  if (!embed_) return Tensor();
-  const Tensor& u = held_[0];
-  LLMT_CHECK(u.data, "LoRA: the embeddings' copy is read while the adapter's unit 0 is not held");
-  return u.view(embed_->offset, {cfg_.vocab_size, cfg_.d_model});
-}
-
-Tensor LoraAdapters::embed_grad() {
-  if (!embed_) return Tensor();
-  return store_.grads(0).view(embed_->offset, {cfg_.vocab_size, cfg_.d_model});
-}
+Tensor LoraAdapters::head_weight() { return saved_weight(head_); }
+Tensor LoraAdapters::head_grad() { return saved_grad(head_); }
+Tensor LoraAdapters::embed_weight() { return saved_weight(embed_); }
+Tensor LoraAdapters::embed_grad() { return saved_grad(embed_); }
 
 // Each adapted projection of the site's matrix in turn: its activations, A and B (views into the held
 // unit), and its own dropout stream (PEFT gives every LoRA module its own nn.Dropout, so q_proj's and

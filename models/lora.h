@@ -190,6 +190,8 @@ class LoraAdapters : public ProjectionAdapters {
   bool empty(int unit) const { return layout_.units[(size_t)unit].numel == 0; }
   template <class F>
   void each_slot(const AdapterSite& at, F&& f);  // forward's and backward's walk over a site's projections
+  Tensor saved_weight(const LoraSavedModule* m);  // a modules_to_save copy while unit 0 is held
+  Tensor saved_grad(const LoraSavedModule* m);
   ModelConfig cfg_;
   LoraConfig lora_;
   const LoraLayout& layout_;

@@ -272,26 +272,34 @@ TEST(LoraTraining, FrozenStoreHoldsParametersOnly) {
 // The adapter's gradients do not depend on whether the base is frozen (the input-gradient products
 // are the same ops either way), and the frozen backward runs fewer ops (no dW, bias or embedding
 // gradients).
+// One training forward and backward of a fixed 13-token sequence: each block's adapter gradients,
+// and in *ops the backend ops the backward issued.
+std::vector<std::vector<float>> one_pass_adapter_grads(LoraRun& run, int64_t* ops = nullptr) {
+  const int T = 13;
+  std::vector<int32_t> ids((size_t)T), targets((size_t)T, kIgnoreIndex);
+  for (int t = 0; t < T; t++) ids[(size_t)t] = (t * 37 + 5) % run.cfg.vocab_size;
+  for (int t = 0; t + 1 < T; t++) targets[(size_t)t] = ids[(size_t)t + 1];
+  BackendBuffer loss(*run.be, DType::f64, {1});
+  TrainPass pass;
+  pass.grad_scale = 1.0f / (T - 1);
+  run.adapter->zero_grads();
+  run.model->forward(*run.base, ids.data(), targets.data(), 0, loss.tensor(), &pass);
+  const int64_t before = run.be->counters().ops;
+  run.model->backward(*run.base);
+  if (ops) *ops = run.be->counters().ops - before;
+  std::vector<std::vector<float>> grads;
+  for (size_t u = 1; u < run.AL.units.size(); u++)
+    grads.push_back(to_host(*run.be, run.adapter->shard_state((int)u).grad));
+  return grads;
+}
+
 TEST(LoraTraining, FrozenBaseGivesTheSameAdapterGradients) {
   const auto& c = kCases[0];  // GPT-2: biases, the split matmul_dgelu, tied embeddings
   std::vector<std::vector<float>> grads[2];
   int64_t ops[2] = {0, 0};
   for (int frozen = 0; frozen < 2; frozen++) {
-    const int T = 13;
-    LoraRun run(c[0], c[1], T, frozen == 1, "adapter_final");  // B nonzero: A has gradients too
-    std::vector<int32_t> ids((size_t)T), targets((size_t)T, kIgnoreIndex);
-    for (int t = 0; t < T; t++) ids[(size_t)t] = (t * 37 + 5) % run.cfg.vocab_size;
-    for (int t = 0; t + 1 < T; t++) targets[(size_t)t] = ids[(size_t)t + 1];
-    BackendBuffer loss(*run.be, DType::f64, {1});
-    TrainPass pass;
-    pass.grad_scale = 1.0f / (T - 1);
-    run.adapter->zero_grads();
-    run.model->forward(*run.base, ids.data(), targets.data(), 0, loss.tensor(), &pass);
-    const int64_t before = run.be->counters().ops;
-    run.model->backward(*run.base);
-    ops[frozen] = run.be->counters().ops - before;
-    for (size_t u = 1; u < run.AL.units.size(); u++)
-      grads[frozen].push_back(to_host(*run.be, run.adapter->shard_state((int)u).grad));
+    LoraRun run(c[0], c[1], 13, frozen == 1, "adapter_final");  // B nonzero: A has gradients too
+    grads[frozen] = one_pass_adapter_grads(run, &ops[frozen]);
   }
   double norm = 0.0;
   for (float g : grads[1][0]) norm += (double)g * g;
@@ -307,19 +315,8 @@ TEST(LoraTraining, CheckpointingGivesTheSameAdapterGradients) {
     SCOPED_TRACE(c[0]);
     std::vector<std::vector<float>> grads[2];
     for (int ckpt = 0; ckpt < 2; ckpt++) {
-      const int T = 13;
-      LoraRun run(c[0], c[1], T, true, "adapter_final", ckpt == 1);
-      std::vector<int32_t> ids((size_t)T), targets((size_t)T, kIgnoreIndex);
-      for (int t = 0; t < T; t++) ids[(size_t)t] = (t * 37 + 5) % run.cfg.vocab_size;
-      for (int t = 0; t + 1 < T; t++) targets[(size_t)t] = ids[(size_t)t + 1];
-      BackendBuffer loss(*run.be, DType::f64, {1});
-      TrainPass pass;
-      pass.grad_scale = 1.0f / (T - 1);
-      run.adapter->zero_grads();
-      run.model->forward(*run.base, ids.data(), targets.data(), 0, loss.tensor(), &pass);
-      run.model->backward(*run.base);
-      for (size_t u = 1; u < run.AL.units.size(); u++)
-        grads[ckpt].push_back(to_host(*run.be, run.adapter->shard_state((int)u).grad));
+      LoraRun run(c[0], c[1], 13, true, "adapter_final", ckpt == 1);
+      grads[ckpt] = one_pass_adapter_grads(run);
     }
     EXPECT_EQ(grads[0], grads[1]);
   }
