@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "engine/ckpt/checkpoint.h"
-#include "engine/core/crc32c.h"
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "engine/dist/agree.h"
@@ -104,10 +103,6 @@ void save_lora(ControlComm& world, LoraRun& run, const std::string& dir, const s
   agree_or_throw(world, error.empty(), error);
 }
 
-}  // namespace llmt
-
-namespace llmt {
-
 const std::string& lora_state_identity(ControlComm& world, LoraRun& run) {
   if (!run.identity.empty()) return run.identity;
   nlohmann::json id = config_to_hf_json(run.base_config);
@@ -115,7 +110,7 @@ const std::string& lora_state_identity(ControlComm& world, LoraRun& run) {
   peft.erase("base_model_name_or_path");
   peft.erase("inference_mode");
   for (auto it = peft.begin(); it != peft.end(); ++it) id["lora " + it.key()] = it.value();
-  // every rank hashes its slice [size * r / W, size * (r + 1) / W) of each file; rank order combines them
+  // the weight files' CRC-32C, every rank hashing a share (crc32c_files_over_ranks)
   std::vector<std::string> files;
   std::vector<int64_t> sizes;
   std::string error;
@@ -130,28 +125,12 @@ const std::string& lora_state_identity(ControlComm& world, LoraRun& run) {
     error = e.what();
   }
   agree_or_throw(world, error.empty(), error);
-  const int W = world.size(), r = world.rank();
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<int32_t> mine(files.size()), all(files.size() * (size_t)W);
-  try {
-    for (size_t i = 0; i < files.size(); i++) {
-      const int64_t b = sizes[i] * r / W, e = sizes[i] * (r + 1) / W;
-      mine[i] = e > b ? (int32_t)crc32c_file(files[i], b, e) : 0;
-    }
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  agree_or_throw(world, error.empty(), error);
-  world.all_gather(mine.data(), all.data(), (int64_t)mine.size(), DType::i32);
+  const std::vector<uint32_t> crcs = crc32c_files_over_ranks(world, files, sizes);
   for (size_t i = 0; i < files.size(); i++) {
-    uint32_t crc = 0;
-    for (int q = 0; q < W; q++) {
-      const int64_t b = sizes[i] * q / W, e = sizes[i] * (q + 1) / W;
-      if (e > b) crc = crc32c_combine(crc, (uint32_t)all[(size_t)q * files.size() + i], (uint64_t)(e - b));
-    }
     const size_t slash = files[i].rfind('/');
     const std::string name = slash == std::string::npos ? files[i] : files[i].substr(slash + 1);
-    id["base model weights " + name] = strformat("%lld bytes, CRC-32C %08x", (long long)sizes[i], crc);
+    id["base model weights " + name] = strformat("%lld bytes, CRC-32C %08x", (long long)sizes[i], crcs[i]);
   }
   int64_t bytes = 0;
   for (int64_t n : sizes) bytes += n;

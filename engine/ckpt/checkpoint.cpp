@@ -70,6 +70,47 @@ uint32_t crc32c_file(const std::string& path, int64_t begin, int64_t end) {
   return crc;
 }
 
+std::vector<uint32_t> crc32c_files_over_ranks(ControlComm& world, const std::vector<std::string>& paths,
+                                              const std::vector<int64_t>& sizes) {
+  const int W = world.size(), me = world.rank();
+  const size_t nf = paths.size();
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  // rank r hashes bytes [total * r / W, total * (r + 1) / W) of the files laid end to end
+  auto share = [&](int r) { return total / W * r + total % W * r / W; };
+  auto piece = [&](int r, int64_t file_begin, int64_t size, int64_t* b, int64_t* e) {
+    *b = std::max(share(r), file_begin) - file_begin;
+    *e = std::min(share(r + 1), file_begin + size) - file_begin;
+    if (*e < *b) *e = *b;
+  };
+  std::vector<int32_t> mine(std::max<size_t>(nf, 1), 0), all(std::max<size_t>(nf, 1) * (size_t)W, 0);
+  std::string err;
+  try {
+    int64_t at = 0;
+    for (size_t i = 0; i < nf; i++) {
+      int64_t b, e;
+      piece(me, at, sizes[i], &b, &e);
+      if (e > b) mine[i] = (int32_t)crc32c_file(paths[i], b, e);
+      at += sizes[i];
+    }
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  agree_or_throw(world, err.empty(), err);
+  world.all_gather(mine.data(), all.data(), (int64_t)mine.size(), DType::i32);
+  std::vector<uint32_t> crcs(nf, 0);
+  int64_t at = 0;
+  for (size_t i = 0; i < nf; i++) {
+    for (int r = 0; r < W; r++) {
+      int64_t b, e;
+      piece(r, at, sizes[i], &b, &e);
+      if (e > b) crcs[i] = crc32c_combine(crcs[i], (uint32_t)all[(size_t)r * mine.size() + i], (uint64_t)(e - b));
+    }
+    at += sizes[i];
+  }
+  return crcs;
+}
+
 // ---- files and directories -------------------------------------------------------------------
 
 namespace {
@@ -241,7 +282,6 @@ void abandon_checkpoint(const std::string& tmp_dir, ControlComm& world) {
 }
 
 std::string commit_checkpoint(const std::string& tmp_dir, ControlComm& world) {
-  const int W = world.size(), me = world.rank();
   size_t tmp_at = tmp_dir.rfind(".tmp-");
   LLMT_CHECK(tmp_at != std::string::npos, "commit_checkpoint: %s is not a temporary checkpoint directory",
              tmp_dir.c_str());
@@ -267,30 +307,10 @@ std::string commit_checkpoint(const std::string& tmp_dir, ControlComm& world) {
   broadcast_string(world, listing, 0);
   json files = json::parse(listing);
   const size_t nf = files.size();
-  int64_t total = 0;
-  for (const json& f : files) total += f[1].get<int64_t>();
-  // rank r hashes bytes [total * r / W, total * (r + 1) / W) of the files laid end to end
-  auto share = [&](int r) { return total / W * r + total % W * r / W; };
-  auto piece = [&](int r, int64_t file_begin, int64_t size, int64_t* b, int64_t* e) {
-    *b = std::max(share(r), file_begin) - file_begin;
-    *e = std::min(share(r + 1), file_begin + size) - file_begin;
-    if (*e < *b) *e = *b;
-  };
-  std::vector<int32_t> mine(std::max<size_t>(nf, 1), 0), all(std::max<size_t>(nf, 1) * (size_t)W, 0);
-  std::string err;
-  try {
-    int64_t at = 0;
-    for (size_t i = 0; i < nf; i++) {
-      int64_t size = files[i][1].get<int64_t>(), b, e;
-      piece(me, at, size, &b, &e);
-      if (e > b) mine[i] = (int32_t)crc32c_file(tmp_dir + "/" + files[i][0].get<std::string>(), b, e);
-      at += size;
-    }
-  } catch (const std::exception& e) {
-    err = e.what();
-  }
-  agree_or_throw(world, err.empty(), err);
-  world.all_gather(mine.data(), all.data(), (int64_t)mine.size(), DType::i32);
+  std::vector<std::string> paths;
+  std::vector<int64_t> sizes;
+  for (const json& f : files) paths.push_back(tmp_dir + "/" + f[0].get<std::string>()), sizes.push_back(f[1].get<int64_t>());
+  const std::vector<uint32_t> crcs = crc32c_files_over_ranks(world, paths, sizes);
 
   // rank 0: combine, fsync, manifest, fsync, rename, fsync
   on_rank0(world, [&] {
@@ -300,17 +320,9 @@ std::string commit_checkpoint(const std::string& tmp_dir, ControlComm& world) {
     m["step"] = step;
     m["checksum"] = "crc32c";
     m["files"] = json::object();
-    int64_t at = 0;
     for (size_t i = 0; i < nf; i++) {
-      int64_t size = files[i][1].get<int64_t>(), b, e;
-      uint32_t crc = 0;
-      for (int r = 0; r < W; r++) {
-        piece(r, at, size, &b, &e);
-        if (e > b) crc = crc32c_combine(crc, (uint32_t)all[(size_t)r * mine.size() + i], (uint64_t)(e - b));
-      }
-      at += size;
       const std::string name = files[i][0].get<std::string>();
-      m["files"][name] = {{"size", size}, {"crc32c", hex32(crc)}};
+      m["files"][name] = {{"size", sizes[i]}, {"crc32c", hex32(crcs[i])}};
       std::string e2 = fsync_path(tmp_dir + "/" + name, false);
       LLMT_CHECK(e2.empty(), "%s", e2.c_str());
     }

@@ -33,6 +33,11 @@ namespace llmt {
 
 // The CRC-32C of a file's bytes [begin, end) (end = -1: to the end); throws naming the file.
 uint32_t crc32c_file(const std::string& path, int64_t begin = 0, int64_t end = -1);
+// The CRC-32C of each whole file, hashed by every rank of `world` together: the files' bytes laid end
+// to end, rank r hashes its share of them, and the pieces are combined. paths and sizes (bytes) the
+// same on every rank; every rank gets the result. Collective; a failure on any rank throws on all.
+std::vector<uint32_t> crc32c_files_over_ranks(ControlComm& world, const std::vector<std::string>& paths,
+                                              const std::vector<int64_t>& sizes);
 
 std::string checkpoint_path(const std::string& output_dir, int64_t step);  // output_dir/checkpoint-<step>
 
