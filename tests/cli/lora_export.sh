@@ -127,11 +127,8 @@ echo "generate: an lm_head copy on a tied base merged at load gives the export's
 grep -q '"tie_word_embeddings": false' "$work/emb_merged/config.json" || fail "the embed_tokens merge is still tied"
 echo "embed_tokens trained on a tied base; its merge is written untied"
 
+peft_check="to load the exports"
 . "$src/tests/cli/peft_python.sh"
-if [ -z "$py" ]; then
-  echo "skipped: no Python with peft, torch and transformers to load the exports"
-  exit 0
-fi
 "$py" - "$ref" "$work" <<'PY' 2> "$work/py.err" || { tail -5 "$work/py.err"; fail "transformers"; }
 import sys, torch
 from safetensors.torch import load_file

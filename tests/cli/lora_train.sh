@@ -82,10 +82,6 @@ cmp -s "$work/base.jsonl" "$work/adapted.jsonl" && fail "the adapter changed not
 echo "generate: the adapter merged at load"
 
 . "$src/tests/cli/peft_python.sh"
-if [ -z "$py" ]; then
-  echo "skipped: no Python with peft, torch and transformers for PeftModel.from_pretrained"
-  exit 0
-fi
 "$py" - "$src/tests/reference/llama_tiny" "$work/out" "$work/adapted.jsonl" <<'PY' 2> "$work/py.err" || { tail -5 "$work/py.err"; fail "PEFT"; }
 import sys, torch
 from transformers import AutoModelForCausalLM
