@@ -15,6 +15,7 @@
 #include "engine/core/json_text.h"
 #include "engine/core/rng.h"
 #include "models/hf_checkpoint.h"
+#include "models/transformer.h"
 
 namespace llmt {
 
@@ -143,7 +144,8 @@ double lora_flops_per_token(const ModelConfig& cfg, const ModelLayout& base, con
   double head_copy = 0.0;
   for (const LoraSavedModule& m : layout.saved)
     if (m.lm_head) head_copy = (double)cfg.vocab_size * cfg.d_model;
-  return 4.0 * (double)base.matmul_numel + 2.0 * head_copy + 6.0 * adapter + 12.0 * cfg.n_layer * cfg.q_dim() * T;
+  return 4.0 * (double)base.matmul_numel + 2.0 * head_copy + 6.0 * adapter +
+         Transformer::attention_flops_per_token(cfg, T);
 }
 
 std::string lora_key(const ModelConfig& cfg, int layer, const Projection& p, bool b) {

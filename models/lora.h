@@ -92,7 +92,7 @@ LoraLayout make_lora_layout(const ModelConfig& cfg, const LoraConfig& lora);
 // FLOPs of one token's training step with the base frozen, by Transformer::flops_per_token's
 // convention: the base's matrix products forward and for dx only (4 N_matmul; its dW products are
 // skipped), an lm_head copy's dW too (+2 V C), each adapter's A and B forward and backward
-// (6 (r in + out r) a projection), and the attention's 12 L q T (q = heads x head_dim).
+// (6 (r in + out r) a projection), and the attention's (Transformer::attention_flops_per_token).
 double lora_flops_per_token(const ModelConfig& cfg, const ModelLayout& base, const LoraConfig& lora,
                             const LoraLayout& layout, int T);
 

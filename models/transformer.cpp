@@ -102,7 +102,17 @@ int64_t Transformer::padded_vocab(const ModelConfig& cfg, int vocab_pad) {
 }
 
 double Transformer::flops_per_token(const ModelConfig& cfg, const ModelLayout& layout, int T) {
-  return 6.0 * (double)layout.matmul_numel + 12.0 * cfg.n_layer * cfg.q_dim() * T;
+  return 6.0 * (double)layout.matmul_numel + attention_flops_per_token(cfg, T);
+}
+
+double Transformer::attention_flops_per_token(const ModelConfig& cfg, int T) {
+  const double t = T, full_pairs = t * (t + 1.0) / 2.0;
+  double keys = 0.0;  // keys a query is counted against, summed over the layers
+  for (int l = 0; l < cfg.n_layer; l++) {
+    const double w = cfg.window(l);
+    keys += w <= 0.0 || w >= t ? t : t * (w * (w + 1.0) / 2.0 + (t - w) * w) / full_pairs;
+  }
+  return 12.0 * cfg.q_dim() * keys;
 }
 
 Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T, bool checkpointing,

@@ -66,10 +66,14 @@ class Transformer {
   static int64_t activation_bytes(const ModelConfig& cfg, int B, int T, bool checkpointing, DType compute,
                                   int vocab_pad, int64_t head_chunk = 0);
   // FLOPs of one token's training step (forward and backward) at sequence length T, by the PaLM
-  // convention (appendix B): 6 * N_matmul + 12 * n_layer * q_dim * T, N_matmul counting every
-  // weight of a matrix product and the LM head once, q_dim = heads x head_dim (d_model unless a
-  // config gives head_dim apart, as Qwen3's).
+  // convention (appendix B): 6 * N_matmul + attention_flops_per_token, N_matmul counting every
+  // weight of a matrix product and the LM head once.
   static double flops_per_token(const ModelConfig& cfg, const ModelLayout& layout, int T);
+  // The attention's share: PaLM's 12 * q_dim * T for each layer of full causal attention (q_dim =
+  // heads x head_dim, d_model unless a config gives head_dim apart, as Qwen3's); a layer with a
+  // sliding window W < T counts T times the fraction of the causal (query, key) pairs its band keeps,
+  // (W (W + 1) / 2 + (T - W) W) / (T (T + 1) / 2), so MFU follows the work the kernels do.
+  static double attention_flops_per_token(const ModelConfig& cfg, int T);
   static constexpr const char* kFlopsConvention = "6*N_matmul + 12*L*d*T per token (PaLM B)";
 
   // Runs the forward pass on tokens[B*T] (host memory); seq_len (<= seq_len(); 0 = all of it) is

@@ -65,8 +65,8 @@ nlohmann::json predict_step(const ModelConfig& cfg, const PlanArgs& a, const Clu
   const double elem_fwd = cfg.arch == Arch::llama ? (10.0 * cfg.d_model + 2.0 * kv + 3.0 * cfg.d_ff) * act
                                                   : (10.0 * cfg.d_model + 2.0 * cfg.d_ff) * act;
   // causal attention: half the PaLM term's FLOPs are computed (masked blocks are skipped); a third of
-  // them in forward
-  const double attn_fwd = 0.5 * 4.0 * cfg.d_model * a.seq_len;  // per token and block: (12 L d T / 3) / L / 2
+  // them in forward; per token and block, the layers' mean (sliding windows count their band)
+  const double attn_fwd = Transformer::attention_flops_per_token(cfg, a.seq_len) / 3.0 / 2.0 / nb;
   // recomputation: full = the block's forward again in backward; selective (torchtitan's op-level
   // policy) = half the matmuls' forward and every elementwise op again, attention kept
   const double re_mm = c.recompute == "full" ? 1.0 : c.recompute == "selective" ? 0.5 : 0.0;

@@ -5,6 +5,7 @@
 #include "models/config.h"
 #include "models/layout.h"
 #include "models/lora.h"
+#include "models/transformer.h"
 #include "tests/test_util.h"
 
 using namespace llmt;
@@ -78,4 +79,24 @@ TEST(Families, LoraTargetsPhi3sFusedProjections) {
   EXPECT_EQ(L.slots[1].proj.out, phi3.mlp_in_dim());
   lc.target_modules = {"q_proj"};
   llmt_test::expect_error([&] { resolve_lora_config(lc, phi3); }, {"q_proj"});
+}
+
+// MFU counts the attention a sliding window computes: a layer whose band keeps a fraction of the
+// causal pairs counts that fraction of PaLM's 12 q T; full layers and windows >= T count all of it.
+TEST(Families, AttentionFlopsFollowTheWindows) {
+  ModelConfig cfg = config_from_preset("llama-7b");
+  const int T = 2048, q = cfg.q_dim();
+  EXPECT_DOUBLE_EQ(Transformer::attention_flops_per_token(cfg, T), 12.0 * cfg.n_layer * q * T);
+  cfg.layer_window.assign((size_t)cfg.n_layer, 0);
+  cfg.layer_window[0] = 4096;  // wider than T: all of it
+  cfg.layer_window[1] = 512;   // 512 keys for the last 1537 queries, 1..512 for the first 512
+  const double pairs = 512.0 * 513.0 / 2.0 + (2048.0 - 512.0) * 512.0, full = 2048.0 * 2049.0 / 2.0;
+  EXPECT_DOUBLE_EQ(Transformer::attention_flops_per_token(cfg, T),
+                   12.0 * q * ((cfg.n_layer - 1) * (double)T + T * pairs / full));
+  // a window of 1 keeps only the diagonal: T of the T (T + 1) / 2 pairs
+  cfg.layer_window.assign((size_t)cfg.n_layer, 1);
+  EXPECT_NEAR(Transformer::attention_flops_per_token(cfg, T), 12.0 * q * cfg.n_layer * 2.0 * T / (T + 1.0), 1e-6);
+  const ModelLayout L = make_layout(cfg);
+  EXPECT_DOUBLE_EQ(Transformer::flops_per_token(cfg, L, T),
+                   6.0 * (double)L.matmul_numel + Transformer::attention_flops_per_token(cfg, T));
 }
