@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "models/hf_checkpoint.h"
 #include "models/transformer.h"
+#include "tests/models/hf_fixture.h"
 #include "tests/test_util.h"
 #include "tests/tolerances.h"
 
@@ -24,38 +25,12 @@ using llmt_test::to_host;
 namespace {
 
 namespace tol = llmt_test::tol;
-const float kLr = 1e-2f;  // the fixture's AdamW: lr 1e-2, weight decay 0.1, 3 steps
-const int kSteps = 3;
-
-std::vector<float> read_all(const SafetensorsFile& f, const std::string& name) {
-  const StTensor* t = f.find(name);
-  EXPECT_TRUE(t) << "fixture lacks " << name;
-  if (!t) return {};
-  std::vector<float> v((size_t)t->numel());
-  f.read_f32(*t, v.data());
-  return v;
-}
-
-std::vector<int32_t> read_ids(const SafetensorsFile& f, const std::string& name) {
-  const StTensor* t = f.find(name);
-  EXPECT_TRUE(t && t->dtype == "I32");
-  std::vector<int32_t> v((size_t)t->numel());
-  std::memcpy(v.data(), f.data(*t), v.size() * 4);
-  return v;
-}
-
-// A unit's tensor in Hugging Face layout (transposed back for Conv1D weights).
-std::vector<float> hf_view(const float* unit, const ParamSpec& p) {
-  std::vector<float> out((size_t)p.numel());
-  if (!p.hf_transposed) {
-    std::copy(unit + p.offset, unit + p.offset + p.numel(), out.begin());
-  } else {
-    int64_t rows = p.shape[0], cols = p.shape[1];
-    for (int64_t r = 0; r < rows; r++)
-      for (int64_t c = 0; c < cols; c++) out[(size_t)(c * rows + r)] = unit[p.offset + r * cols + c];
-  }
-  return out;
-}
+const float kLr = llmt_test::kFixtureLr;
+const int kSteps = llmt_test::kFixtureSteps;
+using llmt_test::hf_view;
+using llmt_test::Limits;
+using llmt_test::limits_for;
+using llmt_test::read_all;
 
 // The model's logits as host floats, [rows, V]: the padding of each row (logits_stride) dropped.
 std::vector<float> logits_to_host(Backend& be, const Transformer& model) {
@@ -65,16 +40,6 @@ std::vector<float> logits_to_host(Backend& be, const Transformer& model) {
   for (int64_t r = 0; r < rows; r++)
     std::copy(padded.begin() + r * stride, padded.begin() + r * stride + V, out.begin() + r * V);
   return out;
-}
-
-// The limits for one precision: fp32 against fp32, or bf16 against bf16 autocast.
-struct Limits {
-  double logits, loss, grad;
-  double unit;  // for the weights' rounding in the Adam bound
-};
-Limits limits_for(DType t) {
-  if (t == DType::f32) return {tol::kF32Logits, tol::kF32Loss, tol::kF32Grad, tol::kUnitF32};
-  return {tol::kBf16ModelLogits, tol::kBf16ModelLoss, tol::kBf16ModelGrad, tol::kUnitF32};
 }
 
 // In bf16, llmt's distance from the fp32 reference against transformers autocast's own distance
@@ -103,18 +68,9 @@ void check_model(const std::string& name, DType compute, const std::string& devi
   const Limits lim = limits_for(compute);
   const bool margins = std::getenv("LLMT_TEST_MARGINS") != nullptr;
   const std::string tag = device + " " + name + (compute == DType::f32 ? " f32" : " bf16");
-  std::vector<int32_t> ids = read_ids(ref32, "input_ids"), labels = read_ids(ref32, "labels");
-  const StTensor* ids_t = ref32.find("input_ids");
-  const int B = (int)ids_t->shape[0], T = (int)ids_t->shape[1];
-
-  // Hugging Face shifts labels inside the model: position t predicts labels[t + 1].
-  std::vector<int32_t> targets(ids.size(), kIgnoreIndex);
-  int n_valid = 0;
-  for (int b = 0; b < B; b++)
-    for (int t = 0; t + 1 < T; t++) {
-      targets[b * T + t] = labels[b * T + t + 1];
-      n_valid += targets[b * T + t] != kIgnoreIndex;
-    }
+  const llmt_test::HfBatch batch = llmt_test::read_hf_batch(ref32);
+  const std::vector<int32_t>&ids = batch.ids, &targets = batch.targets;
+  const int B = batch.B, T = batch.T, n_valid = batch.n_valid;
 
   // one process, unsharded: the trainer's store with a shard group of one
   std::unique_ptr<Backend> be = device == "cpu" ? make_cpu_backend(2, compute) : make_cuda_backend(0, compute, false);
@@ -178,7 +134,7 @@ void check_model(const std::string& name, DType compute, const std::string& devi
   // 3 AdamW steps on the same batch, lr 1e-2, weight decay 0.1 except biases and norm weights
   std::vector<float> losses = read_all(ref, "losses");
   AdamWConfig oc;
-  oc.weight_decay = 0.1f;
+  oc.weight_decay = llmt_test::kFixtureWeightDecay;
   for (int step = 0; step < kSteps; step++) {
     store.zero_grads();
     model.forward(store, ids.data(), targets.data(), 0, loss.tensor(), &pass);
@@ -291,12 +247,9 @@ TEST(HfReference, Gpt2UntiedHeadFromTheTiedFixture) {
   ASSERT_TRUE(ckpt.find("lm_head.weight", nullptr)) << "the export dropped lm_head.weight";
 
   SafetensorsFile ref(src + "/reference.safetensors");
-  std::vector<int32_t> ids = read_ids(ref, "input_ids"), labels = read_ids(ref, "labels");
-  const int B = (int)ref.find("input_ids")->shape[0], T = (int)ref.find("input_ids")->shape[1];
-  std::vector<int32_t> targets(ids.size(), kIgnoreIndex);
-  int n_valid = 0;
-  for (int b = 0; b < B; b++)
-    for (int t = 0; t + 1 < T; t++) n_valid += (targets[b * T + t] = labels[b * T + t + 1]) != kIgnoreIndex;
+  const llmt_test::HfBatch batch = llmt_test::read_hf_batch(ref);
+  const std::vector<int32_t>&ids = batch.ids, &targets = batch.targets;
+  const int B = batch.B, T = batch.T, n_valid = batch.n_valid;
   std::unique_ptr<Backend> be = make_cpu_backend(2, DType::f32);
   Transformer model(cfg, *be, B, T);
   const ModelLayout& L = model.layout();

@@ -3,7 +3,8 @@
 // step and the final parameters of a single process training on the whole global batch at once:
 // in fp32, in bf16 (--bf16, gradients reduced in f32 or bf16), and with dropout (the masks depend on
 // the sequence, not the split). Bounds: tests/tolerances.h (sums grouped differently round
-// differently, nothing more). And the bytes each rank sends per step equal llmt plan's.
+// differently, nothing more). And the bytes each rank sends per step equal llmt plan's. And each
+// family's transformers fixture, trained sharded at 1 and 2 ranks, gives transformers' losses and weights.
 // With LLMT_TEST_DEVICE=cuda the sharded runs use the CUDA backend (the SIMT emulator in ctest),
 // their collectives staged through host memory, against the same single-process CPU reference.
 #include <gtest/gtest.h>
@@ -18,7 +19,9 @@
 #include "engine/fsdp/staged_comm.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "models/hf_checkpoint.h"
 #include "models/transformer.h"
+#include "tests/models/hf_fixture.h"
 #include "tests/mpi/test_comm.h"
 #include "tests/mpi/tiny_models.h"
 #include "tests/test_util.h"
@@ -167,6 +170,68 @@ void check_family(Arch arch, Precision prec = {}, float dropout = 0.0f, bool lla
               family + "gradient checkpointing, full_shard", prec);
 }
 
+// A family's transformers fixture (tests/reference/README.md) trained sharded as `llmt train` does:
+// its two sequences one a rank at 2 ranks, as two micro-batches at 1, full_shard, the Trainer's
+// AdamW (lr 1e-2, weight decay 0.1 but for biases and norms, no clipping): the loss before each of
+// the 3 steps and every weight after them as transformers gives them, in fp32 and in bf16 against
+// autocast (limits: tests/models/hf_fixture.h, as the single-process comparison's).
+void check_fixture_sharded(const std::string& name, DType compute) {
+  namespace lt = llmt_test;
+  const std::string dir = lt::reference_dir() + "/" + name;
+  const ModelConfig cfg = config_from_json_file(dir + "/config.json");
+  SafetensorsFile ref32(dir + "/reference.safetensors");
+  SafetensorsFile ref(dir + (compute == DType::f32 ? "/reference.safetensors" : "/reference_bf16.safetensors"));
+  const lt::HfBatch batch = lt::read_hf_batch(ref32);
+  const lt::Limits lim = lt::limits_for(compute);
+  const int W = g_world->size(), r = g_world->rank(), accum = batch.B / W;
+  const std::string tag = name + (compute == DType::f32 ? " f32" : " bf16") + " W=" + std::to_string(W);
+  ASSERT_EQ(batch.B, 2) << tag;
+
+  std::unique_ptr<Backend> be = make_cpu_backend(1, compute);
+  Transformer model(cfg, *be, 1, batch.T);
+  const ModelLayout& L = model.layout();
+  std::unique_ptr<DataComm> data = make_test_data_comm(*g_world, *be);
+  FsdpStore store(*be, L, Strategy::full_shard, *data, g_local_size);
+  SafetensorsCheckpoint ckpt(dir);
+  std::vector<float> host;
+  for (size_t u = 0; u < L.units.size(); u++) {
+    host.resize((size_t)L.units[u].numel);
+    load_hf_unit(ckpt, cfg, L, (int)u, host.data());
+    store.set_unit((int)u, host.data());
+  }
+  const std::vector<float> losses = lt::read_all(ref, "losses");
+  ASSERT_GE(losses.size(), (size_t)lt::kFixtureSteps) << tag;
+  StepScalars scalars(*be);
+  for (int step = 0; step < lt::kFixtureSteps; step++) {
+    std::vector<MicroBatch> micro;
+    for (int m = 0; m < accum; m++) {
+      const int64_t seq = (int64_t)m * W + r;
+      micro.push_back({batch.ids.data() + seq * batch.T, batch.targets.data() + seq * batch.T, batch.T, seq});
+    }
+    StepSettings ss;
+    ss.lr = lt::kFixtureLr;
+    ss.adamw.weight_decay = lt::kFixtureWeightDecay;
+    ss.max_grad_norm = 0.0;
+    ss.step = step;
+    const StepResult res = train_step(model, store, *g_world, *data, scalars, micro, ss);
+    EXPECT_NEAR(res.loss, losses[(size_t)step], lim.loss * std::fabs(losses[(size_t)step])) << tag << " loss before step "
+                                                                                             << step + 1;
+  }
+  for (size_t u = 0; u < L.units.size(); u++) {
+    host.resize((size_t)L.units[u].numel);
+    store.get_unit((int)u, host.data());
+    for (const ParamSpec& p : L.units[u].params) {
+      const std::vector<float> w = lt::hf_view(host.data(), p), want = lt::read_all(ref, "step3." + p.hf_name),
+                               g0 = lt::read_all(ref, "grad." + p.hf_name);
+      ASSERT_EQ(w.size(), want.size()) << tag << " " << p.hf_name;
+      EXPECT_EQ(tol::check_adam_params(w.data(), want.data(), g0.data(), p.numel(), lim.grad, lt::kFixtureLr,
+                                       lt::kFixtureSteps, lim.unit),
+                "")
+          << tag << " after " << lt::kFixtureSteps << " steps: " << p.hf_name;
+    }
+  }
+}
+
 }  // namespace
 
 TEST(FsdpEquivalence, Gpt2AllStrategies) { check_family(Arch::gpt2); }
@@ -185,6 +250,16 @@ TEST(FsdpEquivalence, Gpt2Bf16Dropout) { check_family(Arch::gpt2, {DType::bf16, 
 // Bytes each rank sends in the first step (the store's collectives and the step's loss and norm)
 // against llmt plan's prediction, for every strategy in both compute and reduce precisions: bf16
 // gathers move half the bytes. The gathered buffers' measured peak stays within the plan's bound.
+// Every family llmt reads, sharded, against transformers (the fixture's batch is two sequences: 1 or
+// 2 ranks; the single-process comparison with more detail is tests/models/test_hf_reference.cpp).
+TEST(FsdpEquivalence, TransformersFixturesSharded) {
+  if (g_world->size() > 2) GTEST_SKIP() << "the fixtures' batch holds two sequences: 1 or 2 ranks";
+  if (g_device != "cpu") GTEST_SKIP() << "CPU only: the emulated CUDA backend's fixtures run in HfReferenceCuda";
+  for (const char* name : {"gpt2_tiny", "llama_tiny", "llama_tied_tiny", "llama31_tiny", "llama_bias_tiny",
+                           "mistral_tiny", "qwen2_tiny", "qwen2_window_tiny", "qwen3_tiny", "phi3_tiny"})
+    for (DType compute : {DType::f32, DType::bf16}) check_fixture_sharded(name, compute);
+}
+
 TEST(FsdpEquivalence, CommBytesEqualThePlan) {
   ModelConfig cfg = tiny_model(Arch::gpt2);
   const int W = g_world->size();
