@@ -4,7 +4,8 @@
 //   whose merges are every split of every piece into two pieces ranked by the merged piece's id, byte
 //   fallback), or the one of transformers 4's legacy tokenizer.json (kScoreMerges, the default: Prepend
 //   "▁" + Replace normalizer, merges ranked by piece score; the sentencepiece library's ids on LLaMA-2).
-// - tokenizer.json: the pipeline the file describes (legacy Prepend+Replace normalizer or Metaspace).
+// - tokenizer.json: the pipeline the file describes (legacy Prepend+Replace normalizer or Metaspace;
+//   Gemma's Replace normalizer with Split(" ", MergedWithPrevious) and no "▁" put in front).
 // Encoding: special tokens in the raw text are split out first; each remaining segment is normalized,
 // "▁"-prefixed and BPE-merged as one word (lowest merge rank first, leftmost on ties). Decoding runs the
 // decoder steps (LLaMA: Replace "▁"->" ", ByteFallback, Fuse, Strip one leading space).
@@ -161,6 +162,7 @@ class SentencePieceBpe final : public Tokenizer {
   std::string replacement = kMetaspace;
   Prepend prepend = kPrependFirst;
   bool split = false;                               // Metaspace split: one word per "▁"
+  bool split_after_space = false;                   // Split(" ", MergedWithPrevious) (Gemma): words end at " "
   bool has_decoder = true;
   std::vector<DecoderStep> decoder;
   int32_t bos = -1, eos = -1;
@@ -315,6 +317,15 @@ class SentencePieceBpe final : public Tokenizer {
   // Metaspace: spaces become "▁", a "▁" is prepended (scheme), optionally split before each "▁".
   void pretokenize(std::string_view seg, bool at_start, Scratch* s, std::vector<int32_t>* out) const {
     if (seg.empty()) return;
+    if (split_after_space) {  // each word runs up to and including a " " (after Gemma's normalizer, none is left)
+      size_t begin = 0;
+      for (size_t at = seg.find(' '); at != std::string_view::npos; at = seg.find(' ', begin)) {
+        bpe(seg.substr(begin, at + 1 - begin), s, out);
+        begin = at + 1;
+      }
+      if (begin < seg.size()) bpe(seg.substr(begin), s, out);
+      return;
+    }
     if (!metaspace) {
       bpe(seg, s, out);
       return;
@@ -812,15 +823,27 @@ void parse_pre_tokenizer(const JsonCtx& c, const nlohmann::json& pt, const std::
   if (t == "Sequence") {
     const nlohmann::json& list = c.member(pt, "pretokenizers", where);
     if (!list.is_array()) c.bad(where + ".pretokenizers", "expected an array");
-    if (list.size() > 1) c.bad(where, "expected at most one pre-tokenizer (Metaspace)");
+    if (list.size() > 1) c.bad(where, "expected at most one pre-tokenizer (Metaspace, or Gemma's Split)");
     for (size_t i = 0; i < list.size(); i++) parse_pre_tokenizer(c, list[i], where + ".pretokenizers[0]", tk);
+  } else if (t == "Split") {
+    // Gemma's: Split(" ", MergedWithPrevious, invert false), the only Split a SentencePiece-style file has
+    const nlohmann::json& pat = c.member(pt, "pattern", where);
+    const std::string behavior = c.str(pt, "behavior", where);
+    if (!pat.is_object() || !pat.contains("String") || !pat["String"].is_string() || pat["String"] != " " ||
+        behavior != "MergedWithPrevious" || c.flag(pt, "invert", false, where)) {
+      c.bad(where, "unsupported Split pre-tokenizer (pattern " + clip_for_message(pat.dump()) + ", behavior \"" +
+                       behavior + "\"): a SentencePiece-style tokenizer.json may split only as Gemma's does, "
+                       "{\"String\": \" \"} with behavior \"MergedWithPrevious\" and invert false");
+    }
+    tk->split_after_space = true;
   } else if (t == "Metaspace") {
     tk->metaspace = true;
     tk->replacement = one_char(c, pt, "replacement", where);
     tk->prepend = prepend_scheme(c, pt, where);
     tk->split = c.flag(pt, "split", true, where);
   } else {
-    c.bad(where, "unsupported pre_tokenizer type \"" + t + "\" (a SentencePiece tokenizer.json has Metaspace or none)");
+    c.bad(where, "unsupported pre_tokenizer type \"" + t + "\" (a SentencePiece tokenizer.json has Metaspace, "
+          "Gemma's Split(\" \", MergedWithPrevious), or none)");
   }
 }
 

@@ -1,4 +1,4 @@
-// SentencePiece BPE tokenizers (LLaMA-1/2): from a `tokenizer.model` protobuf (ModelProto) or
+// SentencePiece BPE tokenizers (LLaMA-1/2, Mistral, Gemma): from a `tokenizer.model` protobuf (ModelProto) or
 // from the LLaMA-style tokenizer.json Hugging Face writes for it. Encodes and decodes exactly as
 // transformers' LlamaTokenizerFast does for the flavor chosen (see docs/tokenizers.md, "SentencePiece").
 #pragma once
@@ -30,7 +30,8 @@ std::unique_ptr<Tokenizer> load_sentencepiece_model(const std::string& path, Sen
 std::unique_ptr<Tokenizer> load_sentencepiece_model(const std::string& path);
 
 // A LLaMA-style tokenizer.json (model.type "BPE" with byte_fallback, "▁" normalizer or Metaspace
-// pre-tokenizer). `path` names the file in error messages.
+// pre-tokenizer; Gemma's: Replace(" ", "▁") normalizer, Split(" ", MergedWithPrevious) or no pre-tokenizer).
+// `path` names the file in error messages.
 std::unique_ptr<Tokenizer> load_sentencepiece_json(const nlohmann::json& tokenizer_json,
                                                    const std::string& path);
 

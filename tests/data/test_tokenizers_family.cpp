@@ -1,4 +1,4 @@
-// The tokenizers of Llama 3.x, Qwen2/Qwen2.5 and Mistral checkpoints, exact to Hugging Face's
+// The tokenizers of Llama 3.x, Qwen2/Qwen2.5, Qwen3, Mistral and Gemma 2/3 checkpoints, exact to Hugging Face's
 // AutoTokenizer: tiny vocabularies in those families' file layouts (tests/reference/tokenizers_family/,
 // made by tests/reference/make_family_tokenizers.py), their BOS/EOS as tokenizer_config.json sets them,
 // hard strings, and the shared corpora (skipped when the shared data folder is absent).
@@ -6,11 +6,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "data/bpe_bytelevel.h"
 #include "data/tokenizer.h"
+#include "engine/core/error.h"
 #include "tests/data/tokenizer_corpus.h"
 #include "tests/test_util.h"
 
@@ -65,6 +67,11 @@ TEST_P(Family, HardStringsMatchAutoTokenizer) {
     if (decoded != rec["decoded"].get<std::string>() && mismatches++ < 5)
       ADD_FAILURE() << "decode of " << rec["ids"].dump() << "\n  llmt     " << json(decoded).dump()
                     << "\n  expected " << rec["decoded"].dump();
+    if (!rec.contains("decoded_skip_special")) continue;  // the family's own strings with its special tokens
+    std::string skipped = t->decode(rec["ids"].get<Ids>(), /*skip_special=*/true);
+    if (skipped != rec["decoded_skip_special"].get<std::string>() && mismatches++ < 5)
+      ADD_FAILURE() << "decode skipping specials of " << rec["ids"].dump() << "\n  llmt     " << json(skipped).dump()
+                    << "\n  expected " << rec["decoded_skip_special"].dump();
   }
   EXPECT_EQ(mismatches, 0);
 }
@@ -97,7 +104,7 @@ TEST_P(Family, CorporaMatchAutoTokenizer) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizers, Family, ::testing::Values("llama3", "qwen2", "mistral"));
+INSTANTIATE_TEST_SUITE_P(Tokenizers, Family, ::testing::Values("llama3", "qwen2", "mistral", "qwen3", "gemma"));
 
 // Mistral ships tokenizer.model beside tokenizer.json; the .model alone tokenizes as the
 // sentencepiece library does (the two differ only around leading and repeated spaces).
@@ -116,6 +123,89 @@ TEST(FamilyMistral, TokenizerModelIsSentencepieces) {
   }
   EXPECT_EQ(mismatches, 0);
   EXPECT_GT(differ_from_json, 0);  // the fixture does tell the two apart
+}
+
+// Gemma ships tokenizer.model too (no dummy prefix, <pad> <eos> <bos> <unk> = 0 1 2 3). Alone it tokenizes
+// as the sentencepiece library, except that control pieces written in the text (<bos>, <eos>, <pad>, <unk>,
+// <mask>) become their ids, as in Hugging Face (docs/tokenizers.md); without a dummy prefix that is also
+// the only place where the library and tokenizer.json differ.
+TEST(FamilyGemma, TokenizerModelIsSentencepieces) {
+  const json& fx = cases()["families"]["gemma"];
+  auto t = load_tokenizer(family_dir("gemma") + "/tokenizer.model");
+  EXPECT_EQ(t->bos_id(), 2);
+  EXPECT_EQ(t->eos_id(), 1);
+  EXPECT_TRUE(t->adds_bos());
+  EXPECT_FALSE(t->adds_eos());
+  int mismatches = 0, with_control = 0;
+  for (const json& rec : fx["hard"]) {
+    const std::string text = rec["text"];
+    bool control = false;
+    for (const char* piece : {"<bos>", "<eos>", "<pad>", "<unk>", "<mask>"})
+      control = control || text.find(piece) != std::string::npos;
+    with_control += control;
+    const json& want = control ? rec["ids"] : rec["sentencepiece"];
+    Ids ids = t->encode(text);
+    if (ids != want.get<Ids>() && mismatches++ < 5)
+      ADD_FAILURE() << rec["text"].dump() << "\n  llmt     " << ids_str(ids) << "\n  expected " << want.dump();
+    if (!control && rec["ids"] != rec["sentencepiece"] && mismatches++ < 5)
+      ADD_FAILURE() << rec["text"].dump() << ": tokenizer.json and the sentencepiece library differ";
+    std::string decoded = t->decode(rec["ids"].get<Ids>());  // the same decoder as tokenizer.json's
+    if (decoded != rec["decoded"].get<std::string>() && mismatches++ < 5)
+      ADD_FAILURE() << "decode of " << rec["ids"].dump() << "\n  llmt     " << json(decoded).dump();
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_GT(with_control, 0);  // the fixture has such strings, where the library's ids differ
+}
+
+// Gemma's tokenizer.json edited, against tokenizers: without the pre-tokenizer (as transformers 4 converted
+// Gemma's) the ids are the file's; without the normalizer, spaces stay (as <0x20> bytes); and with "▁"
+// written as " " in every piece and merge, the Split (a word ends after each space) keeps " x" pieces
+// from forming: there the fixture's ids differ from those without the Split (make_family_tokenizers.py).
+TEST(FamilyGemma, SplitPreTokenizerIsTokenizers) {
+  const json& fx = cases()["families"]["gemma"];
+  const json file = json::parse(llmt_test::slurp(family_dir("gemma") + "/tokenizer.json"));
+  llmt_test::TempDir tmp("family_gemma_split");
+  auto spaced = [](const std::string& piece) {
+    std::string out = piece;
+    for (size_t at; (at = out.find("\xe2\x96\x81")) != std::string::npos;) out.replace(at, 3, " ");
+    return out;
+  };
+  for (const std::string variant : {"pre_tokenizer_null", "normalizer_null", "spaces_in_pieces"}) {
+    SCOPED_TRACE(variant);
+    json edited = file;
+    edited[variant == "pre_tokenizer_null" ? "pre_tokenizer" : "normalizer"] = nullptr;
+    if (variant == "spaces_in_pieces") {
+      json vocab = json::object(), merges = json::array();
+      for (auto it = file["model"]["vocab"].begin(); it != file["model"]["vocab"].end(); ++it)
+        vocab[spaced(it.key())] = it.value();
+      for (const json& m : file["model"]["merges"]) merges.push_back({spaced(m[0]), spaced(m[1])});
+      edited["model"]["vocab"] = vocab;
+      edited["model"]["merges"] = merges;
+    }
+    const std::string path = tmp.path + "/" + variant + ".json";
+    std::ofstream(path) << edited.dump();
+    auto t = load_tokenizer(path);
+    int same_as_file = 0;
+    for (const json& rec : fx["variants"][variant]) {
+      Ids ids = t->encode(rec["text"].get<std::string>());
+      EXPECT_EQ(ids_str(ids), rec["ids"].dump()) << rec["text"].dump();
+      for (const json& h : fx["hard"])
+        if (h["text"] == rec["text"]) same_as_file += h["ids"] == rec["ids"];
+    }
+    if (variant == "pre_tokenizer_null") EXPECT_EQ(same_as_file, 8);
+    else EXPECT_LT(same_as_file, 5);  // the variant does tokenize differently
+  }
+  // any other Split is refused, naming what is read
+  json other = file;
+  other["pre_tokenizer"]["behavior"] = "Isolated";
+  std::ofstream(tmp.path + "/isolated.json") << other.dump();
+  try {
+    load_tokenizer(tmp.path + "/isolated.json");
+    ADD_FAILURE() << "a Split with behavior Isolated was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unsupported Split pre-tokenizer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("MergedWithPrevious"), std::string::npos) << e.what();
+  }
 }
 
 // Instruct checkpoints name another EOS in tokenizer_config.json: Alpaca targets end in it.
@@ -139,4 +229,27 @@ TEST(FamilyConfig, InstructEosAndAddFlagsComeFromTokenizerConfig) {
   ASSERT_FALSE(with.empty());
   EXPECT_NE(with.front(), 1);
   EXPECT_EQ(with.back(), 2);
+}
+
+// Qwen3: the fixture is the post-trained checkpoint's (eos <|im_end|>); -Base ones name <|endoftext|>.
+// Gemma's instruct checkpoints stop at <end_of_turn> (generation_config.json) while tokenizer_config.json
+// keeps <eos>; one that names <end_of_turn> gets its id.
+TEST(FamilyConfig, Qwen3AndGemmaEosComeFromTokenizerConfig) {
+  auto qwen3 = load_tokenizer(family_dir("qwen3"));
+  EXPECT_EQ(qwen3->eos_id(), 1002);  // <|im_end|>, 151645 in the real vocabulary
+  EXPECT_EQ(qwen3->bos_id(), -1);
+  EXPECT_FALSE(qwen3->adds_bos());
+  EXPECT_FALSE(qwen3->adds_eos());
+  llmt_test::TempDir base_dir("family_qwen3_base"), gemma_dir("family_gemma_it");
+  auto base = load_tokenizer(with_config(base_dir, "qwen3", R"({"bos_token": null, "eos_token": "<|endoftext|>",
+      "tokenizer_class": "Qwen2Tokenizer"})"));
+  EXPECT_EQ(base->eos_id(), 1000);
+  auto gemma = load_tokenizer(with_config(gemma_dir, "gemma", R"({"add_bos_token": true, "add_eos_token": true,
+      "bos_token": "<bos>", "eos_token": "<end_of_turn>", "tokenizer_class": "GemmaTokenizer"})"));
+  EXPECT_EQ(gemma->bos_id(), 2);
+  EXPECT_EQ(gemma->eos_id(), 6);  // <end_of_turn>, 107 in Gemma 2, 106 in Gemma 3
+  Ids with = gemma->encode_with_specials("Hello");
+  ASSERT_GE(with.size(), 3u);
+  EXPECT_EQ(with.front(), 2);
+  EXPECT_EQ(with.back(), 6);
 }
