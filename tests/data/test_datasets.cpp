@@ -679,7 +679,7 @@ TEST(TokenCache, SeveralProcessesWriteOnce) {
 namespace {
 
 // gpt2, llama2: the real tokenizers of the shared data folder (nullptr without it); llama3, qwen2,
-// mistral: the tiny ones in those families' layouts (tests/reference/make_family_tokenizers.py). The
+// mistral, qwen3, gemma: the tiny ones in those families' layouts (tests/reference/make_family_tokenizers.py). The
 // corpora come from the shared data folder either way: the tests skip without it.
 std::unique_ptr<Tokenizer> real_tokenizer(const std::string& name) {
   const std::string data = llmt_test::shared_data_dir();
@@ -774,7 +774,8 @@ TEST_P(Reference, AlpacaAsStanfordWithSeparateTargets) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizers, Reference, ::testing::Values("gpt2", "llama2", "llama3", "qwen2", "mistral"));
+INSTANTIATE_TEST_SUITE_P(Tokenizers, Reference,
+                         ::testing::Values("gpt2", "llama2", "llama3", "qwen2", "mistral", "qwen3", "gemma"));
 
 // Issue 23: Alpaca examples are tokenized only up to model_max_length (encode_prefix). The result must
 // be what the whole encoding cut there gives, for every record and cut: the former algorithm, written

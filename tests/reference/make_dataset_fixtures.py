@@ -16,10 +16,12 @@ make_sentencepiece_fixtures.py builds its score_merges form; BOS added, no EOS. 
 against that script's score_merges hashes and compared with the sentencepiece library's (printed, and
 recorded under "sentencepiece" in the llama2 fixtures).
 
-llama3, qwen2 and mistral are the tiny tokenizers in those families' layouts that
+llama3, qwen2, mistral, qwen3 and gemma are the tiny tokenizers in those families' layouts that
 make_family_tokenizers.py writes to tests/reference/tokenizers_family/ (run it first), loaded with
 AutoTokenizer.from_pretrained: Llama 3 adds <|begin_of_text|> and its Alpaca targets end in
-<|end_of_text|>; Qwen2 adds nothing and ends them in <|endoftext|>; Mistral as LLaMA-2 (<s>, </s>).
+<|end_of_text|>; Qwen2 adds nothing and ends them in <|endoftext|>; Qwen3 (the post-trained
+checkpoints' tokenizer_config.json) in <|im_end|>; Mistral as LLaMA-2 (<s>, </s>); Gemma adds <bos> and
+ends them in <eos>. --only NAME[,NAME] writes those tokenizers' fixtures alone.
 """
 import argparse
 import json
@@ -38,6 +40,7 @@ from transformers.tokenization_utils_base import generate_merges
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "datasets")
 SP_FIXTURES = os.path.join(HERE, "tokenizers_sp")  # written by make_sentencepiece_fixtures.py
+FAMILIES = ("llama3", "qwen2", "mistral", "qwen3", "gemma")  # tokenizers_family/, make_family_tokenizers.py
 
 # ---- tokenizers, as the real checkpoints configure them ----
 
@@ -92,19 +95,31 @@ def llama2_score_merges(data):
     return llama
 
 
-def load_tokenizers(data):
-    gpt2 = GPT2TokenizerFast.from_pretrained(os.path.join(data, "tokenizers/gpt2"))  # vocab.json + merges.txt
-    llama = llama2_score_merges(data)
-    assert llama("Hello world!").input_ids == [1, 15043, 3186, 29991], llama("Hello world!").input_ids
-    assert (llama.bos_token_id, llama.eos_token_id, llama.unk_token_id) == (1, 2, 0)
-    assert llama("a").input_ids[0] == 1 and llama("a").input_ids[-1] != 2  # BOS added, no EOS
-    assert gpt2("Hello world").input_ids == [15496, 995]
-    toks = {"gpt2": gpt2, "llama2": llama}
-    # the tiny Llama 3 / Qwen2 / Mistral tokenizers of make_family_tokenizers.py, as AutoTokenizer loads them
-    for name in ("llama3", "qwen2", "mistral"):
-        toks[name] = AutoTokenizer.from_pretrained(os.path.join(HERE, "tokenizers_family", name))
-    assert toks["llama3"]("a").input_ids[0] == toks["llama3"].bos_token_id == 1000  # <|begin_of_text|>
-    assert toks["qwen2"].bos_token_id is None and toks["qwen2"].eos_token == "<|endoftext|>"
+def load_tokenizers(data, only):
+    toks = {}
+    if "gpt2" in only:
+        gpt2 = GPT2TokenizerFast.from_pretrained(os.path.join(data, "tokenizers/gpt2"))  # vocab.json + merges.txt
+        assert gpt2("Hello world").input_ids == [15496, 995]
+        toks["gpt2"] = gpt2
+    if "llama2" in only:
+        llama = llama2_score_merges(data)
+        assert llama("Hello world!").input_ids == [1, 15043, 3186, 29991], llama("Hello world!").input_ids
+        assert (llama.bos_token_id, llama.eos_token_id, llama.unk_token_id) == (1, 2, 0)
+        assert llama("a").input_ids[0] == 1 and llama("a").input_ids[-1] != 2  # BOS added, no EOS
+        toks["llama2"] = llama
+    # the tiny Llama 3 / Qwen2 / Mistral / Qwen3 / Gemma tokenizers of make_family_tokenizers.py, as
+    # AutoTokenizer loads them
+    for name in FAMILIES:
+        if name in only:
+            toks[name] = AutoTokenizer.from_pretrained(os.path.join(HERE, "tokenizers_family", name))
+    checks = {
+        "llama3": lambda t: t("a").input_ids[0] == t.bos_token_id == 1000,  # <|begin_of_text|>
+        "qwen2": lambda t: t.bos_token_id is None and t.eos_token == "<|endoftext|>",
+        "qwen3": lambda t: t.bos_token_id is None and t.eos_token == "<|im_end|>",
+        "gemma": lambda t: t("a").input_ids[0] == t.bos_token_id == 2 and t.eos_token_id == 1,  # <bos>, <eos>
+    }
+    for name, ok in checks.items():
+        assert name not in toks or ok(toks[name]), f"{name}: not the family's BOS/EOS"
     return toks
 
 
@@ -274,10 +289,15 @@ def write(name, obj):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=os.path.join(HERE, "../../../shared/data"))
+    ap.add_argument("--only", default="", help="comma-separated tokenizer names (default: all)")
     args = ap.parse_args()
     data = os.path.abspath(args.data)
     os.makedirs(OUT, exist_ok=True)
-    toks = load_tokenizers(data)
+    names = ("gpt2", "llama2") + FAMILIES
+    only = args.only.split(",") if args.only else names
+    unknown = set(only) - set(names)
+    assert not unknown, f"--only: unknown tokenizers {sorted(unknown)} (known: {', '.join(names)})"
+    toks = load_tokenizers(data, only)
     made_with = {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
     sp = spm.SentencePieceProcessor(model_file=os.path.join(data, "tokenizers/llama2/tokenizer.model"))
     sp_made_with = dict(made_with, sentencepiece=spm.__version__)
