@@ -352,6 +352,14 @@ void need_doc_count(const Backend& be, const char* op, const PackedDocs& docs, i
 }
 
 // a sliding window of 0 (none) or more keys
+// The spec's rotated channels: even, within the head, and (longrope) one factor for each pair.
+void need_rope(const Backend& be, const char* op, const RopeSpec& r, int hs) {
+  const int d = rope_dim(r, hs);
+  LLMT_CHECK(r.rotary_dim >= 0 && d <= hs && d % 2 == 0 && d > 0, "%s %s: rotary_dim %d for a head of %d, expected an "
+             "even count of at most the head size (0: all)", be.name().c_str(), op, r.rotary_dim, hs);
+  LLMT_CHECK(r.scaling != RopeSpec::longrope || d / 2 <= RopeSpec::kMaxFactors, "%s %s: longrope over %d channels "
+             "needs %d factors, at most %d are held", be.name().c_str(), op, d, d / 2, RopeSpec::kMaxFactors);
+}
 void need_window(const Backend& be, const char* op, int window) {
   LLMT_CHECK(window >= 0, "%s %s: sliding window of %d keys, expected 0 (none) or more", be.name().c_str(), op,
              window);
@@ -364,6 +372,7 @@ void Backend::rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, co
   const char* op = "rope_forward";
   need_heads(*this, op, B, T, NH, NKV, hs);
   LLMT_CHECK(hs % 2 == 0, "%s rope_forward: head size %d is odd", name().c_str(), hs);
+  need_rope(*this, op, rope, hs);
   need_act(op, "qkv", qkv, (int64_t)B * T * (NH + 2 * NKV) * hs);
   if (positions.data) need(op, "positions", positions, DType::i32, (int64_t)B * T);
   run("attention", [&] { rope_forward_impl(qkv, B, T, NH, NKV, hs, rope, positions); });
@@ -374,6 +383,7 @@ void Backend::rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, 
   const char* op = "rope_backward";
   need_heads(*this, op, B, T, NH, NKV, hs);
   LLMT_CHECK(hs % 2 == 0, "%s rope_backward: head size %d is odd", name().c_str(), hs);
+  need_rope(*this, op, rope, hs);
   need_act(op, "dqkv", dqkv, (int64_t)B * T * (NH + 2 * NKV) * hs);
   if (positions.data) need(op, "positions", positions, DType::i32, (int64_t)B * T);
   run("attention", [&] { rope_backward_impl(dqkv, B, T, NH, NKV, hs, rope, positions); });

@@ -65,15 +65,24 @@ struct PackedDocs {
   bool active() const { return start.data != nullptr; }
 };
 
-// RoPE's frequencies: inv_freq[i] = theta^(-2i/hs), then rope_scaling as transformers computes it
-// (modeling_rope_utils): linear divides every frequency by factor; llama3 divides the low
-// frequencies (wavelength above original_max / low_freq_factor) by factor, keeps the high ones
-// (below original_max / high_freq_factor) and blends in between. See rope_inv_freq below.
+// RoPE's frequencies: inv_freq[i] = theta^(-2i/d) over the d rotated channels of a head, then
+// rope_scaling as transformers computes it (modeling_rope_utils): linear divides every frequency by
+// factor; llama3 divides the low frequencies (wavelength above original_max / low_freq_factor) by
+// factor, keeps the high ones (below original_max / high_freq_factor) and blends in between;
+// longrope (Phi-3) divides frequency i by ext[i], the short or the long factor set (the model picks
+// the set for each pass; the kernels see one), and multiplies cos and sin by attention_factor.
+// Partial rotary (Phi-4-mini): only the first rotary_dim channels of each head rotate (rotate_half
+// within them), the rest pass through; rotary_dim 0 means the whole head. Kernels get it by value,
+// so the factors are a bounded array.
 struct RopeSpec {
-  enum Scaling { none = 0, linear = 1, llama3 = 2 };
+  enum Scaling { none = 0, linear = 1, llama3 = 2, longrope = 3 };
+  static constexpr int kMaxFactors = 128;  // rotary_dim / 2 at most (heads of up to 256 channels)
   float theta = 10000.0f;
   int scaling = none;
   float factor = 1.0f, low_freq_factor = 1.0f, high_freq_factor = 4.0f, original_max = 8192.0f;
+  int rotary_dim = 0;
+  float attention_factor = 1.0f;  // longrope: cos and sin are multiplied by it (1 otherwise)
+  float ext[kMaxFactors] = {};    // longrope: rotary_dim / 2 factors
 };
 
 // The elements of an adamw call that take weight decay: `count` sorted, disjoint spans [begin, end).
@@ -238,8 +247,9 @@ class Backend {
   // qkv rows are [q (NH*hs) | k (NKV*hs) | v (NKV*hs)] for each of the B*T tokens; hs is even.
   // RoPE in place on the q and k parts, Hugging Face rotate_half layout, row (b, t) at position t, or
   // at positions[b*T + t] (i32 [B*T], >= 0) when given (packed documents, generation): the same
-  // angles either way. inv_freq[i] = rope_inv_freq(rope, i, hs). rope_backward applies the inverse
-  // rotation to dq and dk in place.
+  // angles either way. inv_freq[i] = rope_inv_freq(rope, i, hs); cos and sin times
+  // rope.attention_factor; only the first rope_dim(rope, hs) channels of a head rotate (the rest
+  // are left as they are). rope_backward applies the transposed map to dq and dk in place.
   void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
                     Tensor positions = Tensor());
   void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
@@ -411,10 +421,15 @@ LLMT_HOST_DEVICE inline bool dropout_keep(uint64_t key, int64_t row, int64_t e, 
   return (double)dropout_bits(key, row, e) >= (double)p * 16777216.0;
 }
 
-// RoPE frequency i of a head of hs channels, in fp32 step for step as transformers computes it
-// (_compute_default / _linear_scaling / _llama3_parameters), so the same angles come out everywhere.
+// The channels of a head of hs that rotate.
+LLMT_HOST_DEVICE inline int rope_dim(const RopeSpec& r, int hs) { return r.rotary_dim > 0 ? r.rotary_dim : hs; }
+// RoPE frequency i of a head of hs channels (rope_dim of them rotating), in fp32 step for step as
+// transformers computes it (_compute_default / _linear_scaling / _llama3 / _longrope_parameters),
+// so the same angles come out everywhere.
 LLMT_HOST_DEVICE inline float rope_inv_freq(const RopeSpec& r, int i, int hs) {
-  const float f = 1.0f / powf(r.theta, (float)(2 * i) / (float)hs);
+  const float p = powf(r.theta, (float)(2 * i) / (float)rope_dim(r, hs));
+  if (r.scaling == RopeSpec::longrope) return 1.0f / (r.ext[i] * p);
+  const float f = 1.0f / p;
   if (r.scaling == RopeSpec::linear) return f / r.factor;
   if (r.scaling != RopeSpec::llama3) return f;
   const float wavelen = 6.2831853071795862f / f;  // 2 pi / inv_freq

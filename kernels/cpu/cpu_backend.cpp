@@ -693,23 +693,24 @@ class CpuBackend : public Backend {
   }
 
   // ---- attention ----
-  // cos/sin of pos * inv_freq[i] for pos < T, i < hs/2, computed in fp32 the way transformers does.
+  // cos/sin of pos * inv_freq[i] for pos < T, i < d/2 (d the rotated channels), computed in fp32 the
+  // way transformers does, times the attention factor (longrope; 1 otherwise).
   static void rope_table(std::vector<float>& cs, std::vector<float>& sn, int T, int hs, const RopeSpec& rope) {
-    int half = hs / 2;
+    int half = rope_dim(rope, hs) / 2;
     cs.resize((size_t)T * half);
     sn.resize((size_t)T * half);
     for (int i = 0; i < half; i++) {
       const float inv_freq = rope_inv_freq(rope, i, hs);
       for (int t = 0; t < T; t++) {
         float angle = (float)t * inv_freq;
-        cs[(size_t)t * half + i] = (float)std::cos((double)angle);
-        sn[(size_t)t * half + i] = (float)std::sin((double)angle);
+        cs[(size_t)t * half + i] = (float)std::cos((double)angle) * rope.attention_factor;
+        sn[(size_t)t * half + i] = (float)std::sin((double)angle) * rope.attention_factor;
       }
     }
   }
 
   // Rotates the q and k heads of each of N rows by +angle (forward) or -angle (backward); row i is at
-  // position pos[i], or i % T without pos (B sequences of T tokens).
+  // position pos[i], or i % T without pos (B sequences of T tokens). Channels past rope_dim are kept.
   void rope_apply(Tensor qkv, int64_t N, int T, const int32_t* pos, int NH, int NKV, int hs, const RopeSpec& rope,
                   float sign) {
     if (pos) {  // the table covers every position asked for
@@ -721,7 +722,7 @@ class CpuBackend : public Backend {
     }
     std::vector<float> cs, sn;
     rope_table(cs, sn, T, hs, rope);
-    const int half = hs / 2;
+    const int half = rope_dim(rope, hs) / 2;
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
     by_dtype(qkv.dtype, "rope", [&](auto tag) {
       using A = decltype(tag);
@@ -748,7 +749,7 @@ class CpuBackend : public Backend {
   }
   void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
                           Tensor positions) override {
-    // a rotation's transpose is its inverse
+    // the map's transpose: the rotation by -angle, times the same attention factor
     rope_apply(dqkv, (int64_t)B * T, T, positions.data ? positions.i32() : nullptr, NH, NKV, hs, rope, -1.0f);
   }
 

@@ -526,11 +526,12 @@ __global__ void rmsnorm_backward_dx_vec_kernel(T* dx, const T* dout, const T* x,
   }
 }
 
-// ---- RoPE, rotate_half layout, angle t * inv_freq[j] (rope_inv_freq) as transformers computes it ----
+// ---- RoPE, rotate_half layout, angle t * inv_freq[j] (rope_inv_freq) as transformers computes it,
+// over the first rope_dim channels of each head; cos and sin times the attention factor ----
 template <typename T>
 __global__ void rope_kernel(T* qkv, const int32_t* pos, int T_, int NH, int NKV, int hs, RopeSpec rope, float sign,
                             int64_t n) {
-  const int half = hs / 2, heads = NH + NKV;
+  const int half = rope_dim(rope, hs) / 2, heads = NH + NKV;
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -538,7 +539,8 @@ __global__ void rope_kernel(T* qkv, const int32_t* pos, int T_, int NH, int NKV,
     const int h = (int)(i / half % heads), j = (int)(i % half), t = pos ? pos[row] : (int)(row % T_);
     const float inv_freq = rope_inv_freq(rope, j, hs);
     const float angle = (float)t * inv_freq;
-    const float c = (float)cos((double)angle), s = sign * (float)sin((double)angle);
+    const float c = (float)cos((double)angle) * rope.attention_factor,
+                s = sign * ((float)sin((double)angle) * rope.attention_factor);
     T* x = qkv + row * row_len + (int64_t)h * hs;
     const float x1 = to_f32(x[j]), x2 = to_f32(x[j + half]);
     x[j] = from_f32<T>(x1 * c - x2 * s);
@@ -965,7 +967,7 @@ template <typename T>
 void rope(T* qkv, const int32_t* pos, int B, int T_, int NH, int NKV, int hs, const RopeSpec& rope, float sign,
           Stream stream) {
   LLMT_CHECK(hs % 2 == 0, "cuda rope: head size %d is odd", hs);
-  const int64_t n = (int64_t)B * T_ * (NH + NKV) * (hs / 2);
+  const int64_t n = (int64_t)B * T_ * (NH + NKV) * (rope_dim(rope, hs) / 2);
   if (n == 0) return;
   LLMT_LAUNCH(rope_kernel, grid_stride_blocks(n), kBlock, 0, stream, qkv, pos, T_, NH, NKV, hs, rope, sign, n);
   CUDA_CHECK_LAUNCH();

@@ -101,14 +101,21 @@ inline DV swiglu(const DV& gu, int64_t N, int I) {
 
 // transformers' rope_scaling in double: linear divides every inv_freq by factor; llama3 divides those
 // whose wavelength 2 pi / inv_freq exceeds original / low, keeps those below original / high, and in
-// between blends (1 - s) inv_freq / factor + s inv_freq with s = (original / wavelength - low) / (high - low).
+// between blends (1 - s) inv_freq / factor + s inv_freq with s = (original / wavelength - low) / (high - low);
+// longrope divides inv_freq i by ext[i] and scales cos and sin by attn. Only the first rotary_dim
+// channels of a head rotate (0: all), with frequencies theta^(-2i / rotary_dim).
 struct RopeRef {
   double theta = 10000.0;
-  int scaling = 0;  // 0 none, 1 linear, 2 llama3
+  int scaling = 0;  // 0 none, 1 linear, 2 llama3, 3 longrope
   double factor = 1.0, low = 1.0, high = 4.0, original = 8192.0;
+  int rotary_dim = 0;
+  double attn = 1.0;
+  std::vector<double> ext;
 };
 inline double rope_inv_freq_ref(const RopeRef& r, int i, int hs) {
-  const double f = std::pow(r.theta, -2.0 * i / hs);
+  const int d = r.rotary_dim > 0 ? r.rotary_dim : hs;
+  const double f = std::pow(r.theta, -2.0 * i / d);
+  if (r.scaling == 3) return f / r.ext.at((size_t)i);
   if (r.scaling == 1) return f / r.factor;
   if (r.scaling != 2) return f;
   const double wavelen = 2.0 * M_PI / f;
@@ -119,10 +126,11 @@ inline double rope_inv_freq_ref(const RopeRef& r, int i, int hs) {
 }
 
 // RoPE, Hugging Face rotate_half layout, on the q (NH heads) and k (NKV heads) parts of each qkv row;
-// position of row (b,t) is t; inv_freq[i] = rope_inv_freq_ref(r, i, hs); v is untouched.
+// position of row (b,t) is t; inv_freq[i] = rope_inv_freq_ref(r, i, hs); v and each head's channels
+// past rotary_dim are untouched.
 inline DV rope(const DV& qkv, int B, int T, int NH, int NKV, int hs, const RopeRef& r) {
   DV out = qkv;
-  const int R = (NH + 2 * NKV) * hs, half = hs / 2;
+  const int R = (NH + 2 * NKV) * hs, half = (r.rotary_dim > 0 ? r.rotary_dim : hs) / 2;
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
       int64_t base = ((int64_t)b * T + t) * R;
@@ -131,7 +139,7 @@ inline DV rope(const DV& qkv, int B, int T, int NH, int NKV, int hs, const RopeR
         double* y = &out[base + (int64_t)h * hs];
         for (int i = 0; i < half; i++) {
           double inv_freq = rope_inv_freq_ref(r, i, hs);
-          double ang = t * inv_freq, c = std::cos(ang), s = std::sin(ang);
+          double ang = t * inv_freq, c = r.attn * std::cos(ang), s = r.attn * std::sin(ang);
           y[i] = x[i] * c - x[i + half] * s;
           y[i + half] = x[i + half] * c + x[i] * s;
         }

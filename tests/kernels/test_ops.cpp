@@ -996,7 +996,9 @@ TEST_P(Ops, RopeForwardAndBackwardVsReference) {
   for (AttnCfg c : {AttnCfg{4, 2}, AttnCfg{3, 3}, AttnCfg{3, 1}})
     for (const Case& k : cases) {
       const double theta = k.theta;
-      llmt_ref::RopeRef ref{k.theta, k.scaling, k.factor, k.low, k.high, k.original};
+      llmt_ref::RopeRef ref;
+      ref.theta = k.theta, ref.scaling = k.scaling, ref.factor = k.factor, ref.low = k.low, ref.high = k.high;
+      ref.original = k.original;
       llmt::RopeSpec spec;
       spec.theta = (float)k.theta;
       spec.scaling = k.scaling;
@@ -1025,6 +1027,64 @@ TEST_P(Ops, RopeForwardAndBackwardVsReference) {
       be().rope_backward(dQ->a({AB * AT, R}), AB, AT, c.NH, c.NKV, HS, spec);
       EXPECT_TRUE(Close(dQ->rf(), g, grad_tol())) << "rope_backward";
     }
+}
+
+// LongRoPE (Phi-3: frequency i divided by a factor of its own, cos and sin times an attention factor)
+// and partial rotary (Phi-4-mini: the first rotary_dim channels of a head rotate, the rest are kept),
+// alone and together, forward and backward against the double reference.
+TEST_P(Ops, RopeLongropeAndPartialRotaryVsReference) {
+  std::mt19937 rng(53);
+  constexpr int H = 8;  // head size; rotary_dim 8 (all), 6 (0.75) or 4 (0.5)
+  struct Case {
+    int scaling, rotary_dim;
+    double attn;
+    std::vector<double> ext;
+  };
+  const Case cases[] = {{3, 0, 1.19, {1.0, 1.7, 3.25, 11.5}}, {3, 6, 1.19, {1.05, 2.5, 7.0}},
+                        {0, 6, 1.0, {}}, {3, 4, 0.83, {0.9, 19.0}}, {1, 4, 1.0, {}}};
+  for (AttnCfg c : {AttnCfg{4, 2}, AttnCfg{3, 1}})
+    for (const Case& k : cases) {
+      llmt_ref::RopeRef ref;
+      ref.theta = 10.0, ref.scaling = k.scaling, ref.factor = 4.0, ref.rotary_dim = k.rotary_dim, ref.attn = k.attn;
+      ref.ext = k.ext;
+      llmt::RopeSpec spec;
+      spec.theta = 10.0f, spec.scaling = k.scaling, spec.factor = 4.0f, spec.rotary_dim = k.rotary_dim;
+      spec.attention_factor = (float)k.attn;
+      for (size_t i = 0; i < k.ext.size(); i++) spec.ext[i] = (float)k.ext[i];
+      SCOPED_TRACE(::testing::Message() << "NH=" << c.NH << " NKV=" << c.NKV << " scaling=" << k.scaling
+                                        << " rotary_dim=" << k.rotary_dim);
+      const int R = (c.NH + 2 * c.NKV) * H;
+      const int64_t n = (int64_t)AB * AT * R;
+      FV qkv = rand_act(rng, n), r = rand_act(rng, n);
+      DV want = llmt_ref::rope(to_d(qkv), AB, AT, c.NH, c.NKV, H, ref);
+      BufP Q = Buf::act(qkv);
+      be().rope_forward(Q->a({AB * AT, R}), AB, AT, c.NH, c.NKV, H, spec);
+      FV got = Q->rf();
+      EXPECT_TRUE(Close(got, want, fwd_tol())) << "rope_forward";
+      const int kept_from = k.rotary_dim > 0 ? k.rotary_dim : H;
+      for (int64_t row = 0; row < AB * AT; row++)
+        for (int j = 0; j < R; j++) {
+          if (j < (c.NH + c.NKV) * H && j % H < kept_from) continue;
+          ASSERT_EQ(got[row * R + j], qkv[row * R + j]) << "unrotated channel changed, row " << row << " col " << j;
+        }
+      DV rd = to_d(r);
+      DV g = fd_grad([&](const DV& v) { return dot(llmt_ref::rope(v, AB, AT, c.NH, c.NKV, H, ref), rd); },
+                     to_d(qkv));
+      BufP dQ = Buf::act(r);
+      be().rope_backward(dQ->a({AB * AT, R}), AB, AT, c.NH, c.NKV, H, spec);
+      EXPECT_TRUE(Close(dQ->rf(), g, grad_tol())) << "rope_backward";
+    }
+}
+
+// A rotary_dim that is odd, negative or past the head is refused.
+TEST_P(Ops, RopeRefusesBadRotaryDims) {
+  const int NH = 2, NKV = 1, H = 8, R = (NH + 2 * NKV) * H;
+  BufP Q = Buf::act(FV((size_t)2 * R, 0.5f));
+  for (int d : {5, 10, -2}) {
+    llmt::RopeSpec spec;
+    spec.rotary_dim = d;
+    EXPECT_THROW(be().rope_forward(Q->a({2, R}), 1, 2, NH, NKV, H, spec), llmt::Error) << d;
+  }
 }
 
 // RoPE with positions places each row at a position of its own: a row at position t must rotate
