@@ -9,6 +9,7 @@
 #include <sstream>
 #include <map>
 
+#include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
 
@@ -93,6 +94,22 @@ ModelConfig phi3_mini() {
   return c;
 }
 
+// Phi-4-mini (-instruct): Phi-3's block with grouped-query attention (24 heads over 8 kv heads of
+// 128), partial_rotary_factor 0.75 (96 of 128 channels rotate), vocabulary 200064, tied embeddings;
+// bos and eos 199999. Its config.json reaches 131072 positions with longrope over an original 4096,
+// whose 48-number factor sets the preset does not carry: the preset stays within the original 4096
+// with plain RoPE (load the published config.json for the long context).
+ModelConfig phi4_mini() {
+  ModelConfig c = llama(32, 24, 8, 3072, 8192, 4096, 1e-5f, 200064);
+  c.model_type = "phi3";
+  c.family.fused_qkv_tensor = c.family.fused_gate_up_tensor = true;
+  c.partial_rotary_factor = 0.75;
+  c.tied_embeddings = true;
+  c.bos_token_id = 199999;
+  c.eos_token_ids = {199999};
+  return c;
+}
+
 // Sizes from the published Hugging Face config.json files of each model.
 const std::map<std::string, ModelConfig>& presets() {
   static const std::map<std::string, ModelConfig> p = {
@@ -110,6 +127,7 @@ const std::map<std::string, ModelConfig>& presets() {
       {"llama3.2-3b", llama3(28, 24, 3072, 8192, true, 32.0f)},
       {"qwen3-0.6b", qwen3(28, 16, 8, 1024, 3072, 128, true)},
       {"phi3-mini-4k", phi3_mini()},
+      {"phi4-mini", phi4_mini()},
       // tiny sizes for tests and the quickstart (byte-level vocabulary of 256, no dropout)
       {"gpt2-tiny", gpt2(2, 4, 64, 256, 256)},
       {"gpt2-small-byte", gpt2(4, 4, 128, 256, 256)},
@@ -222,9 +240,12 @@ std::string ModelConfig::describe() const {
   if (arch == Arch::llama) s += strformat(", rope_theta %g%s", rope_theta, tied_embeddings ? ", tied" : "");
   if (arch == Arch::gpt2 && !tied_embeddings) s += ", untied lm_head";
   if (!rope_scaling.empty())
-    s += rope_scaling == "llama3" ? strformat(", rope llama3 x%g (low %g, high %g, original %d)", rope_factor,
-                                              rope_low_freq_factor, rope_high_freq_factor, rope_original_max)
-                                  : strformat(", rope %s x%g", rope_scaling.c_str(), rope_factor);
+    s += rope_scaling == "llama3"     ? strformat(", rope llama3 x%g (low %g, high %g, original %d)", rope_factor,
+                                                  rope_low_freq_factor, rope_high_freq_factor, rope_original_max)
+         : rope_scaling == "longrope" ? strformat(", rope longrope (original %d, attention x%g)", rope_original_max,
+                                                  longrope_attention_factor())
+                                      : strformat(", rope %s x%g", rope_scaling.c_str(), rope_factor);
+  if (partial_rotary_factor != 1.0) s += strformat(", rotary %d of %d", rotary_dim(), head_size());
   if (model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" || model_type == "phi3")
     s += ", " + model_type;
   if (head_dim > 0) s += strformat(", head_dim %d", head_dim);
@@ -277,6 +298,30 @@ void validate_config(const ModelConfig& c, const std::string& source) {
   // learning rate's fault
   LLMT_CHECK(!c.family.rope || (std::isfinite(c.rope_theta) && c.rope_theta > 0.0f),
              "%s: rope_theta must be a positive number, got %g", source.c_str(), c.rope_theta);
+  // partial rotary and longrope: an even count of rotated channels within the head, one factor of
+  // each set for each rotated pair, as many as a RopeSpec holds
+  LLMT_CHECK(c.partial_rotary_factor == 1.0 || (c.family.rope && c.model_type == "phi3"),
+             "%s: partial_rotary_factor %g is implemented for phi3 only", source.c_str(), c.partial_rotary_factor);
+  LLMT_CHECK(!c.family.rope || (c.partial_rotary_factor > 0.0 && c.partial_rotary_factor <= 1.0 &&
+                                c.rotary_dim() > 0 && c.rotary_dim() % 2 == 0),
+             "%s: partial_rotary_factor %g rotates %d of a head's %d channels; expected an even, positive count",
+             source.c_str(), c.partial_rotary_factor, c.rotary_dim(), c.head_size());
+  if (c.rope_scaling == "longrope") {
+    const size_t pairs = (size_t)c.rotary_dim() / 2;
+    LLMT_CHECK(c.rope_short_factor.size() == pairs && c.rope_long_factor.size() == pairs,
+               "%s: longrope's short_factor and long_factor hold %zu and %zu numbers; expected rotary_dim / 2 = %zu "
+               "each (head size %d x partial_rotary_factor %g = %d rotated channels)", source.c_str(),
+               c.rope_short_factor.size(), c.rope_long_factor.size(), pairs, c.head_size(), c.partial_rotary_factor,
+               c.rotary_dim());
+    LLMT_CHECK(pairs <= (size_t)RopeSpec::kMaxFactors, "%s: longrope over %d rotated channels: llmt holds at most %d "
+               "factors a set", source.c_str(), c.rotary_dim(), RopeSpec::kMaxFactors);
+    for (const auto* set : {&c.rope_short_factor, &c.rope_long_factor})
+      for (float f : *set)
+        LLMT_CHECK(std::isfinite(f) && f > 0.0f, "%s: longrope's %s holds %g; expected positive numbers",
+                   source.c_str(), set == &c.rope_short_factor ? "short_factor" : "long_factor", f);
+    LLMT_CHECK(c.rope_original_max > 0, "%s: longrope needs a positive original_max_position_embeddings, got %d",
+               source.c_str(), c.rope_original_max);
+  }
   LLMT_CHECK(c.layer_window.empty() || (int)c.layer_window.size() == c.n_layer,
              "%s: %zu layer windows for %d layers", source.c_str(), c.layer_window.size(), c.n_layer);
   for (int w : c.layer_window)
@@ -332,35 +377,62 @@ static void read_layer_windows(const nlohmann::json& j, const std::string& sourc
 }
 
 // rope_scaling / rope_parameters: the types transformers defines that change nothing llmt cannot
-// compute exactly; any other type or key is refused by name, never ignored.
+// compute exactly; any other type or key is refused by name, never ignored. Phi-3 adds longrope
+// (with transformers' old names su and yarn for it) and partial_rotary_factor.
 static void read_rope_scaling(const nlohmann::json& rp, const std::string& where, ModelConfig& c) {
   LLMT_CHECK(rp.is_object(), "%s: expected an object or null", where.c_str());
-  const std::string type = rp.contains("rope_type") ? get_required<std::string>(rp, "rope_type", where)
-                                                    : get_optional<std::string>(rp, "type", "default", where);
-  // the type first: a type llmt does not compute (longrope with its short and long factors) is named
-  // as such, not by one of its keys
-  LLMT_CHECK(type == "default" || type == "linear" || type == "dynamic" || type == "llama3",
-             "%s: rope_type \"%s\" is not supported (default, linear, llama3, and dynamic within the original "
-             "context)", where.c_str(), type.c_str());
+  std::string type = rp.contains("rope_type") ? get_required<std::string>(rp, "rope_type", where)
+                                              : get_optional<std::string>(rp, "type", "default", where);
+  const bool phi3 = c.model_type == "phi3";
+  if (phi3 && (type == "su" || type == "yarn")) type = "longrope";  // Phi3Config renames them so
+  // the type first: a type llmt does not compute is named as such, not by one of its keys
+  LLMT_CHECK(type == "default" || type == "linear" || type == "dynamic" || type == "llama3" ||
+                 (phi3 && type == "longrope"),
+             "%s: rope_type \"%s\" is not supported (default, linear, llama3, dynamic within the original "
+             "context, and longrope for phi3)", where.c_str(), type.c_str());
   for (const auto& [key, value] : rp.items()) {
     static const char* const known[] = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
                                         "high_freq_factor", "original_max_position_embeddings",
-                                        "partial_rotary_factor"};
+                                        "partial_rotary_factor", "short_factor", "long_factor", "attention_factor"};
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
-    LLMT_CHECK(ok, "%s: \"%s\": %s is not supported (llmt reads rope_type, rope_theta, factor, low_freq_factor, "
-               "high_freq_factor, original_max_position_embeddings, partial_rotary_factor)", where.c_str(), key.c_str(),
+    const bool longrope_key = key == "short_factor" || key == "long_factor" || key == "attention_factor";
+    LLMT_CHECK(ok && (!longrope_key || type == "longrope"),
+               "%s: \"%s\": %s is not supported (llmt reads rope_type, rope_theta, factor, low_freq_factor, "
+               "high_freq_factor, original_max_position_embeddings, partial_rotary_factor, and longrope's "
+               "short_factor, long_factor, attention_factor)", where.c_str(), key.c_str(),
                clip_for_message(value.dump()).c_str());
   }
   c.rope_theta = get_optional<float>(rp, "rope_theta", c.rope_theta, where);
   // transformers 5 keeps Phi-3's partial_rotary_factor here (1.0 unless the file says otherwise)
-  require_default(rp, "partial_rotary_factor", 1.0f, where,
-                  "llmt rotates every dimension of a head (Phi-4-mini's 0.75 is not implemented)");
+  if (phi3) c.partial_rotary_factor = get_optional<double>(rp, "partial_rotary_factor", c.partial_rotary_factor, where);
+  else require_default(rp, "partial_rotary_factor", 1.0f, where,
+                       "llmt rotates part of a head for phi3 only (Phi-4-mini's 0.75)");
   if (type == "default") return;
-  LLMT_CHECK(type == "linear" || type == "dynamic" || type == "llama3",
-             "%s: rope_type \"%s\" is not supported (default, linear, llama3, and dynamic within the original "
-             "context)", where.c_str(), type.c_str());
   c.rope_scaling = type;
+  if (type == "longrope") {
+    // Phi3Config: short_factor and long_factor required, factor and attention_factor optional; the
+    // original context is the file's top-level original_max_position_embeddings (config_from_json)
+    for (const char* key : {"short_factor", "long_factor"}) {
+      LLMT_CHECK(rp.contains(key) && rp.at(key).is_array(), "%s: longrope needs \"%s\", a list of numbers",
+                 where.c_str(), key);
+      std::vector<float>& set = std::string(key) == "short_factor" ? c.rope_short_factor : c.rope_long_factor;
+      set.clear();
+      const nlohmann::json& list = rp.at(key);
+      for (size_t i = 0; i < list.size(); i++) {
+        const std::string name = strformat("%s[%zu]", key, i);
+        set.push_back(get_required<float>(nlohmann::json{{name, list[i]}}, name.c_str(), where));
+      }
+    }
+    c.rope_factor = get_optional<float>(rp, "factor", 0.0f, where);
+    LLMT_CHECK(c.rope_factor == 0.0f || c.rope_factor >= 1.0f, "%s: factor %g must be at least 1", where.c_str(),
+               c.rope_factor);
+    c.rope_attention_factor = get_optional<float>(rp, "attention_factor", 0.0f, where);
+    LLMT_CHECK(c.rope_attention_factor >= 0.0f, "%s: attention_factor %g must be positive", where.c_str(),
+               c.rope_attention_factor);
+    c.rope_original_max = get_optional<int>(rp, "original_max_position_embeddings", 0, where);
+    return;
+  }
   c.rope_factor = get_required<float>(rp, "factor", where);
   LLMT_CHECK(c.rope_factor >= 1.0f, "%s: factor %g must be at least 1", where.c_str(), c.rope_factor);
   if (type == "llama3") {
@@ -375,6 +447,13 @@ static void read_rope_scaling(const nlohmann::json& rp, const std::string& where
   } else if (type == "dynamic") {
     c.rope_original_max = get_optional<int>(rp, "original_max_position_embeddings", 0, where);
   }
+}
+
+float ModelConfig::longrope_attention_factor() const {
+  if (rope_attention_factor > 0.0f) return rope_attention_factor;
+  const double factor = rope_factor > 0.0f ? (double)rope_factor : (double)max_seq_len / rope_original_max;
+  if (factor <= 1.0) return 1.0f;
+  return (float)std::sqrt(1.0 + std::log(factor) / std::log((double)rope_original_max));
 }
 
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& source) {
@@ -435,7 +514,11 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       LLMT_CHECK(c.rope_scaling == from_v4.rope_scaling && c.rope_factor == from_v4.rope_factor &&
                      c.rope_low_freq_factor == from_v4.rope_low_freq_factor &&
                      c.rope_high_freq_factor == from_v4.rope_high_freq_factor &&
-                     c.rope_original_max == from_v4.rope_original_max,
+                     c.rope_original_max == from_v4.rope_original_max &&
+                     c.rope_short_factor == from_v4.rope_short_factor &&
+                     c.rope_long_factor == from_v4.rope_long_factor &&
+                     c.rope_attention_factor == from_v4.rope_attention_factor &&
+                     c.partial_rotary_factor == from_v4.partial_rotary_factor,
                  "%s: rope_scaling (%s) and rope_parameters (%s) disagree: transformers 4 reads the first, "
                  "transformers 5 the second; make them equal or remove one", source.c_str(),
                  clip_for_message(j.at("rope_scaling").dump(), 200).c_str(),
@@ -480,9 +563,30 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       require_default(j, "attention_bias", false, source, "transformers builds Phi-3 without biases");
       require_default(j, "mlp_bias", false, source, "transformers builds Phi-3 without biases");
       c.resid_pdrop = get_optional<float>(j, "resid_pdrop", 0.0f, source);
-      require_default(j, "partial_rotary_factor", 1.0f, source,
-                       "llmt rotates every dimension of a head (Phi-4-mini's 0.75 is not implemented)");
-      // original_max_position_embeddings only matters to longrope, which read_rope_scaling refuses
+      // Phi3Config moves its top-level partial_rotary_factor into rope_parameters unless that has one,
+      // and longrope's original context is always the top-level original_max_position_embeddings
+      // (default 4096), whatever rope_parameters says: a file where they differ is refused
+      auto inner = [&](const char* key) {
+        for (const char* obj : {"rope_parameters", "rope_scaling"})
+          if (j.contains(obj) && j.at(obj).is_object() && j.at(obj).contains(key) && !j.at(obj).at(key).is_null())
+            return true;
+        return false;
+      };
+      if (j.contains("partial_rotary_factor") && !j.at("partial_rotary_factor").is_null()) {
+        const double top = get_required<double>(j, "partial_rotary_factor", source);
+        LLMT_CHECK(!inner("partial_rotary_factor") || top == c.partial_rotary_factor,
+                   "%s: partial_rotary_factor %g and the rope parameters' %g disagree; make them equal or remove one",
+                   source.c_str(), top, c.partial_rotary_factor);
+        c.partial_rotary_factor = top;
+      }
+      const int original = get_optional<int>(j, "original_max_position_embeddings", 4096, source);
+      if (c.rope_scaling == "longrope") {
+        LLMT_CHECK(!inner("original_max_position_embeddings") || c.rope_original_max == original,
+                   "%s: the rope parameters' original_max_position_embeddings %d differs from the top-level %d, "
+                   "which transformers' Phi-3 uses; make them equal or remove the first", source.c_str(),
+                   c.rope_original_max, original);
+        c.rope_original_max = original;
+      }
     } else if (type == "mistral") {  // MistralAttention and MistralMLP have no biases, whatever the file says
       require_default(j, "attention_bias", false, source, "transformers builds Mistral without biases");
       require_default(j, "mlp_bias", false, source, "transformers builds Mistral without biases");
@@ -490,6 +594,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       c.qkv_bias = c.o_bias = get_optional<bool>(j, "attention_bias", false, source);
       c.mlp_bias = get_optional<bool>(j, "mlp_bias", false, source);
     }
+    if (type != "phi3")  // LlamaConfig and the rest would move it into the rope parameters
+      require_default(j, "partial_rotary_factor", 1.0f, source, "llmt rotates part of a head for phi3 only");
     read_layer_windows(j, source, type, c);
     // head_dim: q_proj's out is num_attention_heads x head_dim, o_proj's in the same; kept as 0 where
     // it is hidden_size / num_attention_heads. Qwen3Config's default is 128 whatever the hidden size.
@@ -593,7 +699,21 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
          {"mlp_bias", c.mlp_bias},
          {"attention_dropout", decimal(c.attn_pdrop)},
          {"tie_word_embeddings", c.tied_embeddings}};
-    if (!c.rope_scaling.empty()) {  // both spellings, as for rope_theta
+    if (c.rope_scaling == "longrope") {  // both spellings; the factors as the decimals they stand for
+      nlohmann::json rs = {{"rope_type", "longrope"}};
+      for (const auto* set : {&c.rope_short_factor, &c.rope_long_factor}) {
+        nlohmann::json list = nlohmann::json::array();
+        for (float f : *set) list.push_back(decimal(f));
+        rs[set == &c.rope_short_factor ? "short_factor" : "long_factor"] = list;
+      }
+      if (c.rope_factor > 0.0f) rs["factor"] = decimal(c.rope_factor);
+      if (c.rope_attention_factor > 0.0f) rs["attention_factor"] = decimal(c.rope_attention_factor);
+      rs["original_max_position_embeddings"] = c.rope_original_max;
+      j["original_max_position_embeddings"] = c.rope_original_max;  // what Phi3Config reads
+      j["rope_scaling"] = rs;
+      rs["rope_theta"] = c.rope_theta;
+      j["rope_parameters"] = rs;
+    } else if (!c.rope_scaling.empty()) {  // both spellings, as for rope_theta
       nlohmann::json rs = {{"rope_type", c.rope_scaling}, {"factor", c.rope_factor}};
       if (c.rope_scaling == "llama3") {
         rs["low_freq_factor"] = c.rope_low_freq_factor;
@@ -611,6 +731,11 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
       j.erase("attention_bias");
       j.erase("mlp_bias");
       j["resid_pdrop"] = decimal(c.resid_pdrop);
+      if (c.partial_rotary_factor != 1.0) {  // top-level (transformers 4) and in the rope parameters (5)
+        j["partial_rotary_factor"] = c.partial_rotary_factor;
+        j["rope_parameters"]["partial_rotary_factor"] = c.partial_rotary_factor;
+        if (j.contains("rope_scaling")) j["rope_scaling"]["partial_rotary_factor"] = c.partial_rotary_factor;
+      }
       j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
     }
     if (mistral) j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);

@@ -53,7 +53,16 @@ struct ModelConfig {
   // "dynamic" (NTK, which changes nothing up to the original context: llmt trains only within it)
   std::string rope_scaling;
   float rope_factor = 1.0f, rope_low_freq_factor = 1.0f, rope_high_freq_factor = 4.0f;
-  int rope_original_max = 0;        // original_max_position_embeddings (llama3; dynamic: the context)
+  int rope_original_max = 0;        // original_max_position_embeddings (llama3, longrope; dynamic: the context)
+  // "longrope" (Phi-3 only): frequency i divided by rope_short_factor[i] in a pass whose last position
+  // + 1 is at most rope_original_max, by rope_long_factor[i] beyond (transformers picks the set per
+  // forward); cos and sin times longrope_attention_factor(). rope_factor is the file's "factor" here
+  // (0: absent) and rope_attention_factor its "attention_factor" (0: absent), kept for export.
+  std::vector<float> rope_short_factor, rope_long_factor;
+  float rope_attention_factor = 0.0f;
+  // partial_rotary_factor (Phi-3 only; Phi-4-mini's 0.75): the first rotary_dim() channels of each
+  // head rotate, the rest pass through
+  double partial_rotary_factor = 1.0;
   // "llama", "mistral", "qwen2", "qwen3" or "phi3" for a LLaMA-architecture model ("" = llama)
   std::string model_type = "";
   int head_dim = 0;                 // head_dim of the config; 0: d_model / n_head (head_size())
@@ -80,6 +89,11 @@ struct ModelConfig {
   nlohmann::json source;
 
   int head_size() const { return head_dim > 0 ? head_dim : d_model / n_head; }
+  // the channels of a head that rotate: int(head_size * partial_rotary_factor), as transformers
+  int rotary_dim() const { return (int)((double)head_size() * partial_rotary_factor); }
+  // longrope's multiplier of cos and sin: attention_factor, or sqrt(1 + ln(factor) / ln(original))
+  // with factor the file's or max_position_embeddings / original (1 where factor <= 1)
+  float longrope_attention_factor() const;
   // layer l's attention window: a query sees itself and the window - 1 keys before it; 0 = no window
   int window(int l) const { return layer_window.empty() ? 0 : layer_window[(size_t)l]; }
   bool has_dropout() const { return embd_pdrop > 0.0f || attn_pdrop > 0.0f || resid_pdrop > 0.0f; }

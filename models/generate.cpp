@@ -107,9 +107,13 @@ std::vector<Generated> generate(Transformer& model, UnitStore& store, const std:
   std::vector<Generated> out((size_t)B);
   std::vector<float> row;
   std::vector<int32_t> next((size_t)B, o.pad_id);
+  // every sequence's tokens so far (padding included), for longrope's one recomputation
+  std::vector<std::vector<int32_t>> history((size_t)B);
+  for (int b = 0; b < B; b++)
+    history[(size_t)b].assign(tokens.begin() + (size_t)b * P, tokens.begin() + (size_t)(b + 1) * P);
+  int rows_per_seq = P;  // the last decode's rows: the prefill's, then the one new row
   int live = B;
   for (int step = 0; step < o.max_new_tokens && live > 0; step++) {
-    const int rows_per_seq = step == 0 ? P : 1;  // the prefill's last row, then the one new row
     for (int b = 0; b < B; b++) {
       Generated& g = out[(size_t)b];
       if (g.stopped_at_eos) {
@@ -133,7 +137,25 @@ std::vector<Generated> generate(Transformer& model, UnitStore& store, const std:
       t0 = now_s();
     }
     if (live == 0 || step + 1 == o.max_new_tokens) break;
+    for (int b = 0; b < B; b++) history[(size_t)b].push_back(next[(size_t)b]);
+    if (model.decode_needs_long_restart(1)) {
+      // longrope: this pass passes the original context, so the long factors apply to every key;
+      // transformers' Phi-3 drops its cache here and recomputes the sequence, and so does llmt (in
+      // passes of at most seq_len() tokens, all with the long factors)
+      const int len = (int)history[0].size();
+      model.start_generation(P + o.max_new_tokens, key_start, true);
+      std::vector<int32_t> chunk;
+      for (int at = 0; at < len; at += rows_per_seq) {
+        rows_per_seq = std::min(model.seq_len(), len - at);
+        chunk.clear();
+        for (int b = 0; b < B; b++)
+          chunk.insert(chunk.end(), history[(size_t)b].begin() + at, history[(size_t)b].begin() + at + rows_per_seq);
+        model.decode(store, chunk.data(), rows_per_seq);
+      }
+      continue;
+    }
     model.decode(store, next.data(), 1);
+    rows_per_seq = 1;
   }
   if (times) times->decode_s += now_s() - t0;
   return out;

@@ -130,12 +130,18 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T,
   LLMT_CHECK(T <= cfg.max_seq_len, "sequence length %d exceeds the model's context of %d tokens", T, cfg.max_seq_len);
   LLMT_CHECK(T < (1 << kDropoutPosBits), "sequence length %d: at most %d tokens", T, (1 << kDropoutPosBits) - 1);
   rope_.theta = cfg.rope_theta;
+  rope_.rotary_dim = cfg.rotary_dim();
   if (cfg.rope_scaling == "linear" || cfg.rope_scaling == "llama3") {
     rope_.scaling = cfg.rope_scaling == "linear" ? RopeSpec::linear : RopeSpec::llama3;
     rope_.factor = cfg.rope_factor;
     rope_.low_freq_factor = cfg.rope_low_freq_factor;
     rope_.high_freq_factor = cfg.rope_high_freq_factor;
     rope_.original_max = (float)cfg.rope_original_max;
+  } else if (cfg.rope_scaling == "longrope") {
+    rope_.scaling = RopeSpec::longrope;
+    rope_.attention_factor = cfg.longrope_attention_factor();
+    rope_.original_max = (float)cfg.rope_original_max;
+    pick_rope_factors(1);
   } else if (cfg.rope_scaling == "dynamic") {
     // dynamic NTK leaves the frequencies alone up to the original context; past it they change with
     // the sequence length, which llmt does not implement
@@ -171,7 +177,19 @@ int64_t Transformer::kv_cache_bytes(const ModelConfig& cfg, int B, int cap, DTyp
   return 2 * (int64_t)cfg.n_layer * B * cfg.n_kv_head * cap * cfg.head_size() * (int64_t)dtype_size(compute);
 }
 
-void Transformer::start_generation(int cap, const std::vector<int32_t>& key_start) {
+void Transformer::pick_rope_factors(int len) {
+  if (rope_.scaling != RopeSpec::longrope) return;
+  const std::vector<float>& set = len > cfg_.rope_original_max ? cfg_.rope_long_factor : cfg_.rope_short_factor;
+  std::copy(set.begin(), set.end(), rope_.ext);
+}
+
+bool Transformer::decode_needs_long_restart(int n) const {
+  if (rope_.scaling != RopeSpec::longrope || kv_long_ || kv_len_ == 0) return false;
+  const int first = *std::min_element(key_start_host_.begin(), key_start_host_.end());
+  return kv_len_ + n - first > cfg_.rope_original_max;
+}
+
+void Transformer::start_generation(int cap, const std::vector<int32_t>& key_start, bool long_rope) {
   LLMT_CHECK((int)key_start.size() == B_, "start_generation: %zu key starts for %d sequences", key_start.size(), B_);
   LLMT_CHECK(cap > 0, "start_generation: a cache of %d positions", cap);
   for (int b = 0; b < B_; b++) {
@@ -193,6 +211,7 @@ void Transformer::start_generation(int cap, const std::vector<int32_t>& key_star
     key_start_ = take(DType::i32, {B_});
   }
   kv_cap_ = cap, kv_len_ = 0;
+  kv_long_ = long_rope && rope_.scaling == RopeSpec::longrope;
   key_start_host_ = key_start;
   be_.copy_from_host(key_start_.data, key_start.data(), sizeof(int32_t) * B_);
 }
@@ -212,6 +231,15 @@ void Transformer::decode(UnitStore& store, const int32_t* tokens, int n) {
     for (int i = 0; i < n; i++) pos[(size_t)b * n + i] = std::max(0, kv_len_ + i - key_start_host_[b]);
   be_.copy_from_host(tokens_.data, tokens, sizeof(int32_t) * N);
   be_.copy_from_host(positions_.data, pos.data(), sizeof(int32_t) * N);
+  LLMT_CHECK(!decode_needs_long_restart(n), "decode: %d cached and %d new tokens pass longrope's original context of "
+             "%d, so the long factors apply, but the cache holds keys rotated with the short ones; start again "
+             "with long_rope (generate does)", kv_len_, n, cfg_.rope_original_max);
+  if (rope_.scaling == RopeSpec::longrope) {  // the pass's last position + 1, over the batch
+    int len = 0;
+    for (int32_t p : pos) len = std::max(len, p + 1);
+    kv_long_ = kv_long_ || len > cfg_.rope_original_max;
+    pick_rope_factors(kv_long_ ? cfg_.rope_original_max + 1 : len);
+  }
   kv_on_ = true;
   forward_units(store);
   kv_on_ = false;
@@ -475,6 +503,11 @@ void Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t
     }
     be_.copy_from_host(doc_start_.data, doc_start, sizeof(int32_t) * N);
     be_.copy_from_host(positions_.data, pos.data(), sizeof(int32_t) * N);
+    int len = 0;  // longrope: the set by the largest position, as transformers' with position_ids
+    for (int32_t p : pos) len = std::max(len, p + 1);
+    pick_rope_factors(len);
+  } else {
+    pick_rope_factors(T);
   }
   const bool chunked = head_rows_ < N;
   LLMT_CHECK(!chunked || targets, "forward: the LM head runs %lld of the %lld tokens at a time (--logits_chunk_tokens), "

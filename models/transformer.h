@@ -107,9 +107,17 @@ class Transformer {
   // from the first real token, as transformers' generate does with an attention mask). decode runs
   // n <= seq_len() tokens[B*n] of each sequence at positions cached() .. cached()+n-1, appending
   // their keys and values to the cache; logits() holds their rows after it. Evaluation only.
-  void start_generation(int cap, const std::vector<int32_t>& key_start);
+  // LongRoPE (Phi-3): a pass uses the short factors while its last position + 1 is at most the
+  // original context, the long ones beyond, as transformers picks per forward. A cache filled with
+  // the short set cannot take a pass that needs the long one (decode refuses it): transformers then
+  // recomputes the whole sequence, and so does generate, restarting with long_rope true (every
+  // decode of this cache uses the long set).
+  void start_generation(int cap, const std::vector<int32_t>& key_start, bool long_rope = false);
   void decode(UnitStore& store, const int32_t* tokens, int n);
   int cached() const { return kv_len_; }
+  // Whether a decode of n more tokens would need the long factors while the cache holds keys made
+  // with the short ones (never without longrope).
+  bool decode_needs_long_restart(int n) const;
   // Bytes of a KV cache for B sequences of cap positions, for llmt plan.
   static int64_t kv_cache_bytes(const ModelConfig& cfg, int B, int cap, DType compute);
 
@@ -162,6 +170,9 @@ class Transformer {
   int cur_T_ = 0;   // the current batch's sequence length
   bool checkpointing_;
   RopeSpec rope_;  // the model's RoPE frequencies (theta and rope_scaling)
+  // longrope: ext = the short or long factors for a pass whose last position + 1 is len
+  void pick_rope_factors(int len);
+  bool kv_long_ = false;  // the cache's keys were rotated with longrope's long factors
   std::vector<void*> allocations_;
   bool have_grad_ = false;
   const TrainPass* train_ = nullptr;  // the current training pass (dropout), or null

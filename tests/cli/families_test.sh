@@ -16,7 +16,7 @@ common=(--tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --block_s
         --learning_rate 1e-3 --logging_steps 1 --threads 1 --cache_dir none)
 have_hf=0
 python3 -c "import torch, transformers" 2> /dev/null && have_hf=1
-for family in llama31_tiny mistral_tiny qwen2_tiny llama_bias_tiny qwen3_tiny phi3_tiny; do
+for family in llama31_tiny mistral_tiny qwen2_tiny llama_bias_tiny qwen3_tiny phi3_tiny phi3_longrope_tiny; do
   fixture="$src/tests/reference/$family"
   "$llmt" train "${common[@]}" --model_name_or_path "$fixture" --max_steps 4 --save_steps 2 --output_dir "$work/$family-a" \
     > "$work/$family-a.log" 2>&1 || { echo "FAIL: $family: training"; tail "$work/$family-a.log"; exit 1; }
@@ -34,7 +34,9 @@ for key in ("model_type", "architectures", "num_key_value_heads", "tie_word_embe
 rp = {k: v for k, v in theirs["rope_parameters"].items()}
 assert {k: float(v) if isinstance(v, (int, float)) else v for k, v in mine["rope_parameters"].items()} == \
        {k: float(v) if isinstance(v, (int, float)) else v for k, v in rp.items()}, f"FAIL: rope {mine['rope_parameters']} vs {rp}"
-for key in ("attention_bias", "mlp_bias", "sliding_window", "use_sliding_window", "resid_pdrop"):
+longrope = theirs["rope_parameters"].get("rope_type") == "longrope"  # Phi-3 reads its original context top-level
+keys = ("attention_bias", "mlp_bias", "sliding_window", "use_sliding_window", "resid_pdrop", "partial_rotary_factor")
+for key in keys + (("original_max_position_embeddings",) if longrope else ()):
     if key in theirs:
         assert mine.get(key) == theirs[key], f"FAIL: {key}: {mine.get(key)} vs {theirs[key]}"
 PY

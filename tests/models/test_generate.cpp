@@ -29,7 +29,7 @@ namespace {
 
 const char* kFixtures[] = {"gpt2_tiny",    "llama_tiny", "llama_tied_tiny", "llama31_tiny",
                            "mistral_tiny", "qwen2_tiny", "llama_bias_tiny", "qwen3_tiny",
-                           "phi3_tiny"};
+                           "phi3_tiny",    "phi3_longrope_tiny"};
 
 // A fixture model on a backend, its parameters in an unsharded store, for batches of B sequences of
 // up to T tokens.
@@ -149,6 +149,35 @@ TEST(Generate, KvCacheLogitsEqualRecomputingTheSequence) {
           EXPECT_LT(err, dt == DType::f32 ? 1e-5 : 2e-2) << "position " << t - 1;
         }
       }
+}
+
+// LongRoPE: a cache whose keys were rotated with the short factors cannot take a pass past the
+// original context (the long factors apply to every key there); decode refuses it, and a cache
+// started with the long factors takes it, its logits those of the whole sequence's forward.
+TEST(Generate, LongropeCacheSwitchesSetsOnlyFromTheStart) {
+  const std::vector<int32_t> seq = {5, 77, 200, 3, 41, 9, 130, 250, 17};  // 9 > the original 8
+  const int n = (int)seq.size();
+  auto m = load("phi3_longrope_tiny", "cpu", DType::f32, 1, n);
+  ASSERT_EQ(m->cfg.rope_original_max, 8);
+  m->model->start_generation(n, {0});
+  m->model->decode(*m->store, seq.data(), n - 1);
+  EXPECT_TRUE(m->model->decode_needs_long_restart(1));
+  llmt_test::expect_error([&] { m->model->decode(*m->store, &seq[(size_t)n - 1], 1); }, {"longrope", "long_rope"});
+  m->model->start_generation(n, {0}, true);
+  m->model->decode(*m->store, seq.data(), n - 1);
+  EXPECT_FALSE(m->model->decode_needs_long_restart(1));
+  m->model->decode(*m->store, &seq[(size_t)n - 1], 1);
+  const std::vector<float> got = logits_host(*m->model);
+  auto whole = load("phi3_longrope_tiny", "cpu", DType::f32, 1, n);
+  whole->model->forward(*whole->store, seq.data(), nullptr, n, Tensor());
+  const std::vector<float> want = logits_host(*whole->model);
+  const int V = m->cfg.vocab_size;
+  EXPECT_LT(llmt_test::rel_error(got.data(), &want[(size_t)(n - 1) * V], V), 1e-5);
+  // and within the original context the short set: a whole forward of 8 differs from the first 8
+  // rows of the forward of 9 (long set)
+  auto eight = load("phi3_longrope_tiny", "cpu", DType::f32, 1, 8);
+  eight->model->forward(*eight->store, seq.data(), nullptr, 8, Tensor());
+  EXPECT_GT(llmt_test::rel_error(logits_host(*eight->model).data(), &want[7 * (size_t)V], V), 1e-3);
 }
 
 // Sampling draws from (seed, the prompt's index, the step) only: the same seed repeats bitwise, on

@@ -253,6 +253,8 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
   expect_error([&] { config_from_json_file(dir + "/gqa.json"); }, {"gqa.json", "kv heads"});
   // rope_scaling and the rest of Llama 3's and Mistral's fields: what llmt cannot compute exactly is
   // refused by name (rope_scaling used to be refused whole)
+  const std::string phi3 = "{\"model_type\": \"phi3\", \"vocab_size\": 10, \"hidden_size\": 32, "
+                           "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, ";
   const std::string llama = "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 32, "
                             "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, ";
   const std::pair<std::string, std::vector<std::string>> refused[] = {
@@ -273,15 +275,27 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
        {"sliding_window 0 must be positive"}},
       {"{\"model_type\": \"gemma\"}", {"\"gemma\" is not supported (gpt2, llama, mistral, qwen2, qwen3 or phi3)"}},
       {llama + "\"attention_bias\": \"yes\"}", {"attention_bias", "must be true or false"}},
-      {"{\"model_type\": \"phi3\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
-       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"partial_rotary_factor\": 0.75}",
-       {"\"partial_rotary_factor\": 0.75 is not supported", "Phi-4-mini"}},
-      {"{\"model_type\": \"phi3\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
-       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"rope_parameters\": {\"rope_type\": \"default\", "
-       "\"partial_rotary_factor\": 0.75}}", {"rope_parameters", "\"partial_rotary_factor\": 0.75 is not supported"}},
-      {"{\"model_type\": \"phi3\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
-       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"rope_scaling\": {\"type\": \"longrope\", "
-       "\"short_factor\": [1], \"long_factor\": [1]}}", {"rope_scaling", "longrope"}},
+      // partial rotary and longrope: Phi-3 only, factor lists of rotary_dim / 2 (8 x 0.75 = 6: 3), the
+      // two places of partial_rotary_factor and of original_max_position_embeddings agreeing
+      {llama + "\"partial_rotary_factor\": 0.75}", {"\"partial_rotary_factor\": 0.75 is not supported", "phi3"}},
+      {llama + "\"rope_parameters\": {\"rope_type\": \"longrope\", \"short_factor\": [1], \"long_factor\": [1]}}",
+       {"rope_type \"longrope\" is not supported", "longrope for phi3"}},
+      {phi3 + "\"partial_rotary_factor\": 0.625}", {"partial_rotary_factor 0.625 rotates 5 of a head's 8 channels"}},
+      {phi3 + "\"partial_rotary_factor\": 0.75, "
+       "\"rope_parameters\": {\"rope_type\": \"default\", \"partial_rotary_factor\": 0.5}}",
+       {"partial_rotary_factor 0.75 and the rope parameters' 0.5 disagree"}},
+      {phi3 + "\"partial_rotary_factor\": 0.75, \"rope_scaling\": {\"type\": \"longrope\", "
+       "\"short_factor\": [1, 2, 3, 4], \"long_factor\": [1, 2, 3]}}",
+       {"short_factor and long_factor hold 4 and 3 numbers; expected rotary_dim / 2 = 3"}},
+      {phi3 + "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1, 2, 3, 4], "
+       "\"long_factor\": [1, 2, 3, -4]}}", {"long_factor holds -4; expected positive numbers"}},
+      {phi3 + "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1, 2, 3, 4]}}",
+       {"longrope needs \"long_factor\""}},
+      {phi3 + "\"original_max_position_embeddings\": 16, \"rope_scaling\": {\"type\": \"longrope\", "
+       "\"short_factor\": [1, 2, 3, 4], \"long_factor\": [1, 2, 3, 4], \"original_max_position_embeddings\": 8}}",
+       {"original_max_position_embeddings 8 differs from the top-level 16"}},
+      {phi3 + "\"rope_scaling\": {\"type\": \"default\", \"short_factor\": [1, 2, 3, 4]}}",
+       {"\"short_factor\"", "is not supported"}},
   };
   for (size_t i = 0; i < std::size(refused); i++) {
     const std::string f = dir + strformat("/refused%zu.json", i);
@@ -305,6 +319,32 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
     ModelConfig back = config_from_json_file(dir + "/back.json");
     EXPECT_EQ(config_to_hf_json(back), config_to_hf_json(c));
     EXPECT_EQ(config_to_hf_json(c)["rope_scaling"]["rope_type"], "llama3");
+  }
+  // Phi-3's longrope and partial rotary as transformers 4 (rope_scaling, top-level
+  // partial_rotary_factor, the old name "su") and 5 (rope_parameters) spell them, an explicit
+  // attention_factor, and the derived one: sqrt(1 + ln(64 / 8) / ln 8) = sqrt 2
+  write_file(dir + "/phi3_v4.json", phi3 + "\"max_position_embeddings\": 64, \"original_max_position_embeddings\": 8, "
+                                    "\"partial_rotary_factor\": 0.75, \"rope_scaling\": {\"type\": \"su\", "
+                                    "\"short_factor\": [1.0, 1.25, 2.5], \"long_factor\": [1.5, 4, 11]}}");
+  write_file(dir + "/phi3_v5.json", phi3 + "\"max_position_embeddings\": 64, \"original_max_position_embeddings\": 8, "
+                                    "\"rope_parameters\": {\"rope_type\": \"longrope\", \"partial_rotary_factor\": "
+                                    "0.75, \"short_factor\": [1.0, 1.25, 2.5], \"long_factor\": [1.5, 4, 11], "
+                                    "\"attention_factor\": 1.25}}");
+  for (const char* name : {"/phi3_v4.json", "/phi3_v5.json"}) {
+    SCOPED_TRACE(name);
+    ModelConfig c = config_from_json_file(dir + name);
+    EXPECT_EQ(c.rope_scaling, "longrope");
+    EXPECT_EQ(c.rotary_dim(), 6);
+    EXPECT_EQ(c.rope_original_max, 8);
+    EXPECT_EQ(c.rope_short_factor, (std::vector<float>{1.0f, 1.25f, 2.5f}));
+    EXPECT_EQ(c.rope_long_factor, (std::vector<float>{1.5f, 4.0f, 11.0f}));
+    EXPECT_FLOAT_EQ(c.longrope_attention_factor(), std::string(name) == "/phi3_v4.json" ? std::sqrt(2.0f) : 1.25f);
+    const nlohmann::json j = config_to_hf_json(c);
+    EXPECT_EQ(j["original_max_position_embeddings"], 8);
+    EXPECT_EQ(j["partial_rotary_factor"], 0.75);
+    EXPECT_EQ(j["rope_parameters"]["rope_type"], "longrope");
+    write_file(dir + "/back.json", j.dump());
+    EXPECT_EQ(config_to_hf_json(config_from_json_file(dir + "/back.json")), j);
   }
   expect_error([&] { config_from_preset("gpt3"); }, {"gpt3", "presets"});
   // head_dim apart from hidden_size / num_attention_heads: q_proj's out and o_proj's in are heads x
@@ -343,6 +383,17 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
   EXPECT_EQ(pj["sliding_window"], 2047);
   write_file(dir + "/phi3_preset.json", pj.dump());
   EXPECT_EQ(config_to_hf_json(config_from_json_file(dir + "/phi3_preset.json")), pj);
+  // Phi-4-mini's published sizes: 3,836,021,760 parameters (3.8B; lm_head tied), 96 of a head's 128
+  // channels rotating, and its config.json read back
+  const ModelConfig phi4 = config_from_preset("phi4-mini");
+  EXPECT_EQ(make_layout(phi4).total_numel, 3836021760);
+  EXPECT_EQ(phi4.head_size(), 128);
+  EXPECT_EQ(phi4.rotary_dim(), 96);
+  const nlohmann::json p4 = config_to_hf_json(phi4);
+  EXPECT_EQ(p4["partial_rotary_factor"], 0.75);
+  EXPECT_EQ(p4["rope_parameters"]["partial_rotary_factor"], 0.75);
+  write_file(dir + "/phi4_preset.json", p4.dump());
+  EXPECT_EQ(config_to_hf_json(config_from_json_file(dir + "/phi4_preset.json")), p4);
 }
 
 // Issue 23: rope_scaling was ignored whenever rope_parameters was present, even when invalid; a factor

@@ -187,6 +187,9 @@ TEST(HfReference, Qwen3TinyBf16) { check_model("qwen3_tiny", DType::bf16); }
 // Phi-3: q/k/v and gate/up stored fused (qkv_proj, gate_up_proj)
 TEST(HfReference, Phi3Tiny) { check_model("phi3_tiny", DType::f32); }
 TEST(HfReference, Phi3TinyBf16) { check_model("phi3_tiny", DType::bf16); }
+// longrope past its original context of 8 (the long factors, attention factor sqrt 2) over 6 of 8 channels
+TEST(HfReference, Phi3LongropeTiny) { check_model("phi3_longrope_tiny", DType::f32); }
+TEST(HfReference, Phi3LongropeTinyBf16) { check_model("phi3_longrope_tiny", DType::bf16); }
 // the same fixtures with the CUDA backend
 TEST(HfReferenceCuda, Gpt2Tiny) { check_model("gpt2_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, LlamaTinyGqa) { check_model("llama_tiny", DType::f32, "cuda"); }
@@ -208,6 +211,8 @@ TEST(HfReferenceCuda, Qwen3Tiny) { check_model("qwen3_tiny", DType::f32, "cuda")
 TEST(HfReferenceCuda, Qwen3TinyBf16) { check_model("qwen3_tiny", DType::bf16, "cuda"); }
 TEST(HfReferenceCuda, Phi3Tiny) { check_model("phi3_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, Phi3TinyBf16) { check_model("phi3_tiny", DType::bf16, "cuda"); }
+TEST(HfReferenceCuda, Phi3LongropeTiny) { check_model("phi3_longrope_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, Phi3LongropeTinyBf16) { check_model("phi3_longrope_tiny", DType::bf16, "cuda"); }
 
 // Issue 23: a GPT-2 directory with "tie_word_embeddings": false and its own lm_head.weight trained
 // tied (lm_head.weight skipped) and exported as tied. GPT2LMHeadModel untied computes

@@ -14,6 +14,9 @@ Makes tiny, randomly initialised models under tests/reference/:
   llama_bias_tiny/  LlamaForCausalLM with attention_bias and mlp_bias
   qwen3_tiny/       Qwen3ForCausalLM: per-head q/k RMSNorm, head_dim 16 apart from hidden 32 / 4 heads, tied
   phi3_tiny/        Phi3ForCausalLM: q, k, v stored as one qkv_proj, gate and up as one gate_up_proj
+  phi3_longrope_tiny/ the same Phi-3 with Phi-4-mini's rope: longrope (short and long factors, original
+                    context 8 < the batch's 13 tokens, so the long factors apply, attention factor
+                    sqrt(2)) and partial_rotary_factor 0.75 (6 of a head's 8 channels rotate)
 Each directory holds the Hugging Face export (config.json, model.safetensors, float32),
 reference.safetensors: one fixed batch, its logits, loss and gradients, and the parameters after
 3 AdamW steps on that batch (see README.md for the exact contents and conventions), and
@@ -119,6 +122,20 @@ def phi3_config():
                       pad_token_id=None)
 
 
+def phi3_longrope_config():
+    """Phi-4-mini's rope on the tiny Phi-3: longrope with an original context of 8 (max 64: factor 8,
+    attention factor sqrt(1 + ln 8 / ln 8) = sqrt 2), per-frequency factors all distinct, and
+    partial_rotary_factor 0.75: rotary_dim int(8 * 0.75) = 6, three factors a set."""
+    c = phi3_config()
+    c.original_max_position_embeddings = 8
+    c.rope_parameters = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                         "short_factor": [1.0, 1.25, 2.5], "long_factor": [1.5, 4.0, 11.0],
+                         "original_max_position_embeddings": 8}
+    c.partial_rotary_factor = 0.75
+    c.validate_rope()
+    return c
+
+
 def llama_bias_config():
     """A LLaMA config with attention_bias and mlp_bias: biases on q, k, v, o, gate, up and down."""
     c = llama_config(tied=False)
@@ -138,6 +155,7 @@ MODELS = {
     "llama_bias_tiny": (LlamaForCausalLM, llama_bias_config),
     "qwen3_tiny": (Qwen3ForCausalLM, qwen3_config),
     "phi3_tiny": (Phi3ForCausalLM, phi3_config),
+    "phi3_longrope_tiny": (Phi3ForCausalLM, phi3_longrope_config),
 }
 
 

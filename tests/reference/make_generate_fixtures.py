@@ -14,7 +14,10 @@ choice: how far the references are from a tie that fp32 summation order could fl
 
 Regenerate (CPU, seconds; the outputs are committed):
   pip install torch transformers safetensors numpy && python3 tests/reference/make_generate_fixtures.py [MODEL ...]
-(mistral_tiny's sliding window of 5 is shorter than every prompt plus its new tokens.)
+(mistral_tiny's sliding window of 5 is shorter than every prompt plus its new tokens. phi3_longrope_tiny's
+original context of 8 is passed by every prompt plus its new tokens: transformers' Phi-3 switches from
+the short to the long factors there and recomputes the whole sequence; the ids are checked against
+greedy steps that each recompute the sequence from scratch.)
 """
 import json
 import os
@@ -25,7 +28,7 @@ from transformers import AutoModelForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ["gpt2_tiny", "llama_tiny", "llama_tied_tiny", "llama31_tiny", "mistral_tiny", "qwen2_tiny", "llama_bias_tiny",
-          "qwen3_tiny", "phi3_tiny"]
+          "qwen3_tiny", "phi3_tiny", "phi3_longrope_tiny"]
 LENGTHS, NEW, PAD = [6, 3, 8], 8, 0
 
 
@@ -44,6 +47,17 @@ def run(model, prompts, eos):
     return new, margin
 
 
+def recomputed(model, prompt, eos):
+    """Greedy steps without a cache: each a forward over the whole sequence so far."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(NEW):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+            if ids[-1] == eos:
+                break
+    return ids[len(prompt):]
+
+
 def main():
     torch.set_num_threads(1)
     for name in sys.argv[1:] or MODELS:
@@ -59,6 +73,8 @@ def main():
             ids, m = run(model, [p], eos)
             alone += ids
             margins.append(m)
+            if name == "phi3_longrope_tiny":  # the cache recomputed where longrope switches sets
+                assert ids[0] == recomputed(model, p, eos), f"{name}: cached generate differs from recomputing"
         batched, m = run(model, prompts, eos)
         margins.append(m)
         stop = alone[0][3]
