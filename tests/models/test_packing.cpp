@@ -109,6 +109,34 @@ TEST(Packing, PackedRowsGiveEachDocumentsLossAndGradients) {
       }
 }
 
+// LongRoPE picks its factor set by the batch's largest position + 1, as transformers does with
+// position_ids: documents of at most phi3_longrope_tiny's original 8 tokens packed into rows of 13
+// keep the short set and give what each gives alone; with a document of 9 in the batch every
+// document takes the long set, so the short ones no longer give what they give alone.
+TEST(Packing, LongropePicksItsFactorsByTheLargestPosition) {
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<int> id(3, 250);
+  std::vector<std::vector<int32_t>> docs;
+  for (int n : {5, 1, 7, 4, 6, 8, 9}) {
+    docs.emplace_back();
+    for (int i = 0; i < n; i++) docs.back().push_back(id(rng));
+  }
+  for (const char* device : {"cpu", "cuda"}) {
+    SCOPED_TRACE(device);
+    const std::vector<std::vector<int32_t>> shorts(docs.begin(), docs.begin() + 6);
+    const Result alone = run("phi3_longrope_tiny", device, DType::f32, shorts, {}, 13);
+    const Result packed = run("phi3_longrope_tiny", device, DType::f32, shorts, {{0, 1, 2}, {3, 4}, {5}}, 13);
+    EXPECT_NEAR(packed.loss, alone.loss, 1e-5 * std::fabs(alone.loss)) << "the loss sum, short set both ways";
+    for (size_t u = 0; u < alone.grads.size(); u++)
+      EXPECT_LT(llmt_test::rel_error(packed.grads[u].data(), alone.grads[u].data(), (int64_t)alone.grads[u].size()),
+                1e-5) << "unit " << u << "'s gradient";
+    const Result alone9 = run("phi3_longrope_tiny", device, DType::f32, docs, {}, 13);
+    const Result packed9 = run("phi3_longrope_tiny", device, DType::f32, docs, {{0, 1, 2}, {3, 4}, {5}, {6}}, 13);
+    // (4e-4 of the loss sum apart, 40 times the fp32 agreement asked above)
+    EXPECT_GT(std::fabs(packed9.loss - alone9.loss), 1e-4 * std::fabs(alone9.loss)) << "the long set for all";
+  }
+}
+
 // The LM head and loss in chunks of tokens (--logits_chunk_tokens: a logits buffer of that many
 // rows, each chunk's logits recomputed in backward) give the whole batch's loss and gradients: only
 // the order in which the head's weight gradient adds the rows differs. 39 tokens in chunks of 5
