@@ -394,6 +394,23 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
   EXPECT_EQ(p4["rope_parameters"]["partial_rotary_factor"], 0.75);
   write_file(dir + "/phi4_preset.json", p4.dump());
   EXPECT_EQ(config_to_hf_json(config_from_json_file(dir + "/phi4_preset.json")), p4);
+  // a config.json of Phi-4-mini's form (transformers 4: rope_scaling of type longrope with 48 factors
+  // a set, top-level partial_rotary_factor and original context; the factors here made up): the
+  // preset's sizes, 131072 positions, attention factor sqrt(1 + ln 32 / ln 4096)
+  nlohmann::json hub = {{"model_type", "phi3"}, {"vocab_size", 200064}, {"hidden_size", 3072},
+                        {"intermediate_size", 8192}, {"num_hidden_layers", 32}, {"num_attention_heads", 24},
+                        {"num_key_value_heads", 8}, {"max_position_embeddings", 131072},
+                        {"original_max_position_embeddings", 4096}, {"partial_rotary_factor", 0.75},
+                        {"rope_theta", 10000.0}, {"tie_word_embeddings", true}, {"rms_norm_eps", 1e-5}};
+  std::vector<double> shorts, longs;
+  for (int i = 0; i < 48; i++) shorts.push_back(1.0 + 0.01 * i), longs.push_back(1.0 + 0.5 * i);
+  hub["rope_scaling"] = {{"type", "longrope"}, {"short_factor", shorts}, {"long_factor", longs}};
+  write_file(dir + "/phi4_hub.json", hub.dump());
+  const ModelConfig ph = config_from_json_file(dir + "/phi4_hub.json");
+  EXPECT_EQ(make_layout(ph).total_numel, 3836021760);
+  EXPECT_EQ(ph.rotary_dim(), 96);
+  EXPECT_EQ(ph.rope_long_factor.size(), 48u);
+  EXPECT_FLOAT_EQ(ph.longrope_attention_factor(), (float)std::sqrt(1.0 + std::log(32.0) / std::log(4096.0)));
 }
 
 // Issue 23: rope_scaling was ignored whenever rope_parameters was present, even when invalid; a factor
