@@ -365,6 +365,17 @@ void need_window(const Backend& be, const char* op, int window) {
              window);
 }
 
+// The scores' scale and soft cap: finite, >= 0 (0: the default); the scale resolved for the backend.
+AttnScores checked_scores(const Backend& be, const char* op, const AttnScores& s, int hs) {
+  LLMT_CHECK(std::isfinite(s.scale) && s.scale >= 0.0f, "%s %s: attention scale %g, expected > 0 (or 0: 1/sqrt(%d))",
+             be.name().c_str(), op, s.scale, hs);
+  LLMT_CHECK(std::isfinite(s.softcap) && s.softcap >= 0.0f,
+             "%s %s: attention soft cap %g, expected > 0 (or 0: none)", be.name().c_str(), op, s.softcap);
+  AttnScores r = s;
+  r.scale = s.scale_for(hs);
+  return r;
+}
+
 }  // namespace
 
 void Backend::rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
@@ -390,10 +401,11 @@ void Backend::rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, 
 }
 
 void Backend::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                                const Dropout& drop, const PackedDocs& docs, int window) {
+                                const Dropout& drop, const PackedDocs& docs, int window, const AttnScores& scores) {
   const char* op = "attention_forward";
   need_heads(*this, op, B, T, NH, NKV, hs);
   need_window(*this, op, window);
+  const AttnScores sc = checked_scores(*this, op, scores, hs);
   LLMT_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "%s attention_forward: dropout p = %g, expected 0 <= p < 1",
              name().c_str(), drop.p);
   const int64_t BT = (int64_t)B * T;
@@ -402,14 +414,15 @@ void Backend::attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T
   need_act(op, "qkv", qkv, BT * (NH + 2 * NKV) * hs);
   if (docs.active()) need(op, "doc_start", docs.start, DType::i32, BT);
   need_doc_count(*this, op, docs, B, T);
-  run("attention", [&] { attention_forward_impl(out, lse, qkv, B, T, NH, NKV, hs, drop, docs, window); });
+  run("attention", [&] { attention_forward_impl(out, lse, qkv, B, T, NH, NKV, hs, drop, docs, window, sc); });
 }
 
 void Backend::attention_kv(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn,
-                           int p0, int cap, int NH, int NKV, int hs, int window) {
+                           int p0, int cap, int NH, int NKV, int hs, int window, const AttnScores& scores) {
   const char* op = "attention_kv";
   need_heads(*this, op, B, Tn, NH, NKV, hs);
   need_window(*this, op, window);
+  const AttnScores sc = checked_scores(*this, op, scores, hs);
   LLMT_CHECK(p0 >= 0 && p0 + Tn <= cap, "%s attention_kv: %d cached and %d new tokens exceed the cache's %d positions",
              name().c_str(), p0, Tn, cap);
   const int64_t BT = (int64_t)B * Tn, cache = (int64_t)B * NKV * cap * hs;
@@ -419,14 +432,16 @@ void Backend::attention_kv(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qk
   need_act(op, "qkv", qkv, BT * (NH + 2 * NKV) * hs);
   need(op, "key_start", key_start, DType::i32, B);
   run("attention",
-      [&] { attention_kv_impl(out, k_cache, v_cache, qkv, key_start, B, Tn, p0, cap, NH, NKV, hs, window); });
+      [&] { attention_kv_impl(out, k_cache, v_cache, qkv, key_start, B, Tn, p0, cap, NH, NKV, hs, window, sc); });
 }
 
 void Backend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                                 int NKV, int hs, const Dropout& drop, const PackedDocs& docs, int window) {
+                                 int NKV, int hs, const Dropout& drop, const PackedDocs& docs, int window,
+                                 const AttnScores& scores) {
   const char* op = "attention_backward";
   need_heads(*this, op, B, T, NH, NKV, hs);
   need_window(*this, op, window);
+  const AttnScores sc = checked_scores(*this, op, scores, hs);
   LLMT_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "%s attention_backward: dropout p = %g, expected 0 <= p < 1",
              name().c_str(), drop.p);
   const int64_t BT = (int64_t)B * T;
@@ -438,7 +453,7 @@ void Backend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor ou
   if (docs.active()) need(op, "doc_start", docs.start, DType::i32, BT);
   need_doc_count(*this, op, docs, B, T);
   run("attention",
-      [&] { attention_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs, drop, docs, window); });
+      [&] { attention_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs, drop, docs, window, sc); });
 }
 
 // ---- elementwise ----
@@ -471,8 +486,10 @@ void Backend::scale(Tensor x, float s, int64_t n) {
 // ---- loss ----
 
 void Backend::cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                            float grad_scale, int64_t ld) {
+                            float grad_scale, int64_t ld, float softcap) {
   const char* op = "cross_entropy";
+  LLMT_CHECK(std::isfinite(softcap) && softcap >= 0.0f,
+             "%s cross_entropy: logit soft cap %g, expected > 0 (or 0: none)", name().c_str(), softcap);
   need_size(*this, op, "N", N, 0);
   need_size(*this, op, "V", V, 1);
   if (ld == 0) ld = V;
@@ -482,7 +499,18 @@ void Backend::cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tens
   need_act(op, "logits", logits, span);
   if (dlogits.data) need_act(op, "dlogits", dlogits, span);
   need(op, "targets", targets, DType::i32, N);
-  run("loss", [&] { cross_entropy_impl(loss_sum, dlogits, logits, targets, N, V, grad_scale, ld); });
+  run("loss", [&] { cross_entropy_impl(loss_sum, dlogits, logits, targets, N, V, grad_scale, ld, softcap); });
+}
+
+void Backend::logit_softcap(Tensor x, int64_t N, int V, float cap, int64_t ld) {
+  const char* op = "logit_softcap";
+  LLMT_CHECK(std::isfinite(cap) && cap > 0.0f, "%s logit_softcap: cap %g, expected > 0", name().c_str(), cap);
+  need_size(*this, op, "N", N, 0);
+  need_size(*this, op, "V", V, 1);
+  if (ld == 0) ld = V;
+  need_size(*this, op, "ld", ld, V);
+  need_act(op, "x", x, N > 0 ? (N - 1) * ld + V : 0);
+  run("loss", [&] { logit_softcap_impl(x, N, V, cap, ld); });
 }
 
 // ---- optimizer and reductions ----

@@ -54,6 +54,17 @@ struct Dropout {
   bool active() const { return p > 0.0f; }
 };
 
+// How attention turns q . k into the scores its softmax takes (Gemma 2 and 3): s = scale * (q . k),
+// scale 0 meaning 1/sqrt(hs) (Gemma's query_pre_attn_scalar^-0.5 otherwise); then, with softcap > 0,
+// s = softcap * tanh(s / softcap) (Gemma 2's attn_logit_softcapping), before the masks and the
+// softmax, as transformers' eager_attention_forward. The default is every other family's attention.
+struct AttnScores {
+  float scale = 0.0f;    // > 0, or 0: 1/sqrt(hs)
+  float softcap = 0.0f;  // > 0, or 0: none
+  bool capped() const { return softcap > 0.0f; }
+  float scale_for(int hs) const { return scale > 0.0f ? scale : 1.0f / std::sqrt((float)hs); }
+};
+
 // Packed documents (--packing). start (i32 [B*T]): token (b, t) belongs to the document that begins
 // at position start[b*T + t] <= t of its row (documents are contiguous: start[t] is t or start[t-1]).
 // count: how many documents begin in the batch (the tokens with start[b*T + t] == t, at least one a
@@ -255,32 +266,36 @@ class Backend {
   void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
                      Tensor positions = Tensor());
   // Causal self-attention with grouped-query heads (head h reads kv head h / (NH/NKV); NH % NKV == 0),
-  // scale 1/sqrt(hs), dropout on the probabilities as `drop` says (its row index counts sequences).
-  // out[B*T, NH*hs] (=); lse[B,NH,T] (=) keeps each query row's log-sum-exp of the scaled scores: all
-  // that backward needs to recompute the probabilities, so no T x T buffer exists.
+  // scores as `scores` says (AttnScores: the scale, 1/sqrt(hs) by default, and Gemma 2's soft cap),
+  // dropout on the probabilities as `drop` says (its row index counts sequences).
+  // out[B*T, NH*hs] (=); lse[B,NH,T] (=) keeps each query row's log-sum-exp of the scores (scaled, and
+  // capped when softcap > 0): all that backward needs to recompute the probabilities, so no T x T
+  // buffer exists.
   // docs (PackedDocs, or none): a token attends only keys of its own document, from the document's
   // start to itself, never across a boundary.
   // window (>= 0; 0 = none): a sliding window of `window` keys, the query's own included: query t
   // attends key u only when t - window < u <= t (transformers' sliding_window, masking_utils'
   // sliding_window_overlay: kv_idx > q_idx - sliding_window), intersected with the document.
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                         const Dropout& drop, const PackedDocs& docs = PackedDocs(), int window = 0);
-  // dqkv (=) from dout, given the forward's qkv, out and lse (FlashAttention-2's backward); docs and
-  // window as the forward's.
+                         const Dropout& drop, const PackedDocs& docs = PackedDocs(), int window = 0,
+                         const AttnScores& scores = AttnScores());
+  // dqkv (=) from dout, given the forward's qkv, out and lse (FlashAttention-2's backward); docs,
+  // window and scores as the forward's (with a soft cap, d(score) takes the factor 1 - tanh^2).
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH, int NKV,
-                          int hs, const Dropout& drop, const PackedDocs& docs = PackedDocs(), int window = 0);
+                          int hs, const Dropout& drop, const PackedDocs& docs = PackedDocs(), int window = 0,
+                          const AttnScores& scores = AttnScores());
 
   // ---- generation: a KV cache (llmt generate; nothing here goes backward) ----
   // Tn new tokens of each of B sequences against a KV cache k_cache, v_cache (act, [B, NKV, cap, hs]),
   // which holds positions 0 .. p0-1 of each sequence. First appends the new tokens' k and v (their
   // qkv rows, RoPE applied) at positions p0 .. p0+Tn-1; then out[b*Tn + i, NH*hs] (=) is query i
-  // (position p0 + i) attending causally, scale 1/sqrt(hs), grouped-query heads as attention_forward,
+  // (position p0 + i) attending causally, scores as attention_forward's, grouped-query heads as it,
   // over positions key_start[b] .. p0 + i (key_start: i32 [B], the sequence's first real token after
   // left padding). A query before key_start[b] is padding: it attends nothing and gets zeros.
   // window (0 = none) as attention_forward's, by cache position: from max(key_start[b], p0 + i -
   // window + 1); the cache keeps every position all the same.
   void attention_kv(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn, int p0,
-                    int cap, int NH, int NKV, int hs, int window = 0);
+                    int cap, int NH, int NKV, int hs, int window = 0, const AttnScores& scores = AttnScores());
 
   // ---- elementwise (f32 or bf16) ----
   void add(Tensor out, Tensor a, Tensor b, int64_t n);  // out = a + b, one dtype (out may alias a or b)
@@ -293,8 +308,17 @@ class Backend {
   // When dlogits.data != nullptr: dlogits (act, =) grad_scale * (softmax - onehot), zero on ignored
   // rows; dlogits may alias logits. A target outside [0, V) other than kIgnoreIndex is an error.
   // ld: the row stride of logits and dlogits (0: V); the columns past V are not touched.
+  // softcap > 0 (Gemma 2's final_logit_softcapping): the loss is taken over y = softcap *
+  // tanh(logits / softcap), and dlogits is the gradient with respect to the logits before the cap,
+  // grad_scale * (softmax(y) - onehot) * (1 - (y / softcap)^2): the cap's forward and backward in
+  // the loss's one pass, so the capped logits need no buffer of their own. y stays fp32 (transformers
+  // rounds it to the logits' dtype first; the difference is within a bf16 rounding of a logit).
   void cross_entropy(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                     float grad_scale, int64_t ld = 0);
+                     float grad_scale, int64_t ld = 0, float softcap = 0.0f);
+  // x[N, V] (act, rows ld apart, 0: V) (=) cap * tanh(x / cap) in place, cap > 0: the capped logits
+  // for what reads them outside the loss (generation, evaluation's outputs). Training's backward
+  // needs no op of its own: cross_entropy's softcap takes it.
+  void logit_softcap(Tensor x, int64_t N, int V, float cap, int64_t ld = 0);
 
   // ---- optimizer and reductions ----
   // AdamW as torch.optim.AdamW on f32 p, g, m, v: p *= 1 - lr*wd for the elements inside `decay`'s
@@ -310,7 +334,8 @@ class Backend {
   void convert(Tensor out, Tensor in, int64_t n);  // f32 <-> bf16 (round to nearest even), or a copy
 
  protected:
-  // What each backend implements: the ops above, arguments already checked.
+  // What each backend implements: the ops above, arguments already checked (attention's
+  // scores.scale resolved: > 0).
   virtual void zero_impl(void* p, size_t bytes) = 0;
   virtual void copy_impl(void* dst, const void* src, size_t bytes) = 0;
   // ld_a and ld_out are given (never 0)
@@ -346,17 +371,20 @@ class Backend {
   virtual void rope_backward_impl(Tensor dqkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
                                   Tensor positions) = 0;
   virtual void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                                      const Dropout& drop, const PackedDocs& docs, int window) = 0;
+                                      const Dropout& drop, const PackedDocs& docs, int window,
+                                      const AttnScores& scores) = 0;
   virtual void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T,
                                        int NH, int NKV, int hs, const Dropout& drop, const PackedDocs& docs,
-                                       int window) = 0;
+                                       int window, const AttnScores& scores) = 0;
   virtual void attention_kv_impl(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B,
-                                 int Tn, int p0, int cap, int NH, int NKV, int hs, int window) = 0;
+                                 int Tn, int p0, int cap, int NH, int NKV, int hs, int window,
+                                 const AttnScores& scores) = 0;
   virtual void add_impl(Tensor out, Tensor a, Tensor b, int64_t n) = 0;
   virtual void accumulate_impl(Tensor dst, Tensor src, int64_t n) = 0;
   virtual void scale_impl(Tensor x, float s, int64_t n) = 0;
   virtual void cross_entropy_impl(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                                  float grad_scale, int64_t ld) = 0;
+                                  float grad_scale, int64_t ld, float softcap) = 0;
+  virtual void logit_softcap_impl(Tensor x, int64_t N, int V, float cap, int64_t ld) = 0;
   virtual void adamw_impl(Tensor p, Tensor p_compute, Tensor g, Tensor m, Tensor v, int64_t n, float lr, float beta1,
                           float beta2, float eps, float weight_decay, const DecaySpans& decay, int t,
                           float grad_scale) = 0;

@@ -756,10 +756,10 @@ class CpuBackend : public Backend {
   // The new tokens' k and v into the cache, then each query row over its cached keys: scores, their
   // maximum, the exponentials' sum and the weighted values, all in fp32.
   void attention_kv_impl(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn,
-                         int p0, int cap, int NH, int NKV, int hs, int window) override {
+                         int p0, int cap, int NH, int NKV, int hs, int window, const AttnScores& scores) override {
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
     const int group = NH / NKV;
-    const float scale = 1.0f / std::sqrt((float)hs);
+    const float scale = scores.scale, softcap = scores.softcap;
     const int32_t* ks = key_start.i32();
     by_dtype(qkv.dtype, "attention_kv", [&](auto tag) {
       using A = decltype(tag);
@@ -790,6 +790,7 @@ class CpuBackend : public Backend {
                 for (int t2 = first; t2 <= last; t2++) {
                   float d = 0.0f;
                   for (int j = 0; j < hs; j++) d += q[j] * ld(K, cache0 + (int64_t)t2 * hs + j);
+                  if (softcap > 0.0f) d = softcap * std::tanh(d / softcap);
                   s[t2] = d;
                   maxv = std::max(maxv, d);
                 }
@@ -811,12 +812,14 @@ class CpuBackend : public Backend {
   // weighted sum of values. Only lse is kept; the probabilities live in a row of scratch. Keys are
   // held transposed ([hs][T]) so that a row's scores accumulate over t2 in vector lanes.
   void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                              const Dropout& drop, const PackedDocs& docs, int window) override {
+                              const Dropout& drop, const PackedDocs& docs, int window,
+                              const AttnScores& scores) override {
     const int32_t* doc = docs.active() ? docs.start.i32() : nullptr;
     float* L = lse.f32();
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
     const int group = NH / NKV;
-    const float scale = 1.0f / std::sqrt((float)hs), keep_scale = drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f;
+    const float scale = scores.scale, softcap = scores.softcap;
+    const float keep_scale = drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f;
     by_dtype(qkv.dtype, "attention_forward", [&](auto tag) {
       using A = decltype(tag);
       const A* X = (const A*)qkv.data;
@@ -844,6 +847,8 @@ class CpuBackend : public Backend {
 #pragma omp simd
                 for (int t2 = s0; t2 <= t; t2++) s[t2] += qj * kj[t2];
               }
+              if (softcap > 0.0f)  // Gemma 2: the scaled scores capped, before the softmax
+                for (int t2 = s0; t2 <= t; t2++) s[t2] = softcap * std::tanh(s[t2] / softcap);
               float maxv = -INFINITY;
 #pragma omp simd reduction(max : maxv)
               for (int t2 = s0; t2 <= t; t2++) maxv = std::max(maxv, s[t2]);
@@ -876,12 +881,14 @@ class CpuBackend : public Backend {
   // row sums. dk and dv accumulate in fp32 scratch and are stored once. Rows of scores and their
   // gradients run over t2 in vector lanes (keys and values held both ways).
   void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                               int NKV, int hs, const Dropout& drop, const PackedDocs& docs, int window) override {
+                               int NKV, int hs, const Dropout& drop, const PackedDocs& docs, int window,
+                               const AttnScores& scores) override {
     const int32_t* doc = docs.active() ? docs.start.i32() : nullptr;
     const float* L = lse.f32();
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
     const int group = NH / NKV;
-    const float scale = 1.0f / std::sqrt((float)hs), keep_scale = drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f;
+    const float scale = scores.scale, softcap = scores.softcap;
+    const float keep_scale = drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f;
     by_dtype(qkv.dtype, "attention_backward", [&](auto tag) {
       using A = decltype(tag);
       const A *X = (const A*)qkv.data, *D = (const A*)dout.data, *O = (const A*)out.data;
@@ -889,7 +896,7 @@ class CpuBackend : public Backend {
 #pragma omp parallel num_threads(nthreads_)
       {
         const size_t th = (size_t)T * hs;
-        std::vector<float> buf(6 * th + 4 * (size_t)hs + 3 * (size_t)T);
+        std::vector<float> buf(6 * th + 4 * (size_t)hs + 4 * (size_t)T);
         float* __restrict k = buf.data();       // [T][hs]
         float* __restrict kt = k + th;          // [hs][T]
         float* __restrict vt = kt + th;         // [hs][T]
@@ -901,6 +908,7 @@ class CpuBackend : public Backend {
         float* __restrict p = dd + hs + hs;     // [T] probabilities
         float* __restrict dp = p + T;           // [T] their gradients, then the scores'
         float* __restrict pd = dp + T;          // [T] the probabilities after dropout
+        float* __restrict dc = pd + T;          // [T] the soft cap's derivative, 1 - tanh^2
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++) {
           for (int kvh = 0; kvh < NKV; kvh++) {
@@ -934,6 +942,12 @@ class CpuBackend : public Backend {
                     dp[t2] += dj * vj[t2];
                   }
                 }
+                if (softcap > 0.0f)  // the capped score, and its derivative for d(score)
+                  for (int t2 = s0; t2 <= t; t2++) {
+                    const float th = std::tanh(p[t2] / softcap);
+                    p[t2] = softcap * th;
+                    dc[t2] = 1.0f - th * th;
+                  }
 #pragma omp simd
                 for (int t2 = s0; t2 <= t; t2++) pd[t2] = p[t2] = exp_approx(p[t2] - lse_t);
                 if (drop.active()) {
@@ -946,6 +960,9 @@ class CpuBackend : public Backend {
                 }
 #pragma omp simd
                 for (int t2 = s0; t2 <= t; t2++) dp[t2] = p[t2] * (dp[t2] - Dt) * scale;  // now d(score)
+                if (softcap > 0.0f)
+#pragma omp simd
+                  for (int t2 = s0; t2 <= t; t2++) dp[t2] *= dc[t2];
                 for (int t2 = s0; t2 <= t; t2++) {
                   const float ds = dp[t2], pv = pd[t2];
                   const float* __restrict kk = k + (size_t)t2 * hs;
@@ -1003,8 +1020,41 @@ class CpuBackend : public Backend {
   }
 
   // ---- loss ----
+  // One row of cross_entropy with the logits soft-capped: y = cap tanh(x / cap) (fp32, in y), the
+  // loss over y added to total, and when dx: dx (may alias x) = grad_scale (softmax(y) - onehot)
+  // (1 - (y / cap)^2), the gradient before the cap. e: V floats of scratch.
+  template <class A>
+  static void softcap_row(float* y, float* e, const A* x, int V, float cap, int target, float grad_scale, A* dx,
+                          double& total) {
+    float maxv = -INFINITY;
+    for (int j = 0; j < V; j++) maxv = std::max(maxv, y[j] = cap * std::tanh(ld(x, j) / cap));
+    double sum = 0.0;
+    for (int j0 = 0; j0 < V; j0 += 1024) {  // as the uncapped rows: fp32 blocks of 1024, added in double
+      const int j1 = std::min(V, j0 + 1024);
+      float block = 0.0f;
+      for (int j = j0; j < j1; j++) block += (e[j] = exp_approx(y[j] - maxv));
+      sum += block;
+    }
+    if (dx) {
+      const float f = (float)(grad_scale / sum);
+      for (int j = 0; j < V; j++) {
+        const float t = y[j] / cap;
+        st(dx, j, (e[j] * f - (j == target ? grad_scale : 0.0f)) * (1.0f - t * t));
+      }
+    }
+    total += std::log(sum) + maxv - y[target];
+  }
+  void logit_softcap_impl(Tensor x, int64_t N, int V, float cap, int64_t row_stride) override {
+    by_dtype(x.dtype, "logit_softcap", [&](auto tag) {
+      using A = decltype(tag);
+      A* X = (A*)x.data;
+#pragma omp parallel for num_threads(nthreads_)
+      for (int64_t i = 0; i < N; i++)
+        for (int j = 0; j < V; j++) st(X, i * row_stride + j, cap * std::tanh(ld(X, i * row_stride + j) / cap));
+    });
+  }
   void cross_entropy_impl(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                          float grad_scale, int64_t row_stride) override {
+                          float grad_scale, int64_t row_stride, float softcap) override {
     double* out = loss_sum.f64();
     const int32_t* tg = targets.i32();
     for (int64_t i = 0; i < N; i++)
@@ -1018,7 +1068,7 @@ class CpuBackend : public Backend {
       A* DL = dlogits.data ? (A*)dlogits.data : nullptr;
 #pragma omp parallel num_threads(nthreads_) reduction(+ : total)
       {
-        std::vector<float> e((size_t)V);
+        std::vector<float> e((size_t)V), capped(softcap > 0.0f ? (size_t)V : 0);
 #pragma omp for
         for (int64_t i = 0; i < N; i++) {
           const int64_t r = i * row_stride;
@@ -1026,6 +1076,10 @@ class CpuBackend : public Backend {
           if (target == kIgnoreIndex) {
             if (DL)
               for (int j = 0; j < V; j++) st(DL, r + j, 0.0f);
+            continue;
+          }
+          if (softcap > 0.0f) {
+            softcap_row(capped.data(), e.data(), Lg + r, V, softcap, target, grad_scale, DL ? DL + r : nullptr, total);
             continue;
           }
           float maxv = -INFINITY;

@@ -48,7 +48,8 @@ bool uses_cublaslt() {
 // not take. Unset, a GPU build takes cuDNN where the library loads; the emulator takes flash (its
 // cuDNN is a stand-in, run under LLMT_ATTENTION=cudnn).
 enum class AttnKernel { cudnn, flash, plain };
-AttnKernel pick_attention(cuda::AttentionImpl asked, DType dt, int hs, bool dropout, std::string* why = nullptr) {
+AttnKernel pick_attention(cuda::AttentionImpl asked, DType dt, int hs, bool dropout, bool softcap,
+                          std::string* why = nullptr) {
   using cuda::AttentionImpl;
   auto no = [&](const char* kernel, const char* reason) {
     if (why) *why += std::string(why->empty() ? "" : "; ") + kernel + " not used: " + reason;
@@ -59,6 +60,7 @@ AttnKernel pick_attention(cuda::AttentionImpl asked, DType dt, int hs, bool drop
     const std::string& missing = cuda::cudnn_attention_unavailable();
     if (!missing.empty()) no("cuDNN", missing.c_str());
     else if (dropout) no("cuDNN", "attention dropout (llmt's masks are not cuDNN's)");
+    else if (softcap) no("cuDNN", "the attention soft cap (llmt does not build cuDNN's score modifier)");
     else if (cuda::cudnn_attention_fits(hs)) return AttnKernel::cudnn;
     else if (why) no("cuDNN", strformat("head size %d", hs).c_str());
   }
@@ -338,11 +340,11 @@ class CudaBackend : public Backend {
     });
   }
   void attention_kv_impl(Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor key_start, int B, int Tn, int p0,
-                         int cap, int NH, int NKV, int hs, int window) override {
+                         int cap, int NH, int NKV, int hs, int window, const AttnScores& scores) override {
     by_dtype(qkv.dtype, "attention_kv", [&](auto tag) {
       using A = decltype(tag);
       cuda::attention_kv((A*)out.data, (A*)k_cache.data, (A*)v_cache.data, (const A*)qkv.data, key_start.i32(), B, Tn, p0,
-                         cap, NH, NKV, hs, window, stream_);
+                         cap, NH, NKV, hs, window, scores.scale, scores.softcap, stream_);
     });
   }
   cuda::CudnnAttention& cudnn() {
@@ -350,11 +352,12 @@ class CudaBackend : public Backend {
     return *dnn_;
   }
   // The kernel for this call; an explicit LLMT_ATTENTION that does not take it says so once.
-  AttnKernel attention_kernel(DType dt, int hs, const Dropout& drop, bool packed, int B, int T, int NH, int NKV) {
+  AttnKernel attention_kernel(DType dt, int hs, const Dropout& drop, bool softcap, bool packed, int B, int T, int NH,
+                              int NKV) {
     // the reasons are words only while a warning may still be given: nothing is built on every call
     const bool may_warn = attention_ != cuda::AttentionImpl::automatic && !attention_warned_;
     std::string why;
-    AttnKernel k = pick_attention(attention_, dt, hs, drop.active(), may_warn ? &why : nullptr);
+    AttnKernel k = pick_attention(attention_, dt, hs, drop.active(), softcap, may_warn ? &why : nullptr);
     if (!why.empty()) {
       attention_warned_ = true;
       log_warn("LLMT_ATTENTION=%s: %s", cuda::attention_impl_name(attention_), why.c_str());
@@ -369,41 +372,43 @@ class CudaBackend : public Backend {
     return k;
   }
   void attention_forward_impl(Tensor out, Tensor lse, Tensor qkv, int B, int T, int NH, int NKV, int hs,
-                              const Dropout& drop, const PackedDocs& docs, int window) override {
+                              const Dropout& drop, const PackedDocs& docs, int window,
+                              const AttnScores& scores) override {
     const int32_t* doc = i32_or_null(docs.start);
-    const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, doc != nullptr, B, T, NH, NKV);
+    const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, scores.capped(), doc != nullptr, B, T, NH, NKV);
     // cuDNN without an engine for this shape (it warned, naming it) passes the call on
-    if (k == AttnKernel::cudnn &&
-        cudnn().forward(out.bf16(), lse.f32(), qkv.bf16(), doc, docs.count, B, T, NH, NKV, hs, window, stream_))
+    if (k == AttnKernel::cudnn && cudnn().forward(out.bf16(), lse.f32(), qkv.bf16(), doc, docs.count, B, T, NH, NKV, hs,
+                                                  window, scores.scale, stream_))
       return;
     if (k != AttnKernel::plain && cuda::flash_attention_fits(hs))
       return cuda::flash_attention_forward(out.bf16(), lse.f32(), qkv.bf16(), doc, B, T, NH, NKV, hs, drop, window,
-                                           stream_);
+                                           scores.scale, scores.softcap, stream_);
     by_dtype(qkv.dtype, "attention_forward", [&](auto tag) {
       using A = decltype(tag);
       cuda::attention_forward((A*)out.data, lse.f32(), (const A*)qkv.data, doc, B, T, NH, NKV, hs, drop, window,
-                              stream_);
+                              scores.scale, scores.softcap, stream_);
     });
   }
   void attention_backward_impl(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int B, int T, int NH,
-                               int NKV, int hs, const Dropout& drop, const PackedDocs& docs, int window) override {
+                               int NKV, int hs, const Dropout& drop, const PackedDocs& docs, int window,
+                               const AttnScores& scores) override {
     const int32_t* doc = i32_or_null(docs.start);
-    const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, doc != nullptr, B, T, NH, NKV);
+    const AttnKernel k = attention_kernel(qkv.dtype, hs, drop, scores.capped(), doc != nullptr, B, T, NH, NKV);
     // cuDNN's lse is llmt's, so whichever kernel ran the forward, any of them can run the backward
     if (k == AttnKernel::cudnn && cudnn().backward(dqkv.bf16(), dout.bf16(), qkv.bf16(), out.bf16(), lse.f32(), doc,
-                                                   docs.count, B, T, NH, NKV, hs, window, stream_))
+                                                   docs.count, B, T, NH, NKV, hs, window, scores.scale, stream_))
       return;
     float* d = (float*)scratch(attn_d_, (size_t)B * T * NH * sizeof(float));
     if (k != AttnKernel::plain && cuda::flash_attention_fits(hs)) {
       cuda::attention_row_dots(d, dout.bf16(), out.bf16(), (int64_t)B * T * NH, hs, stream_);
       float* partial = (float*)scratch(attn_dq_, cuda::flash_backward_scratch_bytes(B, T, NH, NKV, hs));
       return cuda::flash_attention_backward(dqkv.bf16(), partial, dout.bf16(), qkv.bf16(), lse.f32(), d, doc, B, T, NH,
-                                            NKV, hs, drop, window, stream_);
+                                            NKV, hs, drop, window, scores.scale, scores.softcap, stream_);
     }
     by_dtype(qkv.dtype, "attention_backward", [&](auto tag) {
       using A = decltype(tag);
       cuda::attention_backward((A*)dqkv.data, (const A*)dout.data, (const A*)qkv.data, (const A*)out.data, lse.f32(),
-                               d, doc, B, T, NH, NKV, hs, drop, window, stream_);
+                               d, doc, B, T, NH, NKV, hs, drop, window, scores.scale, scores.softcap, stream_);
     });
   }
 
@@ -437,13 +442,17 @@ class CudaBackend : public Backend {
 
   // ---- loss ----
   void cross_entropy_impl(Tensor loss_sum, Tensor dlogits, Tensor logits, Tensor targets, int64_t N, int V,
-                          float grad_scale, int64_t ld) override {
+                          float grad_scale, int64_t ld, float softcap) override {
     double* rows = (double*)scratch(row_losses_, (size_t)std::max<int64_t>(N, 1) * sizeof(double));
     by_dtype(logits.dtype, "cross_entropy", [&](auto tag) {
       using A = decltype(tag);
       cuda::cross_entropy(loss_sum.f64(), rows, (A*)dlogits.data, (const A*)logits.data, targets.i32(), N, V, ld,
-                          grad_scale, err_, stream_);
+                          grad_scale, softcap, err_, stream_);
     });
+  }
+  void logit_softcap_impl(Tensor x, int64_t N, int V, float cap, int64_t ld) override {
+    by_dtype(x.dtype, "logit_softcap",
+             [&](auto tag) { cuda::logit_softcap((decltype(tag)*)x.data, N, V, ld, cap, stream_); });
   }
 
   // ---- optimizer and reductions ----
@@ -566,9 +575,9 @@ std::string cuda_device_description(int device) {
                    prop.major, prop.minor, drv / 1000, (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
 }
 
-std::string cuda_attention_kernels(DType compute, int head_size, bool dropout, bool packed) {
+std::string cuda_attention_kernels(DType compute, int head_size, bool dropout, bool packed, bool softcap) {
   std::string why;
-  const AttnKernel k = pick_attention(cuda::attention_impl(), compute, head_size, dropout, &why);
+  const AttnKernel k = pick_attention(cuda::attention_impl(), compute, head_size, dropout, softcap, &why);
   std::string s = k == AttnKernel::cudnn   ? "cuDNN " + cuda::cudnn_attention_version() + ", deterministic backward" +
                                               (packed ? ", packed documents as a ragged batch" : "")
                   : k == AttnKernel::flash ? "flash (tensor cores, forward and backward)"

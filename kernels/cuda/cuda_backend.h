@@ -46,11 +46,13 @@ double cuda_peak_tflops(int device, DType compute, bool tf32);
 double cuda_peak_bandwidth_gbs(int device);  // the datasheet's memory bandwidth, GB/s; 0 where unknown
 
 // Which attention kernels the CUDA backend runs for `compute`, head size `head_size`, with or without
-// attention dropout and packed documents, for the layout line and llmt bench: "cuDNN 9.19.0 (frontend
-// 1.32.0), deterministic backward", "flash (tensor cores, forward and backward)" or "plain", and in
+// attention dropout, packed documents and an attention soft cap, for the layout line and llmt bench:
+// "cuDNN 9.19.0 (frontend 1.32.0), deterministic backward", "flash (tensor cores, forward and
+// backward)" or "plain", and in
 // parentheses what was not used and why (LLMT_ATTENTION, kernels/cuda/flash_attention.h). Throws for a
 // bad LLMT_ATTENTION.
-std::string cuda_attention_kernels(DType compute, int head_size, bool dropout = false, bool packed = false);
+std::string cuda_attention_kernels(DType compute, int head_size, bool dropout = false, bool packed = false,
+                                   bool softcap = false);
 
 // The tensor-core attention backward (kernels/cuda/flash_attention.cu) splits each kv head's key
 // tiles of 64 over `splits` blocks, each adding its part of dQ into f32 partial sums of its own that

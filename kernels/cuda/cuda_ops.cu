@@ -579,22 +579,35 @@ __device__ __forceinline__ float dot_row(const float* q, const T* k, int hs) {
   return s;
 }
 
+// A scaled score soft-capped (softcap > 0, Gemma 2: softcap tanh(s / softcap)), or as it is; dcap
+// (when asked) the cap's derivative 1 - tanh^2, 1 without a cap.
+__device__ __forceinline__ float cap_score(float s, float softcap, float* dcap = nullptr) {
+  if (softcap <= 0.0f) {
+    if (dcap) *dcap = 1.0f;
+    return s;
+  }
+  const float th = tanhf(s / softcap);
+  if (dcap) *dcap = 1.0f - th * th;
+  return softcap * th;
+}
+
 template <typename T>
 __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, const int32_t* doc, int T_, int NH, int NKV,
-                                         int hs, Dropout drop, int window) {
+                                         int hs, Dropout drop, int window, float scale, float softcap) {
   const int h = (int)blockIdx.x, b = (int)blockIdx.y, kvh = h / (NH / NKV);
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const T* base = qkv + (int64_t)b * T_ * row_len;
-  const float scale = 1.0f / sqrtf((float)hs), keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
+  const float keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
   float q[kMaxHeadSize], acc[kMaxHeadSize];
   for (int t = (int)threadIdx.x; t < T_; t += (int)blockDim.x) {
     const int s0 = first_key(doc, b, T_, t, window);
     for (int j = 0; j < hs; j++) q[j] = to_f32(base[t * row_len + (int64_t)h * hs + j]) * scale, acc[j] = 0.0f;
     float m = -INFINITY;
-    for (int t2 = s0; t2 <= t; t2++) m = fmaxf(m, dot_row(q, base + t2 * row_len + (int64_t)(NH + kvh) * hs, hs));
+    for (int t2 = s0; t2 <= t; t2++)
+      m = fmaxf(m, cap_score(dot_row(q, base + t2 * row_len + (int64_t)(NH + kvh) * hs, hs), softcap));
     float sum = 0.0f;
     for (int t2 = s0; t2 <= t; t2++) {
-      const float e = expf(dot_row(q, base + t2 * row_len + (int64_t)(NH + kvh) * hs, hs) - m);
+      const float e = expf(cap_score(dot_row(q, base + t2 * row_len + (int64_t)(NH + kvh) * hs, hs), softcap) - m);
       sum += e;
       const float wgt = drop.p > 0.0f ? (attn_keep(drop, b, h, t, t2) ? e * keep_scale : 0.0f) : e;
       const T* v = base + t2 * row_len + (int64_t)(NH + NKV + kvh) * hs;
@@ -624,12 +637,12 @@ __global__ void kv_append_kernel(T* k_cache, T* v_cache, const T* qkv, int Tn, i
 // a thread per new query row of head blockIdx.x, sequence blockIdx.y: two passes over its cached keys
 template <typename T>
 __global__ void attention_kv_kernel(T* out, const T* k_cache, const T* v_cache, const T* qkv, const int32_t* key_start,
-                                    int Tn, int p0, int cap, int NH, int NKV, int hs, int window) {
+                                    int Tn, int p0, int cap, int NH, int NKV, int hs, int window, float scale,
+                                    float softcap) {
   const int h = (int)blockIdx.x, b = (int)blockIdx.y, kvh = h / (NH / NKV);
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const T* K = k_cache + ((int64_t)b * NKV + kvh) * cap * hs;
   const T* V = v_cache + ((int64_t)b * NKV + kvh) * cap * hs;
-  const float scale = 1.0f / sqrtf((float)hs);
   const int start = key_start[b] > 0 ? key_start[b] : 0;
   float q[kMaxHeadSize], acc[kMaxHeadSize];
   for (int i = (int)threadIdx.x; i < Tn; i += (int)blockDim.x) {
@@ -637,9 +650,9 @@ __global__ void attention_kv_kernel(T* out, const T* k_cache, const T* v_cache, 
     const T* qr = qkv + ((int64_t)b * Tn + i) * row_len + (int64_t)h * hs;
     for (int j = 0; j < hs; j++) q[j] = to_f32(qr[j]) * scale, acc[j] = 0.0f;
     float m = -INFINITY, sum = 0.0f;
-    for (int t2 = first; t2 <= last; t2++) m = fmaxf(m, dot_row(q, K + (int64_t)t2 * hs, hs));
+    for (int t2 = first; t2 <= last; t2++) m = fmaxf(m, cap_score(dot_row(q, K + (int64_t)t2 * hs, hs), softcap));
     for (int t2 = first; t2 <= last; t2++) {
-      const float e = expf(dot_row(q, K + (int64_t)t2 * hs, hs) - m);
+      const float e = expf(cap_score(dot_row(q, K + (int64_t)t2 * hs, hs), softcap) - m);
       sum += e;
       for (int j = 0; j < hs; j++) acc[j] += e * to_f32(V[(int64_t)t2 * hs + j]);
     }
@@ -661,11 +674,12 @@ __global__ void attention_d_kernel(float* D, const T* dout, const T* out, int hs
 
 template <typename T>
 __global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D,
-                                    const int32_t* doc, int T_, int NH, int NKV, int hs, Dropout drop, int window) {
+                                    const int32_t* doc, int T_, int NH, int NKV, int hs, Dropout drop, int window,
+                                    float scale, float softcap) {
   const int h = (int)blockIdx.x, b = (int)blockIdx.y, kvh = h / (NH / NKV);
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const T* base = qkv + (int64_t)b * T_ * row_len;
-  const float scale = 1.0f / sqrtf((float)hs), keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
+  const float keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
   float q[kMaxHeadSize], dd[kMaxHeadSize], dq[kMaxHeadSize];
   for (int t = (int)threadIdx.x; t < T_; t += (int)blockDim.x) {
     const int64_t o = ((int64_t)b * T_ + t) * NH + h;  // out's row (b, t, h)
@@ -678,10 +692,11 @@ __global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const 
     for (int t2 = first_key(doc, b, T_, t, window); t2 <= t; t2++) {
       const T* k = base + t2 * row_len + (int64_t)(NH + kvh) * hs;
       const T* v = base + t2 * row_len + (int64_t)(NH + NKV + kvh) * hs;
-      const float p = expf(dot_row(q, k, hs) - lse_t);
+      float dcap;
+      const float p = expf(cap_score(dot_row(q, k, hs), softcap, &dcap) - lse_t);
       float dp = dot_row(dd, v, hs);
       if (drop.p > 0.0f) dp = attn_keep(drop, b, h, t, t2) ? dp * keep_scale : 0.0f;
-      const float ds = p * (dp - Dt) * scale;
+      const float ds = p * (dp - Dt) * scale * dcap;
       for (int j = 0; j < hs; j++) dq[j] += ds * to_f32(k[j]);
     }
     T* out = dqkv + ((int64_t)b * T_ + t) * row_len + (int64_t)h * hs;
@@ -691,11 +706,12 @@ __global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const 
 
 template <typename T>
 __global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D,
-                                     const int32_t* doc, int T_, int NH, int NKV, int hs, Dropout drop, int window) {
+                                     const int32_t* doc, int T_, int NH, int NKV, int hs, Dropout drop, int window,
+                                     float scale, float softcap) {
   const int kvh = (int)blockIdx.x, b = (int)blockIdx.y, group = NH / NKV;
   const int64_t row_len = (int64_t)(NH + 2 * NKV) * hs;
   const T* base = qkv + (int64_t)b * T_ * row_len;
-  const float scale = 1.0f / sqrtf((float)hs), keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
+  const float keep_scale = drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f;
   float k[kMaxHeadSize], v[kMaxHeadSize], dk[kMaxHeadSize], dv[kMaxHeadSize];
   for (int t2 = (int)threadIdx.x; t2 < T_; t2 += (int)blockDim.x) {
     for (int j = 0; j < hs; j++) {
@@ -713,14 +729,15 @@ __global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const
         const T* dd = dout + o * hs;
         float s = 0.0f, dp = 0.0f;
         for (int j = 0; j < hs; j++) s += to_f32(q[j]) * k[j], dp += to_f32(dd[j]) * v[j];
-        const float p = expf(s * scale - lse[((int64_t)b * NH + h) * T_ + t]);
+        float dcap;
+        const float p = expf(cap_score(s * scale, softcap, &dcap) - lse[((int64_t)b * NH + h) * T_ + t]);
         float pd = p;
         if (drop.p > 0.0f) {
           const bool keep = attn_keep(drop, b, h, t, t2);
           pd = keep ? p * keep_scale : 0.0f;
           dp = keep ? dp * keep_scale : 0.0f;
         }
-        const float ds = p * (dp - D[o]) * scale;
+        const float ds = p * (dp - D[o]) * scale * dcap;
         for (int j = 0; j < hs; j++) dk[j] += ds * to_f32(q[j]), dv[j] += pd * to_f32(dd[j]);
       }
     }
@@ -746,9 +763,19 @@ __device__ __forceinline__ void softmax_step(float x, float& m, float& s) {
   }
 }
 
+// A logit soft-capped (cap > 0: cap tanh(x / cap)), or as it is.
+__device__ __forceinline__ float cap_logit(float x, float cap) { return cap > 0.0f ? cap * tanhf(x / cap) : x; }
+// The loss's gradient of a logit whose capped value is y: g, times 1 - (y / cap)^2 with a cap.
+__device__ __forceinline__ float cap_grad(float g, float y, float cap) {
+  if (cap <= 0.0f) return g;
+  const float t = y / cap;
+  return g * (1.0f - t * t);
+}
+
+// cap > 0: the loss over the soft-capped logits, dlogits with respect to the logits before the cap
 template <typename T, int VEC>
 __global__ void cross_entropy_kernel(double* row_losses, T* dlogits, const T* logits, const int32_t* targets, int V,
-                                     int64_t ld, float grad_scale, int* err) {
+                                     int64_t ld, float grad_scale, float cap, int* err) {
   const int64_t row = blockIdx.x;
   const T* x = logits + row * ld;
   T* dx = dlogits ? dlogits + row * ld : nullptr;
@@ -762,14 +789,15 @@ __global__ void cross_entropy_kernel(double* row_losses, T* dlogits, const T* lo
     if (threadIdx.x == 0) row_losses[row] = 0.0;
     return;
   }
-  const float target_logit = to_f32(x[tg]);
+  const float target_logit = cap_logit(to_f32(x[tg]), cap);
   float m = -INFINITY, s = 0.0f;
   for (int i = (int)threadIdx.x; i < nvec; i += (int)blockDim.x) {
     const Vec<T, VEC> v = load_vec<T, VEC>(x + (int64_t)i * VEC);
 #pragma unroll
-    for (int k = 0; k < VEC; k++) softmax_step(to_f32(v.v[k]), m, s);
+    for (int k = 0; k < VEC; k++) softmax_step(cap_logit(to_f32(v.v[k]), cap), m, s);
   }
-  for (int j = nvec * VEC + (int)threadIdx.x; j < V; j += (int)blockDim.x) softmax_step(to_f32(x[j]), m, s);
+  for (int j = nvec * VEC + (int)threadIdx.x; j < V; j += (int)blockDim.x)
+    softmax_step(cap_logit(to_f32(x[j]), cap), m, s);
   const float row_max = block_max_all(m);
   const double sum = block_sum_all(m == -INFINITY ? 0.0 : (double)s * exp((double)(m - row_max)));
   // every logit has been read: dlogits may now overwrite them
@@ -779,14 +807,25 @@ __global__ void cross_entropy_kernel(double* row_losses, T* dlogits, const T* lo
       const int64_t j0 = (int64_t)i * VEC;
       Vec<T, VEC> v = load_vec<T, VEC>(x + j0);
 #pragma unroll
-      for (int k = 0; k < VEC; k++)
-        v.v[k] = from_f32<T>(expf(to_f32(v.v[k]) - row_max) * f - (j0 + k == tg ? grad_scale : 0.0f));
+      for (int k = 0; k < VEC; k++) {
+        const float y = cap_logit(to_f32(v.v[k]), cap);
+        v.v[k] = from_f32<T>(cap_grad(expf(y - row_max) * f - (j0 + k == tg ? grad_scale : 0.0f), y, cap));
+      }
       store_vec<T, VEC>(dx + j0, v);
     }
-    for (int j = nvec * VEC + (int)threadIdx.x; j < V; j += (int)blockDim.x)
-      dx[j] = from_f32<T>(expf(to_f32(x[j]) - row_max) * f - (j == tg ? grad_scale : 0.0f));
+    for (int j = nvec * VEC + (int)threadIdx.x; j < V; j += (int)blockDim.x) {
+      const float y = cap_logit(to_f32(x[j]), cap);
+      dx[j] = from_f32<T>(cap_grad(expf(y - row_max) * f - (j == tg ? grad_scale : 0.0f), y, cap));
+    }
   }
   if (threadIdx.x == 0) row_losses[row] = log(sum) + row_max - target_logit;
+}
+
+// x[row * ld + j] = cap tanh(x / cap) for j < V: a block per row
+template <typename T>
+__global__ void logit_softcap_kernel(T* x, int V, int64_t ld, float cap) {
+  T* r = x + (int64_t)blockIdx.x * ld;
+  for (int j = (int)threadIdx.x; j < V; j += (int)blockDim.x) r[j] = from_f32<T>(cap * tanhf(to_f32(r[j]) / cap));
 }
 
 __global__ void sum_rows_kernel(double* out, const double* rows, int64_t n) {
@@ -988,12 +1027,12 @@ inline int attention_threads(int T_) { return T_ >= 128 ? 128 : (T_ + WARP_SIZE 
 
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int T_, int NH, int NKV, int hs,
-                       const Dropout& drop, int window, Stream stream) {
+                       const Dropout& drop, int window, float scale, float softcap, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(hs <= kMaxHeadSize, "cuda attention: head size %d over %d", hs, kMaxHeadSize);
   if (B == 0 || T_ == 0) return;
   LLMT_LAUNCH(attention_forward_kernel, dim3(NH, B), attention_threads(T_), 0, stream, out, lse, qkv, doc, T_, NH, NKV,
-              hs, drop, window);
+              hs, drop, window, scale, softcap);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -1007,22 +1046,22 @@ void attention_row_dots(float* D, const T* dout, const T* out, int64_t rows, int
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d,
                         const int32_t* doc, int B, int T_, int NH, int NKV, int hs, const Dropout& drop, int window,
-                        Stream stream) {
+                        float scale, float softcap, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(hs <= kMaxHeadSize, "cuda attention: head size %d over %d", hs, kMaxHeadSize);
   if (B == 0 || T_ == 0) return;
   attention_row_dots(scratch_d, dout, out, (int64_t)B * T_ * NH, hs, stream);
   LLMT_LAUNCH(attention_dq_kernel, dim3(NH, B), attention_threads(T_), 0, stream, dqkv, dout, qkv, lse, scratch_d, doc,
-              T_, NH, NKV, hs, drop, window);
+              T_, NH, NKV, hs, drop, window, scale, softcap);
   CUDA_CHECK_LAUNCH();
   LLMT_LAUNCH(attention_dkv_kernel, dim3(NKV, B), attention_threads(T_), 0, stream, dqkv, dout, qkv, lse, scratch_d,
-              doc, T_, NH, NKV, hs, drop, window);
+              doc, T_, NH, NKV, hs, drop, window, scale, softcap);
   CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 void attention_kv(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* key_start, int B, int Tn, int p0, int cap,
-                  int NH, int NKV, int hs, int window, Stream stream) {
+                  int NH, int NKV, int hs, int window, float scale, float softcap, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(hs <= kMaxHeadSize, "cuda attention: head size %d over %d", hs, kMaxHeadSize);
   const int64_t n = (int64_t)B * Tn * NKV * hs;
@@ -1031,23 +1070,31 @@ void attention_kv(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* k
               hs, n);
   CUDA_CHECK_LAUNCH();
   LLMT_LAUNCH(attention_kv_kernel, dim3(NH, B), attention_threads(Tn), 0, stream, out, k_cache, v_cache, qkv, key_start,
-              Tn, p0, cap, NH, NKV, hs, window);
+              Tn, p0, cap, NH, NKV, hs, window, scale, softcap);
   CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 void cross_entropy(double* loss_sum, double* row_losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
-                   int V, int64_t ld, float grad_scale, int* err, Stream stream) {
+                   int V, int64_t ld, float grad_scale, float softcap, int* err, Stream stream) {
   if (N == 0) return;
   // 16-byte loads when every row starts 16-byte aligned
   if (aligned(logits, 16) && aligned(dlogits, 16) && (ld * (int64_t)sizeof(T)) % 16 == 0)
     LLMT_LAUNCH((cross_entropy_kernel<T, (int)(16 / sizeof(T))>), (unsigned)N, row_threads(V), 0, stream, row_losses, dlogits, logits,
-                targets, V, ld, grad_scale, err);
+                targets, V, ld, grad_scale, softcap, err);
   else
     LLMT_LAUNCH((cross_entropy_kernel<T, 1>), (unsigned)N, row_threads(V), 0, stream, row_losses, dlogits, logits,
-                targets, V, ld, grad_scale, err);
+                targets, V, ld, grad_scale, softcap, err);
   CUDA_CHECK_LAUNCH();
   LLMT_LAUNCH(sum_rows_kernel, 1, 1024, 0, stream, loss_sum, row_losses, N);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void logit_softcap(T* x, int64_t N, int V, int64_t ld, float cap, Stream stream) {
+  if (N == 0) return;
+  LLMT_CHECK(N <= 0x7fffffff, "cuda logit_softcap: %lld rows exceed a grid", (long long)N);
+  LLMT_LAUNCH(logit_softcap_kernel, (unsigned)N, row_threads(V), 0, stream, x, V, ld, cap);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -1154,16 +1201,18 @@ void lse_to_stats(float* stats, const float* lse, int B, int T_, int NH, Stream 
   template void head_rmsnorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const T*, const float*,    \
                                          int64_t, int, int, int, float*, Stream);                                    \
   template void rope<T>(T*, const int32_t*, int, int, int, int, int, const RopeSpec&, float, Stream);                         \
-  template void attention_kv<T>(T*, T*, T*, const T*, const int32_t*, int, int, int, int, int, int, int, int, Stream);      \
+  template void attention_kv<T>(T*, T*, T*, const T*, const int32_t*, int, int, int, int, int, int, int, int, float,    \
+                                float, Stream);                                                                      \
   template void dropout<T>(T*, int, int, int, const Dropout&, Stream);                                               \
   template void attention_forward<T>(T*, float*, const T*, const int32_t*, int, int, int, int, int, const Dropout&,   \
-                                     int, Stream);                                                                        \
+                                     int, float, float, Stream);                                                                        \
   template void attention_row_dots<T>(float*, const T*, const T*, int64_t, int, Stream);                           \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, float*, const int32_t*, int, int, \
                                       int, int, int,                                                                 \
-                                      const Dropout&, int, Stream);                                                       \
-  template void cross_entropy<T>(double*, double*, T*, const T*, const int32_t*, int64_t, int, int64_t, float, int*, \
-                                 Stream);
+                                      const Dropout&, int, float, float, Stream);                                                       \
+  template void cross_entropy<T>(double*, double*, T*, const T*, const int32_t*, int64_t, int, int64_t, float, float, \
+                                 int*, Stream);                                                                    \
+  template void logit_softcap<T>(T*, int64_t, int, int64_t, float, Stream);
 LLMT_ACT_TYPES(LLMT_INSTANTIATE)
 #undef LLMT_INSTANTIATE
 #undef LLMT_ACT_TYPES

@@ -73,10 +73,10 @@ void dropout(T* x, int B, int T_, int C, const Dropout& d, Stream stream);
 
 // scratch_d: B*NH*T floats (rowsum(dout * out)) for the backward.
 // doc: Backend::attention_forward's doc_start (device, [B*T_]) or nullptr; window: its sliding window
-// (0 = none)
+// (0 = none); scale (> 0) and softcap (0: none): its AttnScores, the scale resolved.
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, const int32_t* doc, int B, int T_, int NH, int NKV, int hs,
-                       const Dropout& drop, int window, Stream stream);
+                       const Dropout& drop, int window, float scale, float softcap, Stream stream);
 // D[o] = rowsum(dout * out) for each of the `rows` rows (b, t, h) of attention's output: the term
 // every attention backward subtracts (FlashAttention-2's D).
 // cuDNN's ragged batch for packed documents (doc: the i32 [B*T] starts of PackedDocs): for each of
@@ -93,18 +93,21 @@ void attention_row_dots(float* D, const T* dout, const T* out, int64_t rows, int
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* scratch_d,
                         const int32_t* doc, int B, int T_, int NH, int NKV, int hs, const Dropout& drop, int window,
-                        Stream stream);
+                        float scale, float softcap, Stream stream);
 
 // Backend::attention_kv: the new tokens' k and v into the cache, then their attention over it.
 template <typename T>
 void attention_kv(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* key_start, int B, int Tn, int p0, int cap,
-                  int NH, int NKV, int hs, int window, Stream stream);
+                  int NH, int NKV, int hs, int window, float scale, float softcap, Stream stream);
 
 // loss_sum[0] += the rows' losses (row_losses: N doubles of scratch); dlogits may be nullptr or alias logits.
-// Rows are ld elements apart.
+// Rows are ld elements apart. softcap > 0: as Backend::cross_entropy's (the logits capped first).
 template <typename T>
 void cross_entropy(double* loss_sum, double* row_losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
-                   int V, int64_t ld, float grad_scale, int* err, Stream stream);
+                   int V, int64_t ld, float grad_scale, float softcap, int* err, Stream stream);
+// Backend::logit_softcap: x[N rows ld apart, V] = cap tanh(x / cap) in place.
+template <typename T>
+void logit_softcap(T* x, int64_t N, int V, int64_t ld, float cap, Stream stream);
 
 // dst[i] += src[i] across dtypes (f32 += bf16 and the like).
 template <typename Td, typename Ts>

@@ -98,6 +98,7 @@ enum SdpaUid : int64_t {
 // of that many keys (the diagonal band's left bound), 0 none.
 struct SdpaShape {
   int B, T, NH, NKV, hs, slots, window;
+  float scale;  // the scores' scale, a constant of the graph
   int64_t R() const { return (int64_t)(NH + 2 * NKV) * hs; }
   int64_t C() const { return (int64_t)NH * hs; }
   bool ragged() const { return slots > 0; }
@@ -198,8 +199,8 @@ struct CudnnAttention::Plans {
     int64_t workspace = 0;                    // bytes
   };
   cudnnHandle_t handle = nullptr;
-  // (backward, B, T, NH, NKV, hs, slots, window)
-  std::map<std::tuple<bool, int, int, int, int, int, int, int>, Plan> built;
+  // (backward, B, T, NH, NKV, hs, slots, window, scale)
+  std::map<std::tuple<bool, int, int, int, int, int, int, int, float>, Plan> built;
   void* workspace = nullptr;
   void* index = nullptr;  // int32: seq_len [slots], then the qkv, out and stats offsets [slots + 1] each
   void* stats = nullptr;  // f32 [B*T, NH]
@@ -210,7 +211,7 @@ namespace {
 
 // The graph for a pass over shape s, built on first use.
 const CudnnAttention::Plans::Plan& sdpa_plan(CudnnAttention::Plans& c, bool backward, const SdpaShape& s) {
-  const auto key = std::make_tuple(backward, s.B, s.T, s.NH, s.NKV, s.hs, s.slots, s.window);
+  const auto key = std::make_tuple(backward, s.B, s.T, s.NH, s.NKV, s.hs, s.slots, s.window, s.scale);
   auto found = c.built.find(key);
   if (found != c.built.end()) return found->second;
 
@@ -222,7 +223,7 @@ const CudnnAttention::Plans::Plan& sdpa_plan(CudnnAttention::Plans& c, bool back
   auto k = g->tensor(qkv_part("k", kK, s, s.NKV, ragged_offsets(*g, "k offsets", kOffK, s)));
   auto v = g->tensor(qkv_part("v", kV, s, s.NKV, ragged_offsets(*g, "v offsets", kOffV, s)));
   const TensorPtr stats_offsets = ragged_offsets(*g, "stats offsets", kOffStats, s);
-  const float scale = 1.0f / std::sqrt((float)s.hs);
+  const float scale = s.scale;
   if (!backward) {
     auto attrs = fe::graph::SDPA_attributes()
                      .set_name("llmt attention forward")
@@ -344,11 +345,11 @@ int cudnn_packed_slots(int64_t docs) {
 }
 
 bool CudnnAttention::forward(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc_start, int64_t docs,
-                             int B, int T, int NH, int NKV, int hs, int window, Stream stream) {
+                             int B, int T, int NH, int NKV, int hs, int window, float scale, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   if (B == 0 || T == 0) return true;
   // a window of T or more keys masks nothing: the causal graph, one fewer to build
-  const SdpaShape s{B, T, NH, NKV, hs, doc_start ? cudnn_packed_slots(docs) : 0, window < T ? window : 0};
+  const SdpaShape s{B, T, NH, NKV, hs, doc_start ? cudnn_packed_slots(docs) : 0, window < T ? window : 0, scale};
   uint16_t* x = const_cast<uint16_t*>(qkv);  // cuDNN's variant pack holds void*; it only reads them
   return sdpa_run(*p_, false, s,
                   {{kQ, x}, {kK, x + (int64_t)NH * hs}, {kV, x + (int64_t)(NH + NKV) * hs}, {kO, out}, {kStats, lse}},
@@ -357,10 +358,10 @@ bool CudnnAttention::forward(uint16_t* out, float* lse, const uint16_t* qkv, con
 
 bool CudnnAttention::backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
                               const float* lse, const int32_t* doc_start, int64_t docs, int B, int T, int NH, int NKV,
-                              int hs, int window, Stream stream) {
+                              int hs, int window, float scale, Stream stream) {
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   if (B == 0 || T == 0) return true;
-  const SdpaShape s{B, T, NH, NKV, hs, doc_start ? cudnn_packed_slots(docs) : 0, window < T ? window : 0};
+  const SdpaShape s{B, T, NH, NKV, hs, doc_start ? cudnn_packed_slots(docs) : 0, window < T ? window : 0, scale};
   uint16_t* x = const_cast<uint16_t*>(qkv);
   const int64_t k_at = (int64_t)NH * hs, v_at = (int64_t)(NH + NKV) * hs;
   return sdpa_run(*p_, true, s,
@@ -389,11 +390,11 @@ CudnnAttention::CudnnAttention() { fail("cuDNN attention: %s", cudnn_attention_u
 CudnnAttention::~CudnnAttention() = default;
 int cudnn_packed_slots(int64_t) { return 0; }
 bool CudnnAttention::forward(uint16_t*, float*, const uint16_t*, const int32_t*, int64_t, int, int, int, int, int, int,
-                             Stream) {
+                             float, Stream) {
   return false;
 }
 bool CudnnAttention::backward(uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*, const float*,
-                              const int32_t*, int64_t, int, int, int, int, int, int, Stream) {
+                              const int32_t*, int64_t, int, int, int, int, int, int, float, Stream) {
   return false;
 }
 

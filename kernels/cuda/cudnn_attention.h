@@ -5,13 +5,15 @@
 // scores (cuDNN's softmax stats), so the other kernels' backward can follow a cuDNN forward.
 //
 // What it takes: bf16, head size a multiple of 8 up to 128, no dropout (cuDNN's dropout masks are not
-// llmt's counter-based ones, which the CPU and the other kernels share). Packed documents go to cuDNN
-// as a ragged batch: each document one sequence (its length through the padding mask, its place in
-// the rows through ragged offsets), top-left causal inside it, the batch padded with empty sequences
-// to a power of two so that a handful of graphs serve every packing. A sliding window is the SDPA
-// node's diagonal band left bound (top left, key j of query i kept where j + window > i, inside
-// each document as the ragged batch aligns every sequence top left). The backward asks cuDNN for
-// its deterministic algorithm, so a run repeats bit for bit.
+// llmt's counter-based ones, which the CPU and the other kernels share), any score scale (the SDPA
+// node's attn_scale), no soft cap (cudnn-frontend has a Softcap score modifier, but llmt does not
+// build it: the backend runs the flash kernel for a soft cap, LLMT_ATTENTION=cudnn saying so once).
+// Packed documents go to cuDNN as a ragged batch: each document one sequence (its length through the
+// padding mask, its place in the rows through ragged offsets), top-left causal inside it, the batch
+// padded with empty sequences to a power of two so that a handful of graphs serve every packing. A
+// sliding window is the SDPA node's diagonal band left bound (top left, key j of query i kept where
+// j + window > i, inside each document as the ragged batch aligns every sequence top left). The
+// backward asks cuDNN for its deterministic algorithm, so a run repeats bit for bit.
 //
 // cuDNN is loaded when first used (dlopen libcudnn.so.9), so a machine without it runs llmt with the
 // other kernels. In the emulated build the same code calls a CPU stand-in of the frontend's graph API
@@ -50,16 +52,17 @@ class CudnnAttention {
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
   // As attention_forward (cuda_ops.h) for bf16, with no dropout; doc_start (or null) and docs as
-  // PackedDocs (engine/backend/backend.h), window as Backend::attention_forward's (0 = none). False,
+  // PackedDocs (engine/backend/backend.h), window as Backend::attention_forward's (0 = none), scale
+  // its AttnScores' (resolved, > 0; a graph per scale). False,
   // having done nothing, when cuDNN's heuristics find no engine for this shape (the caller runs
   // another kernel); throws llmt::Error, with cuDNN's message, when the library fails.
   bool forward(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc_start, int64_t docs, int B, int T,
-               int NH, int NKV, int hs, int window, Stream stream);
+               int NH, int NKV, int hs, int window, float scale, Stream stream);
   // As attention_backward (cuda_ops.h): dqkv (=) from dout and the forward's qkv, out and lse. False
   // as above.
   bool backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out, const float* lse,
                 const int32_t* doc_start, int64_t docs, int B, int T, int NH, int NKV, int hs, int window,
-                Stream stream);
+                float scale, Stream stream);
 
   struct Plans;  // the frontend's types stay in cudnn_attention.cpp
 

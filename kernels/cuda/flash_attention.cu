@@ -1,7 +1,9 @@
 // Causal self-attention on tensor cores, forward and backward, in the manner of FlashAttention-2
 // (Dao, 2023): bf16 in, f32 accumulation, head sizes 64 and 128, grouped-query heads, dropout on the
 // probabilities with the counter-based masks every backend draws, packed documents, a sliding window,
-// the log-sum-exp kept for the backward, and a backward without atomics, so a run repeats bit for bit.
+// any score scale and Gemma 2's soft cap (softcap tanh(s / softcap), its own instantiation: tanhf on
+// each score, and 1 - tanh^2 in dS), the log-sum-exp (of the capped scores) kept for the backward,
+// and a backward without atomics, so a run repeats bit for bit.
 // A row's keys run from its first key (its document's start, or t - window + 1 when later) to itself:
 // key tiles wholly outside that band are never loaded or computed, the tiles it cuts are masked.
 //
@@ -20,7 +22,8 @@
 //
 // Backward, 5 matrix products per pair of tiles as FlashAttention-2 (S and dP computed once):
 //   S^T = K Q^T, dP^T = V dO^T, P = exp(S scale - lse), dS = P (dP - D) scale (D = rowsum(dO O),
-//   attention_row_dots), dV += P_drop^T dO, dK += dS^T Q, dQ += dS K.
+//   attention_row_dots), dV += P_drop^T dO, dK += dS^T Q, dQ += dS K; with a soft cap P = exp(cap(S
+//   scale) - lse) and dS takes the factor 1 - tanh^2.
 // A block of 4 warps per (split, kv head, sequence) walks key tiles split, split + splits, ...; for
 // each it holds K and V in shared memory, each warp 16 keys' dK and dV in registers, and walks the
 // query tiles from the diagonal to the last whose first row still sees a key of the tile (document
@@ -81,6 +84,14 @@ __device__ __forceinline__ int first_key_of(const int32_t* doc, int b, int T_, i
   return d0 > w0 ? d0 : w0;
 }
 
+// tanh(x) = 1 - 2 / (e^2x + 1): one ex2 and one approximate reciprocal (tanhf takes about 20
+// instructions), within a few 1e-7 of tanh absolutely, which is what a capped score's softmax sees
+// (times the cap: about 1e-5 at Gemma 2's 50, against the 4e-3 of P's bf16 rounding); e^2x past
+// the float range gives 1 (and -1 below), as tanh.
+__device__ __forceinline__ float fast_tanh(float x) {
+  return 1.0f - __fdividef(2.0f, fast_exp2(x * (2.0f * kLog2e)) + 1.0f);
+}
+
 // A's fragment (16 rows x 16 columns) of a row-major tile in shared memory: one ldmatrix x4.
 __device__ __forceinline__ void load_a(uint32_t a[4], const uint16_t* tile, int ld, int row0, int col0) {
   const int l = (int)threadIdx.x % WARP_SIZE;
@@ -118,10 +129,12 @@ constexpr size_t forward_shared_bytes() {
   return (size_t)2 * 2 * kTile * (HS + 8) * sizeof(uint16_t);  // K and V in two stages; Q in stage 1's K first
 }
 
-template <int HS, bool DROPOUT>
+// SOFTCAP: Gemma 2's scores, softcap tanh(scale S / softcap), a separate instantiation so that the
+// other kernels' loop is as it was.
+template <int HS, bool DROPOUT, bool SOFTCAP>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc, int T_, int NH, int NKV,
-                         Dropout drop, int window) {
+                         Dropout drop, int window, float scale, float softcap) {
   constexpr int LD = HS + 8, KS = HS / 16, NS = HS / 8;  // k-steps over the head, 8-wide n-tiles of it
   uint16_t* skv = LLMT_DYNAMIC_SHARED(uint16_t);  // [stage][K, V][kTile][LD]
   uint16_t* sq = skv + 2 * kTile * LD;             // Q's tile, in stage 1's K until Q is in registers
@@ -129,7 +142,10 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = (int)threadIdx.x, warp = tid / WARP_SIZE, l = tid % WARP_SIZE, g = l / 4, t4 = l % 4;
   const int row_len = (NH + 2 * NKV) * HS;  // elements per row
   const uint16_t* base = qkv + (int64_t)b * T_ * row_len;
-  const float c = kLog2e / sqrtf((float)HS), keep_scale = DROPOUT ? 1.0f / (1.0f - drop.p) : 1.0f;
+  // S's factor into log2 units: the scale times log2(e), or with a cap (S then holds tanh(scale S /
+  // softcap)) the cap times log2(e)
+  const float c = (SOFTCAP ? softcap : scale) * kLog2e, keep_scale = DROPOUT ? 1.0f / (1.0f - drop.p) : 1.0f;
+  const float cap_in = SOFTCAP ? scale / softcap : 0.0f;
   const int q_first = qt * kTile, q0 = q_first + warp * 16;  // the lane's rows: q0 + g, q0 + g + 8
   const int q_last = (q_first + kTile < T_ ? q_first + kTile : T_) - 1;
 
@@ -187,6 +203,11 @@ __global__ void __launch_bounds__(kThreads)
           load_b_rows(kb, sk, LD, np * 16, kk * 16);
           mma2(s[2 * np], s[2 * np + 1], qf[kk], kb);
         }
+      if (SOFTCAP)  // before the masks, as transformers caps before adding its mask
+#pragma unroll
+        for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) s[n][i] = fast_tanh(s[n][i] * cap_in);
       // the causal, document and window masks, only where a key may lie after a row or before its first key
       if (k0 + kTile - 1 > q0 || k0 < doc_last) {
 #pragma unroll
@@ -296,11 +317,11 @@ constexpr size_t backward_shared_bytes() {
          + (size_t)kBackwardStages<HS> * kTile * (2 * sizeof(float) + sizeof(int));  // lse, D, document starts
 }
 
-template <int HS, bool DROPOUT>
+template <int HS, bool DROPOUT, bool SOFTCAP>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_kernel(uint16_t* dqkv, float* dq_partial, const uint16_t* dout, const uint16_t* qkv,
                           const float* lse, const float* D, const int32_t* doc, int B, int T_, int NH, int NKV,
-                          Dropout drop, int window) {
+                          Dropout drop, int window, float scale, float softcap) {
   constexpr int LD = HS + 8, KS = HS / 16, NS = HS / 8, STAGES = kBackwardStages<HS>;
   constexpr int QH = HS > 64 ? 4 : 1, QW = kTile / QH;  // passes over a query tile, and their queries
   uint16_t* sk = LLMT_DYNAMIC_SHARED(uint16_t);
@@ -308,7 +329,7 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* sqdo = sv + kTile * LD;                  // [stage][Q, dO][kTile][LD]
   uint16_t* sds = sqdo + STAGES * 2 * kTile * LD;    // dS^T: [key][query]
   float* slse = reinterpret_cast<float*>(sds + kTile * kLdS);  // [stage][kTile]: lse in log2 units
-  float* sd = slse + STAGES * kTile;                            // [stage][kTile]: D
+  float* sd = slse + STAGES * kTile;                            // [stage][kTile]: D times the scale
   int* sdoc = reinterpret_cast<int*>(sd + STAGES * kTile);      // [stage][kTile]: first keys (document, window)
   const int split = (int)blockIdx.x, splits = (int)gridDim.x, kvh = (int)blockIdx.y, b = (int)blockIdx.z;
   const int group = NH / NKV;
@@ -316,7 +337,8 @@ __global__ void __launch_bounds__(kThreads)
   const int row_len = (NH + 2 * NKV) * HS, out_len = NH * HS;  // elements per row: small, 32 bits each
   const uint16_t* base = qkv + (int64_t)b * T_ * row_len;
   const uint16_t* dbase = dout + (int64_t)b * T_ * out_len;
-  const float scale = 1.0f / sqrtf((float)HS), c = scale * kLog2e;
+  // as the forward's: with a cap, the exponent is tanh(scale S / softcap) softcap log2(e)
+  const float c = (SOFTCAP ? softcap : scale) * kLog2e, cap_in = SOFTCAP ? scale / softcap : 0.0f;
   const float keep_scale = DROPOUT ? 1.0f / (1.0f - drop.p) : 1.0f;
   const int tiles = (T_ + kTile - 1) / kTile;
   float* partial = dq_partial + ((int64_t)split * B + b) * T_ * out_len;  // this split's dQ sums, sequence b
@@ -338,7 +360,7 @@ __global__ void __launch_bounds__(kThreads)
       if (tid < kTile) {
         const int t = qs + tid;
         slse[stage * kTile + tid] = t < T_ ? lse[((int64_t)b * NH + h) * T_ + t] * kLog2e : 0.0f;
-        sd[stage * kTile + tid] = t < T_ ? D[((int64_t)b * T_ + t) * NH + h] : 0.0f;
+        sd[stage * kTile + tid] = t < T_ ? D[((int64_t)b * T_ + t) * NH + h] * scale : 0.0f;
         sdoc[stage * kTile + tid] = first_key_of(doc, b, T_, t, window);
       }
     };
@@ -423,7 +445,9 @@ __global__ void __launch_bounds__(kThreads)
               out = key_minus_q + (i >= 2 ? 8 : 0) > off || off >= q_room;
               if (docs) out = out || key < first[qc];
             }
-            const float pr = out ? 0.0f : fast_exp2(fmaf(s[n][i], c, -lse2[qc]));
+            // the score in log2 units: with a cap, tanh(scale S / softcap) times softcap log2(e)
+            const float th = SOFTCAP ? fast_tanh(s[n][i] * cap_in) : s[n][i];
+            const float pr = out ? 0.0f : fast_exp2(fmaf(th, c, -lse2[qc]));
             float keep = 1.0f;
             if (DROPOUT)
               keep = query < T_ && key < T_ &&
@@ -431,7 +455,10 @@ __global__ void __launch_bounds__(kThreads)
                                           ((int64_t)h << kDropoutPosBits) + key, drop.p)
                          ? keep_scale
                          : 0.0f;
-            s[n][i] = pr * (dp[n][i] * keep - dd[qc]) * scale;
+            // dS = P (dP keep - D) scale as one FFMA and one FMUL (D scaled as it was staged), with a
+            // cap times 1 - tanh^2
+            const float ds = pr * fmaf(dp[n][i], DROPOUT ? keep * scale : scale, -dd[qc]);
+            s[n][i] = SOFTCAP ? ds * fmaf(-th, th, 1.0f) : ds;
             dp[n][i] = pr * keep;
           }
         // dV += P_drop^T dO and dK += dS^T Q: steps of 16 queries; dO and Q (query-major) by .trans
@@ -563,40 +590,50 @@ size_t flash_backward_scratch_bytes(int B, int T_, int NH, int NKV, int hs) {
   return (size_t)cuda_flash_backward_splits(B, T_, NKV) * B * T_ * NH * hs * sizeof(float);
 }
 
-#define LLMT_FLASH_FORWARD(HS, DROP)                                                                        \
-  do {                                                                                                      \
-    constexpr size_t shared = forward_shared_bytes<HS>();                                                   \
-    CUDA_CHECK(LLMT_MAX_DYNAMIC_SHARED((flash_forward_kernel<HS, DROP>), shared));                          \
-    LLMT_LAUNCH((flash_forward_kernel<HS, DROP>), grid, kThreads, shared, stream, out, lse, qkv, doc, T_, NH, \
-                NKV, drop, window);                                                                         \
+#define LLMT_FLASH_FORWARD(HS, DROP, CAP)                                                                    \
+  do {                                                                                                        \
+    constexpr size_t shared = forward_shared_bytes<HS>();                                                     \
+    CUDA_CHECK(LLMT_MAX_DYNAMIC_SHARED((flash_forward_kernel<HS, DROP, CAP>), shared));                       \
+    LLMT_LAUNCH((flash_forward_kernel<HS, DROP, CAP>), grid, kThreads, shared, stream, out, lse, qkv, doc, T_, \
+                NH, NKV, drop, window, scale, softcap);                                                       \
+  } while (0)
+// the instantiation for (hs, dropout, softcap)
+#define LLMT_FLASH_PICK(LAUNCH)                                      \
+  do {                                                               \
+    if (hs == 64 && !dropping && !capped) LAUNCH(64, false, false);  \
+    else if (hs == 64 && !dropping) LAUNCH(64, false, true);         \
+    else if (hs == 64 && !capped) LAUNCH(64, true, false);           \
+    else if (hs == 64) LAUNCH(64, true, true);                       \
+    else if (!dropping && !capped) LAUNCH(128, false, false);        \
+    else if (!dropping) LAUNCH(128, false, true);                    \
+    else if (!capped) LAUNCH(128, true, false);                      \
+    else LAUNCH(128, true, true);                                    \
   } while (0)
 
 void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc, int B, int T_, int NH,
-                             int NKV, int hs, const Dropout& drop, int window, Stream stream) {
+                             int NKV, int hs, const Dropout& drop, int window, float scale, float softcap,
+                             Stream stream) {
   LLMT_CHECK(flash_attention_fits(hs), "flash attention: head size %d (64 or 128)", hs);
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(aligned(qkv, 16) && aligned(out, 16), "flash attention: qkv and out must be 16-byte aligned");
   if (B == 0 || T_ == 0) return;
   const dim3 grid((unsigned)((T_ + kTile - 1) / kTile), (unsigned)NH, (unsigned)B);
-  const bool dropping = drop.active();
-  if (hs == 64 && !dropping) LLMT_FLASH_FORWARD(64, false);
-  else if (hs == 64) LLMT_FLASH_FORWARD(64, true);
-  else if (!dropping) LLMT_FLASH_FORWARD(128, false);
-  else LLMT_FLASH_FORWARD(128, true);
+  const bool dropping = drop.active(), capped = softcap > 0.0f;
+  LLMT_FLASH_PICK(LLMT_FLASH_FORWARD);
   CUDA_CHECK_LAUNCH();
 }
 
-#define LLMT_FLASH_BACKWARD(HS, DROP)                                                                         \
+#define LLMT_FLASH_BACKWARD(HS, DROP, CAP)                                                                   \
   do {                                                                                                        \
     constexpr size_t shared = backward_shared_bytes<HS>();                                                    \
-    CUDA_CHECK(LLMT_MAX_DYNAMIC_SHARED((flash_backward_kernel<HS, DROP>), shared));                           \
-    LLMT_LAUNCH((flash_backward_kernel<HS, DROP>), grid, kThreads, shared, stream, dqkv, dq_partial, dout, qkv, \
-                lse, D, doc, B, T_, NH, NKV, drop, window);                                                   \
+    CUDA_CHECK(LLMT_MAX_DYNAMIC_SHARED((flash_backward_kernel<HS, DROP, CAP>), shared));                      \
+    LLMT_LAUNCH((flash_backward_kernel<HS, DROP, CAP>), grid, kThreads, shared, stream, dqkv, dq_partial, dout, \
+                qkv, lse, D, doc, B, T_, NH, NKV, drop, window, scale, softcap);                              \
   } while (0)
 
 void flash_attention_backward(uint16_t* dqkv, float* dq_partial, const uint16_t* dout, const uint16_t* qkv,
                               const float* lse, const float* D, const int32_t* doc, int B, int T_, int NH, int NKV,
-                              int hs, const Dropout& drop, int window, Stream stream) {
+                              int hs, const Dropout& drop, int window, float scale, float softcap, Stream stream) {
   LLMT_CHECK(flash_attention_fits(hs), "flash attention: head size %d (64 or 128)", hs);
   LLMT_CHECK(NKV > 0 && NH % NKV == 0, "attention: %d heads do not group over %d kv heads", NH, NKV);
   LLMT_CHECK(aligned(qkv, 16) && aligned(dout, 16) && aligned(dqkv, 16) && aligned(dq_partial, 16),
@@ -605,11 +642,8 @@ void flash_attention_backward(uint16_t* dqkv, float* dq_partial, const uint16_t*
   const int splits = cuda_flash_backward_splits(B, T_, NKV);
   CUDA_CHECK(cudaMemsetAsync(dq_partial, 0, flash_backward_scratch_bytes(B, T_, NH, NKV, hs), stream));
   const dim3 grid((unsigned)splits, (unsigned)NKV, (unsigned)B);
-  const bool dropping = drop.active();
-  if (hs == 64 && !dropping) LLMT_FLASH_BACKWARD(64, false);
-  else if (hs == 64) LLMT_FLASH_BACKWARD(64, true);
-  else if (!dropping) LLMT_FLASH_BACKWARD(128, false);
-  else LLMT_FLASH_BACKWARD(128, true);
+  const bool dropping = drop.active(), capped = softcap > 0.0f;
+  LLMT_FLASH_PICK(LLMT_FLASH_BACKWARD);
   CUDA_CHECK_LAUNCH();
   const int64_t rows = (int64_t)B * T_;
   const int q_len = NH * hs;

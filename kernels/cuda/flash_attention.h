@@ -21,17 +21,19 @@ const char* attention_impl_name(AttentionImpl impl);  // "cudnn", "flash", "plai
 bool flash_attention_fits(int hs);
 
 // As attention_forward (cuda_ops.h) for bf16 tensors: out[B*T, NH*hs], lse[B, NH, T] from qkv rows
-// [q | k | v], scale 1/sqrt(hs), dropout on the probabilities as the Backend op says; doc: its
-// doc_start (device, [B*T_]) or nullptr; window: its sliding window (0 = none).
+// [q | k | v], dropout on the probabilities as the Backend op says; doc: its doc_start (device,
+// [B*T_]) or nullptr; window: its sliding window (0 = none); scale (> 0) and softcap (0: none): its
+// AttnScores, the scale resolved.
 void flash_attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, const int32_t* doc, int B, int T_, int NH,
-                             int NKV, int hs, const Dropout& drop, int window, Stream stream);
+                             int NKV, int hs, const Dropout& drop, int window, float scale, float softcap,
+                             Stream stream);
 // As attention_backward (cuda_ops.h) for bf16 tensors: dqkv (=) from dout, the forward's qkv and
 // lse, and D = rowsum(dout * out) from attention_row_dots. Deterministic: no atomics.
 // dq_partial: a device scratch of flash_backward_scratch_bytes(...) bytes (the splits' f32 sums of dQ).
 size_t flash_backward_scratch_bytes(int B, int T_, int NH, int NKV, int hs);
 void flash_attention_backward(uint16_t* dqkv, float* dq_partial, const uint16_t* dout, const uint16_t* qkv,
                               const float* lse, const float* D, const int32_t* doc, int B, int T_, int NH, int NKV,
-                              int hs, const Dropout& drop, int window, Stream stream);
+                              int hs, const Dropout& drop, int window, float scale, float softcap, Stream stream);
 
 }  // namespace cuda
 }  // namespace llmt

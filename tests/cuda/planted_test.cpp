@@ -88,8 +88,9 @@ TEST(PlantedDefects, FlashForwardWithoutTheBarrierAfterItsTileLoads) {
   for (size_t i = 0; i < qkv.size(); i++) qkv[i] = bf16(std::sin(0.37f * (float)i));
   Device<uint16_t> dqkv(qkv), out((size_t)B * T * NH * hs);
   Device<float> lse((size_t)B * NH * T);
-  expect_caught("flash_forward_kernel<64, false>", [&] {
-    cuda::flash_attention_forward(out.p, lse.p, dqkv.p, nullptr, B, T, NH, NKV, hs, Dropout{}, 0, nullptr);
+  expect_caught("flash_forward_kernel<64, false, false>", [&] {
+    cuda::flash_attention_forward(out.p, lse.p, dqkv.p, nullptr, B, T, NH, NKV, hs, Dropout{}, 0,
+                                  1.0f / std::sqrt((float)hs), 0.0f, nullptr);
   });
 }
 

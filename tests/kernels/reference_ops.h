@@ -151,13 +151,25 @@ inline DV rope(const DV& qkv, int B, int T, int NH, int NKV, int hs, const RopeR
 // Causal grouped-query attention. out[B*T, NH*hs]; lse[B,NH,T] the log-sum-exp of each query row's
 // scaled scores; drop(b, h, t, u), when given, multiplies probability (t, u) after the softmax
 // (dropout: 0 or 1/(1-p)). window > 0: query t sees keys t - window < u <= t only (transformers'
-// sliding_window_overlay: kv_idx > q_idx - sliding_window).
+// sliding_window_overlay: kv_idx > q_idx - sliding_window). Scores as transformers' Gemma 2
+// eager_attention_forward: s = scale q.k (scale 0: 1/sqrt(hs)), then softcap > 0: softcap tanh(s /
+// softcap), before the mask and the softmax.
 using DropFn = std::function<double(int b, int h, int t, int u)>;
 inline int first_key(int t, int window) { return window > 0 ? std::max(0, t - window + 1) : 0; }
+struct Scores {
+  double scale = 0.0, softcap = 0.0;
+  double scale_for(int hs) const { return scale > 0.0 ? scale : 1.0 / std::sqrt((double)hs); }
+  double cap(double s) const { return softcap > 0.0 ? softcap * std::tanh(s / softcap) : s; }
+  double dcap(double s) const {  // d cap(s) / ds
+    if (softcap <= 0.0) return 1.0;
+    const double t = std::tanh(s / softcap);
+    return 1.0 - t * t;
+  }
+};
 inline DV attention(const DV& qkv, int B, int T, int NH, int NKV, int hs, DV* lse_out = nullptr,
-                    const DropFn& drop = nullptr, int window = 0) {
+                    const DropFn& drop = nullptr, int window = 0, const Scores& sc = Scores()) {
   const int R = (NH + 2 * NKV) * hs, group = NH / NKV;
-  const double scale = 1.0 / std::sqrt((double)hs);
+  const double scale = sc.scale_for(hs);
   DV out((size_t)B * T * NH * hs, 0.0);
   if (lse_out) lse_out->assign((size_t)B * NH * T, 0.0);
   std::vector<double> p((size_t)T);
@@ -172,7 +184,7 @@ inline DV attention(const DV& qkv, int B, int T, int NH, int NKV, int hs, DV* ls
           const double* k = &qkv[((int64_t)b * T + u) * R + (int64_t)NH * hs + (int64_t)kh * hs];
           double s = 0;
           for (int d = 0; d < hs; d++) s += q[d] * k[d];
-          p[u] = s * scale;
+          p[u] = sc.cap(s * scale);
           mx = std::max(mx, p[u]);
         }
         double z = 0;
@@ -192,13 +204,14 @@ inline DV attention(const DV& qkv, int B, int T, int NH, int NKV, int hs, DV* ls
 
 // attention's gradient, analytically: the dqkv for which sum(attention(qkv) * dout) changes by
 // dqkv . dqkv_step. Per query row t: P = softmax(scale q k^T), dP = (dout_t . v_u) drop(t, u),
-// dS = P (dP - sum_u P dP), dq = scale dS k, dk_u += scale dS_u q, dv_u += P_u drop(t, u) dout_t.
+// dS = P (dP - sum_u P dP), dq = scale dS k, dk_u += scale dS_u q, dv_u += P_u drop(t, u) dout_t;
+// with a soft cap, dS takes the cap's derivative 1 - tanh^2(scale q.k / softcap) too.
 inline DV attention_backward(const DV& qkv, const DV& dout, int B, int T, int NH, int NKV, int hs,
-                             const DropFn& drop = nullptr, int window = 0) {
+                             const DropFn& drop = nullptr, int window = 0, const Scores& sc = Scores()) {
   const int R = (NH + 2 * NKV) * hs, group = NH / NKV;
-  const double scale = 1.0 / std::sqrt((double)hs);
+  const double scale = sc.scale_for(hs);
   DV dqkv(qkv.size(), 0.0);
-  std::vector<double> p((size_t)T), dp((size_t)T);
+  std::vector<double> p((size_t)T), dp((size_t)T), dc((size_t)T);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++)
       for (int t = 0; t < T; t++) {
@@ -212,14 +225,15 @@ inline DV attention_backward(const DV& qkv, const DV& dout, int B, int T, int NH
         for (int u = u0; u <= t; u++) {
           double s = 0, d = 0;
           for (int c = 0; c < hs; c++) s += q[c] * qkv[key(u) + c], d += g[c] * qkv[val(u) + c];
-          p[u] = s * scale;
+          p[u] = sc.cap(s * scale);
+          dc[u] = sc.dcap(s * scale);
           dp[u] = drop ? d * drop(b, h, t, u) : d;
           mx = std::max(mx, p[u]);
         }
         for (int u = u0; u <= t; u++) z += (p[u] = std::exp(p[u] - mx));
         for (int u = u0; u <= t; u++) D += (p[u] /= z) * dp[u];
         for (int u = u0; u <= t; u++) {
-          const double ds = p[u] * (dp[u] - D) * scale, pv = drop ? p[u] * drop(b, h, t, u) : p[u];
+          const double ds = p[u] * (dp[u] - D) * scale * dc[u], pv = drop ? p[u] * drop(b, h, t, u) : p[u];
           for (int c = 0; c < hs; c++) {
             dqkv[qrow + c] += ds * qkv[key(u) + c];
             dqkv[key(u) + c] += ds * q[c];
@@ -230,8 +244,13 @@ inline DV attention_backward(const DV& qkv, const DV& dout, int B, int T, int NH
   return dqkv;
 }
 
-// Sum over rows whose target != -100 of -log softmax(logits[n])[target[n]].
-inline double cross_entropy(const DV& logits, const std::vector<int32_t>& targets, int64_t N, int V) {
+// Sum over rows whose target != -100 of -log softmax(logits[n])[target[n]]; softcap > 0: of the
+// logits capped first, softcap tanh(logits / softcap) (Gemma2ForCausalLM's final_logit_softcapping).
+inline double cross_entropy(const DV& logits_in, const std::vector<int32_t>& targets, int64_t N, int V,
+                            double softcap = 0.0) {
+  DV logits = logits_in;
+  if (softcap > 0.0)
+    for (double& x : logits) x = softcap * std::tanh(x / softcap);
   double total = 0;
   for (int64_t n = 0; n < N; n++) {
     if (targets[n] == -100) continue;

@@ -1423,6 +1423,150 @@ TEST_P(Ops, AttentionBackwardVsFiniteDifferencesMhaGqaDropout) {
     }
 }
 
+// max|a - b| / max|b|: how far a case's scores move the reference, to show a test of them can fail
+double rel_diff(const DV& a, const DV& b) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < a.size(); i++) d = std::max(d, std::fabs(a[i] - b[i])), m = std::max(m, std::fabs(b[i]));
+  return m > 0 ? d / m : d;
+}
+
+// Gemma's scores (AttnScores): a scale other than 1/sqrt(hs) and the soft cap softcap tanh(s /
+// softcap), a large cap (50, Gemma 2's) with a scale that lets it bite and a small one (2) that bites
+// hard, alone and with windows, packed documents, GQA and dropout: forward out and lse and the
+// backward's dqkv against the double reference on every backend case (the CPU; emulated, the plain
+// and tensor-core kernels, and cuDNN's stand-in, which leaves a soft cap to the flash kernel).
+TEST_P(Ops, AttentionScaleAndSoftcapMatchReference) {
+  std::mt19937 rng(64);
+  {  // the reference's backward with a cap, against finite differences of its forward
+    const int B = 1, T = 7, NH = 2, NKV = 1, hs = 4, R = (NH + 2 * NKV) * hs;
+    const llmt_ref::Scores sc{0.9, 1.5};
+    llmt::Dropout d{0.25f, 23, 1};
+    DV qkv = to_d(rand_f(rng, (size_t)B * T * R, -1.5f, 1.5f)), g = to_d(rand_f(rng, (size_t)B * T * NH * hs));
+    DV fd = fd_grad(
+        [&](const DV& v) { return dot(llmt_ref::attention(v, B, T, NH, NKV, hs, nullptr, attn_drop(d), 3, sc), g); },
+        qkv);
+    FV analytic;
+    for (double x : llmt_ref::attention_backward(qkv, g, B, T, NH, NKV, hs, attn_drop(d), 3, sc))
+      analytic.push_back((float)x);
+    ASSERT_TRUE(Close(analytic, fd, tol::kF32OpBackward)) << "the reference backward against finite differences";
+  }
+  struct Case {
+    int B, T, NH, NKV, hs;
+    bool packed;
+  };
+  struct Sc {
+    float scale, softcap;  // scale in units of 1/sqrt(hs), 0 the default
+  };
+  const Case cases[] = {{2, 130, 4, 2, 64, false}, {1, 70, 2, 1, 128, false}, {2, 13, 3, 1, 6, false},
+                        {2, 130, 4, 2, 64, true}, {2, 13, 3, 1, 6, true}};
+  for (const Case& c : cases)
+    // the cap of 50 at 12/sqrt(hs): scores of about 7 standard, so that it bites
+    for (Sc sc : {Sc{0.7f, 0.0f}, Sc{0.0f, 2.0f}, Sc{12.0f, 50.0f}})
+      for (int window : {0, 17})
+        for (float p : {0.0f, 0.25f}) {
+          if (p > 0.0f && (window == 0 || c.packed)) continue;  // dropout with the window, unpacked
+          SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " NH=" << c.NH << " NKV=" << c.NKV
+                                            << " hs=" << c.hs << (c.packed ? " packed" : "") << " scale " << sc.scale
+                                            << "/sqrt(hs) softcap " << sc.softcap << " window " << window
+                                            << " dropout " << p);
+          const int R = (c.NH + 2 * c.NKV) * c.hs, Q = c.NH * c.hs;
+          const int64_t rows = (int64_t)c.B * c.T;
+          const float scale = sc.scale / std::sqrt((float)c.hs);
+          const llmt::AttnScores scores{scale, sc.softcap};
+          const llmt_ref::Scores ref_sc{scale, sc.softcap};
+          llmt::Dropout d{p, 101, 2};
+          FV qkv = rand_act(rng, (size_t)(rows * R), -1.5f, 1.5f), g = rand_act(rng, (size_t)(rows * Q));
+          // packed: row b's documents start at 0, T/3 + b and 2T/3 (each document alone in the reference)
+          IV doc((size_t)rows, 0);
+          std::vector<std::vector<int>> starts((size_t)c.B, std::vector<int>{0});
+          if (c.packed)
+            for (int b = 0; b < c.B; b++) {
+              starts[(size_t)b] = {0, c.T / 3 + b, 2 * c.T / 3};
+              for (int t = 0; t < c.T; t++)
+                for (int st : starts[(size_t)b]) if (st <= t) doc[(size_t)b * c.T + t] = st;
+            }
+          DV want_out((size_t)rows * Q), want_lse((size_t)c.B * c.NH * c.T), want_d((size_t)rows * R), plain_out;
+          for (int b = 0; b < c.B; b++)
+            for (size_t k = 0; k < starts[(size_t)b].size(); k++) {
+              const int s0 = starts[(size_t)b][k];
+              const int e = k + 1 < starts[(size_t)b].size() ? starts[(size_t)b][k + 1] : c.T, L = e - s0;
+              const size_t r0 = (size_t)b * c.T + s0;
+              DV sub(qkv.begin() + r0 * R, qkv.begin() + (r0 + L) * R);
+              DV gsub(g.begin() + r0 * Q, g.begin() + (r0 + L) * Q);
+              const llmt_ref::DropFn dropf = attn_drop(d);
+              llmt_ref::DropFn drop;
+              if (dropf) drop = [&](int, int h, int t, int u) { return dropf(b, h, s0 + t, s0 + u); };
+              DV lse;
+              DV out = llmt_ref::attention(sub, 1, L, c.NH, c.NKV, c.hs, &lse, drop, window, ref_sc);
+              DV dq = llmt_ref::attention_backward(sub, gsub, 1, L, c.NH, c.NKV, c.hs, drop, window, ref_sc);
+              std::copy(out.begin(), out.end(), want_out.begin() + r0 * Q);
+              std::copy(dq.begin(), dq.end(), want_d.begin() + r0 * R);
+              for (int h = 0; h < c.NH; h++)
+                for (int i = 0; i < L; i++) want_lse[((size_t)b * c.NH + h) * c.T + s0 + i] = lse[(size_t)h * L + i];
+            }
+          if (!c.packed) {  // the scores must move the result by more than the tolerance: the test can fail
+            llmt_ref::Scores without = ref_sc;
+            (sc.softcap > 0.0f ? without.softcap : without.scale) = 0.0;
+            DV other = llmt_ref::attention(to_d(qkv), c.B, c.T, c.NH, c.NKV, c.hs, nullptr, attn_drop(d), window,
+                                           without);
+            ASSERT_GT(rel_diff(other, want_out), 2 * fwd_tol()) << "the scale or cap changes the output";
+          }
+          BufP X = Buf::act(qkv), Out = Buf::act(rand_act(rng, (size_t)rows * Q, 5.f, 6.f)), dOut = Buf::act(g);
+          BufP dX = Buf::act(rand_act(rng, qkv.size(), 5.f, 6.f));
+          Buf Lse(rand_f(rng, (size_t)c.B * c.NH * c.T, 5.f, 6.f)), Doc(doc);
+          const llmt::PackedDocs docs =
+              c.packed ? llmt::PackedDocs{Doc.i32({rows}), (int64_t)c.B * 3} : llmt::PackedDocs();
+          const int64_t launches = be().counters().launches;
+          be().attention_forward(Out->a({rows, Q}), Lse.f32({c.B, c.NH, c.T}), X->a({rows, R}), c.B, c.T, c.NH, c.NKV,
+                                 c.hs, d, docs, window, scores);
+          if (stand_in_cudnn(GetParam()) && p == 0.0f && c.hs % 8 == 0 && sc.softcap == 0.0f && !c.packed) {
+            EXPECT_EQ(be().counters().launches - launches, 1) << "one cuDNN graph, the scale its attn_scale";
+          }
+          EXPECT_TRUE(Close(Out->rf(), want_out, fwd_tol())) << "out (=)";
+          EXPECT_TRUE(Close(Lse.rf(), want_lse, tol::kF32OpForward + (is_bf16() ? tol::kBf16OpForward / 4 : 0.0)))
+              << "lse (=): the log-sum-exp of the scaled, capped scores";
+          be().attention_backward(dX->a({rows, R}), dOut->a({rows, Q}), X->a({rows, R}), Out->a({rows, Q}),
+                                  Lse.f32({c.B, c.NH, c.T}), c.B, c.T, c.NH, c.NKV, c.hs, d, docs, window, scores);
+          EXPECT_TRUE(Close(dX->rf(), want_d, grad_tol())) << "dqkv (=)";
+        }
+}
+
+// The KV cache's decode with Gemma's scores: a prompt chunk, then a token a call, against the
+// reference over the whole sequence with the same scale and cap (and a window).
+TEST_P(Ops, AttentionKvWithScaleAndSoftcap) {
+  std::mt19937 rng(65);
+  const int B = 2, T = 9, cap = 10, NH = 4, NKV = 2, R = (NH + 2 * NKV) * HS, Q = NH * HS;
+  for (int window : {0, 4})
+    for (auto [scale, softcap] : {std::pair<float, float>{0.9f, 0.0f}, {0.0f, 1.0f}, {1.2f, 3.0f}}) {
+      SCOPED_TRACE(::testing::Message() << "scale " << scale << " softcap " << softcap << " window " << window);
+      FV qkv = rand_act(rng, (size_t)B * T * R, -1.5f, 1.5f);
+      BufP K = Buf::act(FV((size_t)B * NKV * cap * HS, 0.0f)), V = Buf::act(FV((size_t)B * NKV * cap * HS, 0.0f));
+      Buf Starts(IV{0, 0});
+      FV got((size_t)B * T * Q);
+      for (int p0 = 0; p0 < T;) {
+        const int Tn = p0 == 0 ? 5 : 1;
+        FV chunk((size_t)B * Tn * R);
+        for (int b = 0; b < B; b++)
+          std::copy_n(qkv.begin() + ((size_t)b * T + p0) * R, (size_t)Tn * R, chunk.begin() + (size_t)b * Tn * R);
+        BufP X = Buf::act(chunk), Out = Buf::act(rand_act(rng, (size_t)B * Tn * Q, 5.f, 6.f));
+        be().attention_kv(Out->a({B * Tn, Q}), K->a({B, NKV, cap, HS}), V->a({B, NKV, cap, HS}), X->a({B * Tn, R}),
+                          Starts.i32({B}), B, Tn, p0, cap, NH, NKV, HS, window, llmt::AttnScores{scale, softcap});
+        FV o = Out->rf();
+        for (int b = 0; b < B; b++)
+          std::copy_n(o.begin() + (size_t)b * Tn * Q, (size_t)Tn * Q, got.begin() + ((size_t)b * T + p0) * Q);
+        p0 += Tn;
+      }
+      const llmt_ref::Scores sc{scale, softcap};
+      DV want = llmt_ref::attention(to_d(qkv), B, T, NH, NKV, HS, nullptr, nullptr, window, sc);
+      llmt_ref::Scores without = sc;
+      (softcap > 0.0f ? without.softcap : without.scale) = 0.0;
+      ASSERT_GT(rel_diff(llmt_ref::attention(to_d(qkv), B, T, NH, NKV, HS, nullptr, nullptr, window, without), want),
+                2 * fwd_tol())
+          << "the scale or cap changes the output";
+      EXPECT_TRUE(Close(got, want, fwd_tol()));
+    }
+}
+
 // ======================= cross-entropy =======================
 
 TEST_P(Ops, CrossEntropyLossAndGradientVsFiniteDifferencesWithIgnored) {
@@ -1509,6 +1653,67 @@ TEST_P(Ops, CrossEntropyOverPaddedRows) {
       }
     EXPECT_TRUE(Close(got_dense, want_grad, grad_tol()));
   }
+}
+
+// Gemma 2's final_logit_softcapping folded into the loss: the loss over cap tanh(logits / cap) and
+// dlogits with respect to the logits before the cap (finite differences of the capped reference),
+// over dense and padded rows, separate and in place; the cap must move both by more than the
+// tolerance. logit_softcap caps in place without touching the padding.
+TEST_P(Ops, CrossEntropyWithLogitSoftcap) {
+  std::mt19937 rng(66);
+  const int64_t N = 6;
+  const float grad_scale = 0.7f, pad = 7.0f;
+  for (float cap : {30.0f, 5.0f})
+    for (auto [V, ld] : {std::pair<int, int64_t>{19, 19}, {37, 64}}) {
+      SCOPED_TRACE(::testing::Message() << "cap " << cap << " V=" << V << " ld=" << ld);
+      FV dense = rand_act(rng, N * V, -4.f * cap / 5.f, 4.f * cap / 5.f), padded((size_t)(N * ld), pad);
+      for (int64_t i = 0; i < N; i++)
+        for (int j = 0; j < V; j++) padded[(size_t)(i * ld + j)] = dense[(size_t)(i * V + j)];
+      IV tg(N);
+      for (int64_t i = 0; i < N; i++) tg[(size_t)i] = (int)((i * 5 + 2) % V);
+      tg[3] = llmt::kIgnoreIndex;
+      const DV dd = to_d(dense);
+      const double want_loss = llmt_ref::cross_entropy(dd, tg, N, V, cap);
+      const DV want_grad =
+          fd_grad([&](const DV& v) { return grad_scale * llmt_ref::cross_entropy(v, tg, N, V, cap); }, dd);
+      const DV plain_grad = fd_grad([&](const DV& v) { return grad_scale * llmt_ref::cross_entropy(v, tg, N, V); }, dd);
+      ASSERT_GT(std::fabs(llmt_ref::cross_entropy(dd, tg, N, V) - want_loss), 100 * tol::kF32OpForward * want_loss)
+          << "the cap changes the loss";
+      ASSERT_GT(rel_diff(plain_grad, want_grad), 2 * grad_tol()) << "the cap changes the gradient";
+      for (bool in_place : {false, true}) {
+        BufP L = Buf::act(padded), dL = Buf::act(FV(padded.size(), pad));
+        Buf Tg(tg), S(std::vector<double>{0.5});
+        be().cross_entropy(S.f64({1}), (in_place ? L : dL)->a({N, ld}), L->a({N, ld}), Tg.i32({N}), N, V, grad_scale,
+                           ld, cap);
+        EXPECT_NEAR(S.read<double>()[0] - 0.5, want_loss, tol::kF32OpForward * std::fabs(want_loss)) << "loss";
+        const FV got = (in_place ? L : dL)->rf();
+        FV got_dense((size_t)(N * V));
+        for (int64_t i = 0; i < N; i++)
+          for (int64_t j = 0; j < ld; j++) {
+            if (j < V) got_dense[(size_t)(i * V + j)] = got[(size_t)(i * ld + j)];
+            else ASSERT_EQ(got[(size_t)(i * ld + j)], pad) << "padding written at row " << i << " column " << j;
+          }
+        EXPECT_TRUE(Close(got_dense, want_grad, grad_tol())) << (in_place ? "dlogits in place" : "dlogits apart");
+      }
+      {  // the op alone: capped in place, the padding kept
+        BufP L = Buf::act(padded);
+        be().logit_softcap(L->a({N, ld}), N, V, cap, ld);
+        const FV got = L->rf();
+        FV got_dense((size_t)(N * V));
+        DV want((size_t)(N * V));
+        for (int64_t i = 0; i < N; i++)
+          for (int64_t j = 0; j < ld; j++) {
+            if (j >= V) {
+              ASSERT_EQ(got[(size_t)(i * ld + j)], pad) << "padding written at row " << i << " column " << j;
+              continue;
+            }
+            got_dense[(size_t)(i * V + j)] = got[(size_t)(i * ld + j)];
+            want[(size_t)(i * V + j)] = cap * std::tanh(dd[(size_t)(i * V + j)] / cap);
+          }
+        ASSERT_GT(rel_diff(dd, want), 2 * fwd_tol()) << "the cap changes the logits";
+        EXPECT_TRUE(Close(got_dense, want, fwd_tol())) << "logit_softcap";
+      }
+    }
 }
 
 // The LM head's three matmuls over padded logits rows: logits = x W^T written with ld_out, and
@@ -1820,6 +2025,14 @@ TEST_P(Ops, BadArgumentsAreRefusedByTheEntry) {
   expect_error([&] { be().attention_forward(Big->a({B * T, 2 * hs}), X->f32({B * 2 * T}), Big->a({B * T, 4 * hs}), B, T,
                                             2, 1, hs, llmt::Dropout{}, llmt::PackedDocs(), -1); },
                {name + " attention_forward: sliding window of -1 keys, expected 0 (none) or more"});
+  expect_error([&] { be().attention_backward(Big->a({B * T, 4 * hs}), Y->a({B * T, 2 * hs}), Big->a({B * T, 4 * hs}),
+                                             Y->a({B * T, 2 * hs}), X->f32({B * 2 * T}), B, T, 2, 1, hs, llmt::Dropout{},
+                                             llmt::PackedDocs(), 0, llmt::AttnScores{-0.5f, 0.0f}); },
+               {name + " attention_backward: attention scale -0.5, expected > 0 (or 0: 1/sqrt(" + std::to_string(hs) +
+                "))"});
+  expect_error([&] { be().attention_kv(Y->a({2, 2 * hs}), Z->a({1, 1, 4, hs}), Z->a({1, 1, 4, hs}), Big->a({2, 4 * hs}),
+                                       X->i32({1}), 1, 2, 0, 4, 2, 1, hs, 0, llmt::AttnScores{0.0f, NAN}); },
+               {name + " attention_kv: attention soft cap nan, expected > 0 (or 0: none)"});
   // a row of 2 tokens holds 1 or 2 documents, never 3
   expect_error([&] { be().attention_forward(Big->a({B * T, 2 * hs}), X->f32({B * 2 * T}), Big->a({B * T, 4 * hs}), B, T,
                                             2, 1, hs, llmt::Dropout{}, llmt::PackedDocs{Y->i32({B * T}), 3}); },

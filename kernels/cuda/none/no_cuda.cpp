@@ -17,7 +17,7 @@ const char* cuda_build_kind() { return "none"; }
 int cuda_device_count() { return 0; }
 double cuda_peak_tflops(int, DType, bool) { return 0.0; }
 double cuda_peak_bandwidth_gbs(int) { return 0.0; }
-std::string cuda_attention_kernels(DType, int, bool, bool) { return "none (llmt was built without CUDA)"; }
+std::string cuda_attention_kernels(DType, int, bool, bool, bool) { return "none (llmt was built without CUDA)"; }
 std::string cuda_matmul_kernels() { return "none (llmt was built without CUDA)"; }
 std::string cuda_device_description(int device) {
   return strformat("cuda:%d not available (llmt was built without CUDA)", device);
