@@ -217,7 +217,8 @@ void Backend::layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor dout, T
   run("norms", [&] { layernorm_backward_impl(dx, dw, db, dout, x, w, mean, rstd, N, C); });
 }
 
-void Backend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) {
+void Backend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps,
+                              float w_offset) {
   const char* op = "rmsnorm_forward";
   need_size(*this, op, "N", N, 0);
   need_size(*this, op, "C", C, 1);
@@ -225,10 +226,11 @@ void Backend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64
   need_act(op, "x", x, N * C);
   need_act(op, "w", w, C);
   need(op, "rstd", rstd, DType::f32, N);
-  run("norms", [&] { rmsnorm_forward_impl(out, rstd, x, w, N, C, eps); });
+  run("norms", [&] { rmsnorm_forward_impl(out, rstd, x, w, N, C, eps, w_offset); });
 }
 
-void Backend::rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N, int C) {
+void Backend::rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N, int C,
+                               float w_offset) {
   const char* op = "rmsnorm_backward";
   need_size(*this, op, "N", N, 0);
   need_size(*this, op, "C", C, 1);
@@ -238,11 +240,11 @@ void Backend::rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tens
   need_act(op, "w", w, C);
   need(op, "dw", dw, DType::f32, C);
   need(op, "rstd", rstd, DType::f32, N);
-  run("norms", [&] { rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, N, C); });
+  run("norms", [&] { rmsnorm_backward_impl(dx, dw, dout, x, w, rstd, N, C, w_offset); });
 }
 
 void Backend::head_rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor wq, Tensor wk, int64_t N, int NH,
-                                   int NKV, int hs, float eps) {
+                                   int NKV, int hs, float eps, float w_offset) {
   const char* op = "head_rmsnorm_forward";
   need_size(*this, op, "N", N, 0);
   need_size(*this, op, "NH", NH, 1);
@@ -255,11 +257,11 @@ void Backend::head_rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor wq
   need_act(op, "wk", wk, hs);
   need(op, "rstd", rstd, DType::f32, N * (NH + NKV));
   LLMT_CHECK(out.data != in.data, "%s %s: out must not be in (it keeps the input for backward)", name().c_str(), op);
-  run("norms", [&] { head_rmsnorm_forward_impl(out, rstd, in, wq, wk, N, NH, NKV, hs, eps); });
+  run("norms", [&] { head_rmsnorm_forward_impl(out, rstd, in, wq, wk, N, NH, NKV, hs, eps, w_offset); });
 }
 
 void Backend::head_rmsnorm_backward(Tensor din, Tensor dwq, Tensor dwk, Tensor dout, Tensor in, Tensor wq, Tensor wk,
-                                    Tensor rstd, int64_t N, int NH, int NKV, int hs) {
+                                    Tensor rstd, int64_t N, int NH, int NKV, int hs, float w_offset) {
   const char* op = "head_rmsnorm_backward";
   need_size(*this, op, "N", N, 0);
   need_size(*this, op, "NH", NH, 1);
@@ -274,7 +276,7 @@ void Backend::head_rmsnorm_backward(Tensor din, Tensor dwq, Tensor dwk, Tensor d
   need(op, "dwq", dwq, DType::f32, hs);
   need(op, "dwk", dwk, DType::f32, hs);
   need(op, "rstd", rstd, DType::f32, N * (NH + NKV));
-  run("norms", [&] { head_rmsnorm_backward_impl(din, dwq, dwk, dout, in, wq, wk, rstd, N, NH, NKV, hs); });
+  run("norms", [&] { head_rmsnorm_backward_impl(din, dwq, dwk, dout, in, wq, wk, rstd, N, NH, NKV, hs, w_offset); });
 }
 
 // ---- activations ----
@@ -296,23 +298,23 @@ void Backend::gelu_backward(Tensor dx, Tensor x, Tensor dout, int64_t n) {
   run("activations", [&] { gelu_backward_impl(dx, x, dout, n); });
 }
 
-void Backend::swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I) {
+void Backend::swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I, GluAct act) {
   const char* op = "swiglu_forward";
   need_size(*this, op, "N", N, 0);
   need_size(*this, op, "I", I, 1);
   need_act(op, "out", out, N * I);
   need_act(op, "gate_up", gate_up, N * 2 * I);
-  run("activations", [&] { swiglu_forward_impl(out, gate_up, N, I); });
+  run("activations", [&] { swiglu_forward_impl(out, gate_up, N, I, act); });
 }
 
-void Backend::swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) {
+void Backend::swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I, GluAct act) {
   const char* op = "swiglu_backward";
   need_size(*this, op, "N", N, 0);
   need_size(*this, op, "I", I, 1);
   need_act(op, "dgate_up", dgate_up, N * 2 * I);
   need_act(op, "dout", dout, N * I);
   need_act(op, "gate_up", gate_up, N * 2 * I);
-  run("activations", [&] { swiglu_backward_impl(dgate_up, dout, gate_up, N, I); });
+  run("activations", [&] { swiglu_backward_impl(dgate_up, dout, gate_up, N, I, act); });
 }
 
 void Backend::dropout(Tensor x, int B, int T, int C, const Dropout& d) {

@@ -35,6 +35,9 @@
 
 namespace llmt {
 
+// The activation of a gated MLP's gate (Backend::swiglu_*): silu (SwiGLU) or the tanh GELU (GeGLU).
+enum class GluAct { silu, gelu_tanh };
+
 // Position of a work item on the compute stream; see "Streams" above.
 class Event {
  public:
@@ -225,30 +228,35 @@ class Backend {
   // dx (act) += ..., dw (f32) += ..., db (f32) += ...
   void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w, Tensor mean, Tensor rstd,
                           int64_t N, int C);
-  // out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) (f32) saved for backward.
-  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps);
-  // dx (act) += ..., dw (f32) += ...
-  void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N, int C);
+  // out = x * rstd * (w_offset + w), rstd = 1/sqrt(mean(x^2) + eps) (f32) saved for backward; the
+  // product in f32, rounded once. w_offset 1 is Gemma's (1 + weight) norm: the offset is added in f32,
+  // so a small w is not lost to a bf16 1 + w.
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps,
+                       float w_offset = 0.0f);
+  // dx (act) += ... (through w_offset + w), dw (f32) += ... (the offset changes nothing there)
+  void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N, int C,
+                        float w_offset = 0.0f);
 
   // RMSNorm over each hs-wide head of q and of k in rows [q (NH*hs) | k (NKV*hs) | v (NKV*hs)] (as
   // attention's qkv), before RoPE (Qwen3's q_norm and k_norm): out[N, (NH+2*NKV)*hs] (=) in with each
   // q head normalised with wq[hs] and each k head with wk[hs], the v part copied; rstd[N, NH+NKV]
-  // (f32) saved for backward. out must not overlap in.
+  // (f32) saved for backward. out must not overlap in. The weights are (w_offset + w), as rmsnorm's
+  // (Gemma 3's q_norm and k_norm: 1).
   void head_rmsnorm_forward(Tensor out, Tensor rstd, Tensor in, Tensor wq, Tensor wk, int64_t N, int NH, int NKV,
-                            int hs, float eps);
+                            int hs, float eps, float w_offset = 0.0f);
   // din (=) dout back through it (the v part copied), dwq and dwk (f32) +=. din may be dout itself (in
   // place), but must not overlap it otherwise.
   void head_rmsnorm_backward(Tensor din, Tensor dwq, Tensor dwk, Tensor dout, Tensor in, Tensor wq, Tensor wk,
-                             Tensor rstd, int64_t N, int NH, int NKV, int hs);
+                             Tensor rstd, int64_t N, int NH, int NKV, int hs, float w_offset = 0.0f);
 
   // ---- activations (act) ----
   // GELU, tanh form (gelu_new). out = gelu(x); dx = dout * gelu'(x) (dx may alias dout).
   void gelu_forward(Tensor out, Tensor x, int64_t n);
   void gelu_backward(Tensor dx, Tensor x, Tensor dout, int64_t n);
-  // SwiGLU over rows of gate_up[N, 2I] = [gate | up]: out[N,I] = silu(gate) * up.
-  // dgate_up (=) from dout[N,I].
-  void swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I);
-  void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I);
+  // A gated MLP's activation over rows of gate_up[N, 2I] = [gate | up]: out[N,I] = act(gate) * up,
+  // act silu (SwiGLU) or the tanh GELU (GeGLU, Gemma's gelu_pytorch_tanh). dgate_up (=) from dout[N,I].
+  void swiglu_forward(Tensor out, Tensor gate_up, int64_t N, int I, GluAct act = GluAct::silu);
+  void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I, GluAct act = GluAct::silu);
   // x[B*T, C] (=) x * mask / (1 - p) in place, element (b, t, c) kept as dropout_keep(d.key,
   // dropout_row(d.row0 + b, t), c, d.p) says; 0 <= p < 1. The backward of a dropout is the same call
   // on the gradient.
@@ -354,17 +362,19 @@ class Backend {
                                       int C, float eps) = 0;
   virtual void layernorm_backward_impl(Tensor dx, Tensor dw, Tensor db, Tensor dout, Tensor x, Tensor w,
                                        Tensor mean, Tensor rstd, int64_t N, int C) = 0;
-  virtual void rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) = 0;
+  virtual void rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps,
+                                    float w_offset) = 0;
   virtual void rmsnorm_backward_impl(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N,
-                                     int C) = 0;
+                                     int C, float w_offset) = 0;
   virtual void head_rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor in, Tensor wq, Tensor wk, int64_t N, int NH,
-                                         int NKV, int hs, float eps) = 0;
+                                         int NKV, int hs, float eps, float w_offset) = 0;
   virtual void head_rmsnorm_backward_impl(Tensor din, Tensor dwq, Tensor dwk, Tensor dout, Tensor in, Tensor wq,
-                                          Tensor wk, Tensor rstd, int64_t N, int NH, int NKV, int hs) = 0;
+                                          Tensor wk, Tensor rstd, int64_t N, int NH, int NKV, int hs,
+                                          float w_offset) = 0;
   virtual void gelu_forward_impl(Tensor out, Tensor x, int64_t n) = 0;
   virtual void gelu_backward_impl(Tensor dx, Tensor x, Tensor dout, int64_t n) = 0;
-  virtual void swiglu_forward_impl(Tensor out, Tensor gate_up, int64_t N, int I) = 0;
-  virtual void swiglu_backward_impl(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) = 0;
+  virtual void swiglu_forward_impl(Tensor out, Tensor gate_up, int64_t N, int I, GluAct act) = 0;
+  virtual void swiglu_backward_impl(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I, GluAct act) = 0;
   virtual void dropout_impl(Tensor x, int B, int T, int C, const Dropout& d) = 0;
   virtual void rope_forward_impl(Tensor qkv, int B, int T, int NH, int NKV, int hs, const RopeSpec& rope,
                                  Tensor positions) = 0;

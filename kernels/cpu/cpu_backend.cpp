@@ -482,7 +482,8 @@ class CpuBackend : public Backend {
     }
   }
 
-  void rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) override {
+  void rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps,
+                            float w_offset) override {
     float* rs = rstd.f32();
     by_dtype(x.dtype, "rmsnorm_forward", [&](auto tag) {
       using A = decltype(tag);
@@ -497,14 +498,14 @@ class CpuBackend : public Backend {
           ss += v * v;
         }
         float r = 1.0f / std::sqrt(ss / C + eps);
-        for (int c = 0; c < C; c++) st(o, i * C + c, ld(X, i * C + c) * r * ld(W, c));
+        for (int c = 0; c < C; c++) st(o, i * C + c, ld(X, i * C + c) * r * (w_offset + ld(W, c)));
         rs[i] = r;
       }
     });
   }
 
   void rmsnorm_backward_impl(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N,
-                             int C) override {
+                             int C, float w_offset) override {
     float* DW = dw.f32();
     const float* rs = rstd.f32();
     std::vector<float> partial((size_t)nthreads_ * C, 0.0f);
@@ -523,13 +524,14 @@ class CpuBackend : public Backend {
 #pragma omp simd reduction(+ : mean_dn_n)
           for (int c = 0; c < C; c++) {
             float n = ld(X, i * C + c) * r, di = ld(D, i * C + c);
-            mean_dn_n += di * ld(W, c) * n;
+            mean_dn_n += di * (w_offset + ld(W, c)) * n;
             pw[c] += di * n;
           }
           mean_dn_n /= C;
           for (int c = 0; c < C; c++)
             st(DX, i * C + c,
-               ld(DX, i * C + c) + (ld(D, i * C + c) * ld(W, c) - ld(X, i * C + c) * r * mean_dn_n) * r);
+               ld(DX, i * C + c) +
+                   (ld(D, i * C + c) * (w_offset + ld(W, c)) - ld(X, i * C + c) * r * mean_dn_n) * r);
         }
       }
     });
@@ -540,7 +542,7 @@ class CpuBackend : public Backend {
   // Each token's row: NH q heads, then NKV k heads, each normalised over its hs values; the NKV v
   // heads copied.
   void head_rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor in, Tensor wq, Tensor wk, int64_t N, int NH, int NKV,
-                                 int hs, float eps) override {
+                                 int hs, float eps, float w_offset) override {
     float* rs = rstd.f32();
     const int heads = NH + NKV;
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
@@ -559,7 +561,7 @@ class CpuBackend : public Backend {
             ss += v * v;
           }
           const float r = 1.0f / std::sqrt(ss / hs + eps);
-          for (int c = 0; c < hs; c++) st(o, i0 + c, ld(X, i0 + c) * r * ld(W, c));
+          for (int c = 0; c < hs; c++) st(o, i0 + c, ld(X, i0 + c) * r * (w_offset + ld(W, c)));
           rs[n * heads + h] = r;
         }
         for (int64_t i = n * row + (int64_t)heads * hs; i < (n + 1) * row; i++) o[i] = X[i];
@@ -568,7 +570,7 @@ class CpuBackend : public Backend {
   }
 
   void head_rmsnorm_backward_impl(Tensor din, Tensor dwq, Tensor dwk, Tensor dout, Tensor in, Tensor wq, Tensor wk,
-                                  Tensor rstd, int64_t N, int NH, int NKV, int hs) override {
+                                  Tensor rstd, int64_t N, int NH, int NKV, int hs, float w_offset) override {
     const float* rs = rstd.f32();
     const int heads = NH + NKV;
     const int64_t row = (int64_t)(NH + 2 * NKV) * hs;
@@ -594,12 +596,12 @@ class CpuBackend : public Backend {
             for (int c = 0; c < hs; c++) {
               const float nv = ld(X, i0 + c) * r;
               d[(size_t)c] = ld(D, i0 + c);  // read before din (which may be dout) is written
-              mean_dn_n += d[(size_t)c] * ld(W, c) * nv;
+              mean_dn_n += d[(size_t)c] * (w_offset + ld(W, c)) * nv;
               pwh[c] += d[(size_t)c] * nv;
             }
             mean_dn_n /= hs;
             for (int c = 0; c < hs; c++)
-              st(DX, i0 + c, (d[(size_t)c] * ld(W, c) - ld(X, i0 + c) * r * mean_dn_n) * r);
+              st(DX, i0 + c, (d[(size_t)c] * (w_offset + ld(W, c)) - ld(X, i0 + c) * r * mean_dn_n) * r);
           }
           if (DX != D)
             for (int64_t i = n * row + (int64_t)heads * hs; i < (n + 1) * row; i++) DX[i] = D[i];
@@ -643,7 +645,14 @@ class CpuBackend : public Backend {
     });
   }
 
-  void swiglu_forward_impl(Tensor out, Tensor gate_up, int64_t N, int I) override {
+  // GeGLU's gate activation, the tanh GELU (as gelu_forward_impl), and its derivative
+  static float gelu_and_grad(float g, float* dact) {
+    const float t = tanh_approx(kGeluScale * (g + 0.044715f * g * g * g));
+    *dact = 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * kGeluScale * (1.0f + 3.0f * 0.044715f * g * g);
+    return 0.5f * g * (1.0f + t);
+  }
+
+  void swiglu_forward_impl(Tensor out, Tensor gate_up, int64_t N, int I, GluAct act) override {
     by_dtype(out.dtype, "swiglu_forward", [&](auto tag) {
       using A = decltype(tag);
       A* o = (A*)out.data;
@@ -652,14 +661,15 @@ class CpuBackend : public Backend {
       for (int64_t i = 0; i < N; i++) {
         const int64_t g = i * 2 * I, u = g + I;
         for (int j = 0; j < I; j++) {
-          float gj = ld(gu, g + j);
-          st(o, i * I + j, gj / (1.0f + exp_approx(-gj)) * ld(gu, u + j));
+          float gj = ld(gu, g + j), da;
+          const float a = act == GluAct::silu ? gj / (1.0f + exp_approx(-gj)) : gelu_and_grad(gj, &da);
+          st(o, i * I + j, a * ld(gu, u + j));
         }
       }
     });
   }
 
-  void swiglu_backward_impl(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) override {
+  void swiglu_backward_impl(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I, GluAct act) override {
     by_dtype(dout.dtype, "swiglu_backward", [&](auto tag) {
       using A = decltype(tag);
       A* dgu = (A*)dgate_up.data;
@@ -669,6 +679,13 @@ class CpuBackend : public Backend {
         const int64_t g = i * 2 * I, u = g + I;
         for (int j = 0; j < I; j++) {
           float gj = ld(gu, g + j), uj = ld(gu, u + j), dj = ld(D, i * I + j);
+          if (act == GluAct::gelu_tanh) {
+            float da;
+            const float a = gelu_and_grad(gj, &da);
+            st(dgu, u + j, dj * a);
+            st(dgu, g + j, dj * uj * da);
+            continue;
+          }
           float s = 1.0f / (1.0f + exp_approx(-gj));
           st(dgu, u + j, dj * gj * s);
           st(dgu, g + j, dj * uj * s * (1.0f + gj * (1.0f - s)));

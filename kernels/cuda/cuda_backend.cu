@@ -271,36 +271,38 @@ class CudaBackend : public Backend {
                                (const A*)w.data, mean.f32(), rstd.f32(), N, C, columns(N, C), stream_);
     });
   }
-  void rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps) override {
+  void rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor x, Tensor w, int64_t N, int C, float eps,
+                            float w_offset) override {
     by_dtype(x.dtype, "rmsnorm_forward", [&](auto tag) {
       using A = decltype(tag);
-      cuda::rmsnorm_forward((A*)out.data, rstd.f32(), (const A*)x.data, (const A*)w.data, N, C, eps, stream_);
+      cuda::rmsnorm_forward((A*)out.data, rstd.f32(), (const A*)x.data, (const A*)w.data, N, C, eps, w_offset,
+                            stream_);
     });
   }
   void rmsnorm_backward_impl(Tensor dx, Tensor dw, Tensor dout, Tensor x, Tensor w, Tensor rstd, int64_t N,
-                             int C) override {
+                             int C, float w_offset) override {
     by_dtype(x.dtype, "rmsnorm_backward", [&](auto tag) {
       using A = decltype(tag);
       cuda::rmsnorm_backward((A*)dx.data, dw.f32(), (const A*)dout.data, (const A*)x.data, (const A*)w.data,
-                             rstd.f32(), N, C, columns(N, C), stream_);
+                             rstd.f32(), N, C, w_offset, columns(N, C), stream_);
     });
   }
 
   void head_rmsnorm_forward_impl(Tensor out, Tensor rstd, Tensor in, Tensor wq, Tensor wk, int64_t N, int NH, int NKV,
-                                 int hs, float eps) override {
+                                 int hs, float eps, float w_offset) override {
     by_dtype(in.dtype, "head_rmsnorm_forward", [&](auto tag) {
       using A = decltype(tag);
       cuda::head_rmsnorm_forward((A*)out.data, rstd.f32(), (const A*)in.data, (const A*)wq.data, (const A*)wk.data, N,
-                                 NH, NKV, hs, eps, stream_);
+                                 NH, NKV, hs, eps, w_offset, stream_);
     });
   }
   void head_rmsnorm_backward_impl(Tensor din, Tensor dwq, Tensor dwk, Tensor dout, Tensor in, Tensor wq, Tensor wk,
-                                  Tensor rstd, int64_t N, int NH, int NKV, int hs) override {
+                                  Tensor rstd, int64_t N, int NH, int NKV, int hs, float w_offset) override {
     by_dtype(in.dtype, "head_rmsnorm_backward", [&](auto tag) {
       using A = decltype(tag);
       cuda::head_rmsnorm_backward((A*)din.data, dwq.f32(), dwk.f32(), (const A*)dout.data, (const A*)in.data,
-                                  (const A*)wq.data, (const A*)wk.data, rstd.f32(), N, NH, NKV, hs, columns(N, hs),
-                                  stream_);
+                                  (const A*)wq.data, (const A*)wk.data, rstd.f32(), N, NH, NKV, hs, w_offset,
+                                  columns(N, hs), stream_);
     });
   }
 
@@ -313,13 +315,16 @@ class CudaBackend : public Backend {
     if (compute_ == DType::f32) cuda::gelu_backward_f32(dx.f32(), x.f32(), dout.f32(), n, stream_);
     else cuda::gelu_backward_bf16(dx.bf16(), x.bf16(), dout.bf16(), n, stream_);
   }
-  void swiglu_forward_impl(Tensor out, Tensor gate_up, int64_t N, int I) override {
-    if (compute_ == DType::f32) cuda::swiglu_forward_f32(out.f32(), gate_up.f32(), N, I, stream_);
-    else cuda::swiglu_forward_bf16(out.bf16(), gate_up.bf16(), N, I, stream_);
+  void swiglu_forward_impl(Tensor out, Tensor gate_up, int64_t N, int I, GluAct act) override {
+    const bool gelu = act == GluAct::gelu_tanh;
+    if (compute_ == DType::f32) cuda::swiglu_forward_f32(out.f32(), gate_up.f32(), N, I, stream_, gelu);
+    else cuda::swiglu_forward_bf16(out.bf16(), gate_up.bf16(), N, I, stream_, gelu);
   }
-  void swiglu_backward_impl(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I) override {
-    if (compute_ == DType::f32) cuda::swiglu_backward_f32(dgate_up.f32(), dout.f32(), gate_up.f32(), N, I, stream_);
-    else cuda::swiglu_backward_bf16(dgate_up.bf16(), dout.bf16(), gate_up.bf16(), N, I, stream_);
+  void swiglu_backward_impl(Tensor dgate_up, Tensor dout, Tensor gate_up, int64_t N, int I, GluAct act) override {
+    const bool gelu = act == GluAct::gelu_tanh;
+    if (compute_ == DType::f32)
+      cuda::swiglu_backward_f32(dgate_up.f32(), dout.f32(), gate_up.f32(), N, I, stream_, gelu);
+    else cuda::swiglu_backward_bf16(dgate_up.bf16(), dout.bf16(), gate_up.bf16(), N, I, stream_, gelu);
   }
   void dropout_impl(Tensor x, int B, int T, int C, const Dropout& d) override {
     by_dtype(x.dtype, "dropout", [&](auto tag) { cuda::dropout((decltype(tag)*)x.data, B, T, C, d, stream_); });

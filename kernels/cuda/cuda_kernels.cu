@@ -114,7 +114,13 @@ struct GeluBackward {
 
 __device__ __forceinline__ float sigmoidf(float g) { return 1.0f / (1.0f + expf(-g)); }
 
-template <int V, typename T>
+// the gate's activation: silu, or (Gelu) the tanh GELU of GeGLU
+template <bool Gelu>
+__device__ __forceinline__ float glu_gate(float g) {
+  return Gelu ? GeluForward()(g) : g * sigmoidf(g);
+}
+
+template <int V, bool Gelu, typename T>
 __global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int I) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const int64_t nvec = N * I / V;
@@ -128,13 +134,13 @@ __global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int I
 #pragma unroll
     for (int k = 0; k < V; k++) {
       float g = to_f32(vg.v[k]), u = to_f32(vu.v[k]);
-      vo.v[k] = from_f32<T>(g * sigmoidf(g) * u);
+      vo.v[k] = from_f32<T>(glu_gate<Gelu>(g) * u);
     }
     store_vec<T, V>(out + e, vo);
   }
 }
 
-template <int V, typename T>
+template <int V, bool Gelu, typename T>
 __global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int I) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const int64_t nvec = N * I / V;
@@ -149,39 +155,46 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate
 #pragma unroll
     for (int k = 0; k < V; k++) {
       float g = to_f32(vg.v[k]), u = to_f32(vu.v[k]), d = to_f32(vd.v[k]);
-      float s = sigmoidf(g);
-      float silu = g * s;
-      float dsilu = s * (1.0f + g * (1.0f - s));
-      dg.v[k] = from_f32<T>(d * u * dsilu);
-      du.v[k] = from_f32<T>(d * silu);
+      float a, da;
+      if (Gelu) {
+        a = GeluForward()(g);
+        da = GeluBackward()(g, 1.0f);
+      } else {
+        const float s = sigmoidf(g);
+        a = g * s;
+        da = s * (1.0f + g * (1.0f - s));
+      }
+      dg.v[k] = from_f32<T>(d * u * da);
+      du.v[k] = from_f32<T>(d * a);
     }
     store_vec<T, V>(dgate_up + off, dg);
     store_vec<T, V>(dgate_up + off + I, du);
   }
 }
 
-template <typename T>
+template <bool Gelu, typename T>
 void launch_swiglu_forward(T* out, const T* gate_up, int64_t N, int I, Stream stream) {
   LLMT_CHECK(N >= 0 && I >= 0, "cuda swiglu_forward: bad shape N=%lld I=%d", (long long)N, I);
   if (N == 0 || I == 0) return;
   constexpr int V = 16 / sizeof(T);
   if (I % V == 0 && aligned(out, 16) && aligned(gate_up, 16)) {
-    LLMT_LAUNCH(swiglu_forward_kernel<V>, grid_for(N * I / V), kBlock, 0, stream, out, gate_up, N, I);
+    LLMT_LAUNCH((swiglu_forward_kernel<V, Gelu>), grid_for(N * I / V), kBlock, 0, stream, out, gate_up, N, I);
   } else {
-    LLMT_LAUNCH(swiglu_forward_kernel<1>, grid_for(N * I), kBlock, 0, stream, out, gate_up, N, I);
+    LLMT_LAUNCH((swiglu_forward_kernel<1, Gelu>), grid_for(N * I), kBlock, 0, stream, out, gate_up, N, I);
   }
   CUDA_CHECK_LAUNCH();
 }
 
-template <typename T>
+template <bool Gelu, typename T>
 void launch_swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int I, Stream stream) {
   LLMT_CHECK(N >= 0 && I >= 0, "cuda swiglu_backward: bad shape N=%lld I=%d", (long long)N, I);
   if (N == 0 || I == 0) return;
   constexpr int V = 16 / sizeof(T);
   if (I % V == 0 && aligned(dgate_up, 16) && aligned(dout, 16) && aligned(gate_up, 16)) {
-    LLMT_LAUNCH(swiglu_backward_kernel<V>, grid_for(N * I / V), kBlock, 0, stream, dgate_up, dout, gate_up, N, I);
+    LLMT_LAUNCH((swiglu_backward_kernel<V, Gelu>), grid_for(N * I / V), kBlock, 0, stream, dgate_up, dout, gate_up, N,
+                I);
   } else {
-    LLMT_LAUNCH(swiglu_backward_kernel<1>, grid_for(N * I), kBlock, 0, stream, dgate_up, dout, gate_up, N, I);
+    LLMT_LAUNCH((swiglu_backward_kernel<1, Gelu>), grid_for(N * I), kBlock, 0, stream, dgate_up, dout, gate_up, N, I);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -368,19 +381,23 @@ void gelu_backward_bf16(uint16_t* dx, const uint16_t* x, const uint16_t* dout, i
   launch_map2("gelu_backward_bf16", dx, x, dout, n, GeluBackward{}, stream);
 }
 
-void swiglu_forward_f32(float* out, const float* gate_up, int64_t N, int I, Stream stream) {
-  launch_swiglu_forward(out, gate_up, N, I, stream);
+void swiglu_forward_f32(float* out, const float* gate_up, int64_t N, int I, Stream stream, bool gelu) {
+  if (gelu) launch_swiglu_forward<true>(out, gate_up, N, I, stream);
+  else launch_swiglu_forward<false>(out, gate_up, N, I, stream);
 }
-void swiglu_forward_bf16(uint16_t* out, const uint16_t* gate_up, int64_t N, int I, Stream stream) {
-  launch_swiglu_forward(out, gate_up, N, I, stream);
+void swiglu_forward_bf16(uint16_t* out, const uint16_t* gate_up, int64_t N, int I, Stream stream, bool gelu) {
+  if (gelu) launch_swiglu_forward<true>(out, gate_up, N, I, stream);
+  else launch_swiglu_forward<false>(out, gate_up, N, I, stream);
 }
 void swiglu_backward_f32(float* dgate_up, const float* dout, const float* gate_up, int64_t N, int I,
-                         Stream stream) {
-  launch_swiglu_backward(dgate_up, dout, gate_up, N, I, stream);
+                         Stream stream, bool gelu) {
+  if (gelu) launch_swiglu_backward<true>(dgate_up, dout, gate_up, N, I, stream);
+  else launch_swiglu_backward<false>(dgate_up, dout, gate_up, N, I, stream);
 }
 void swiglu_backward_bf16(uint16_t* dgate_up, const uint16_t* dout, const uint16_t* gate_up, int64_t N, int I,
-                          Stream stream) {
-  launch_swiglu_backward(dgate_up, dout, gate_up, N, I, stream);
+                          Stream stream, bool gelu) {
+  if (gelu) launch_swiglu_backward<true>(dgate_up, dout, gate_up, N, I, stream);
+  else launch_swiglu_backward<false>(dgate_up, dout, gate_up, N, I, stream);
 }
 
 void adamw(float* p, uint16_t* p_bf16, const float* g, float* m, float* v, int64_t n, float lr, float beta1,

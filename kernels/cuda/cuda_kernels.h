@@ -53,14 +53,17 @@ void gelu_forward_bf16(uint16_t* out, const uint16_t* x, int64_t n, Stream strea
 // dx = dout * gelu'(x) (dx may alias dout).
 void gelu_backward_f32(float* dx, const float* x, const float* dout, int64_t n, Stream stream = nullptr);
 void gelu_backward_bf16(uint16_t* dx, const uint16_t* x, const uint16_t* dout, int64_t n, Stream stream = nullptr);
-// SwiGLU over rows of gate_up[N, 2I] = [gate | up]: out[N, I] = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
-void swiglu_forward_f32(float* out, const float* gate_up, int64_t N, int I, Stream stream = nullptr);
-void swiglu_forward_bf16(uint16_t* out, const uint16_t* gate_up, int64_t N, int I, Stream stream = nullptr);
-// dgate_up[N, 2I] (=) from dout[N, I]: dgate = dout * up * silu'(gate), dup = dout * silu(gate).
+// SwiGLU over rows of gate_up[N, 2I] = [gate | up]: out[N, I] = silu(gate) * up, silu(g) = g / (1 + exp(-g));
+// with gelu, GeGLU: the tanh GELU (as gelu_forward) in silu's place.
+void swiglu_forward_f32(float* out, const float* gate_up, int64_t N, int I, Stream stream = nullptr,
+                        bool gelu = false);
+void swiglu_forward_bf16(uint16_t* out, const uint16_t* gate_up, int64_t N, int I, Stream stream = nullptr,
+                         bool gelu = false);
+// dgate_up[N, 2I] (=) from dout[N, I]: dgate = dout * up * act'(gate), dup = dout * act(gate).
 void swiglu_backward_f32(float* dgate_up, const float* dout, const float* gate_up, int64_t N, int I,
-                         Stream stream = nullptr);
+                         Stream stream = nullptr, bool gelu = false);
 void swiglu_backward_bf16(uint16_t* dgate_up, const uint16_t* dout, const uint16_t* gate_up, int64_t N, int I,
-                          Stream stream = nullptr);
+                          Stream stream = nullptr, bool gelu = false);
 
 // ---- optimizer ----
 // AdamW as torch.optim.AdamW on fp32 p, g, m, v (step t is 1-based):

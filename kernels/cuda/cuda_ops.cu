@@ -189,7 +189,7 @@ void column_sums(float* out0, float* out1, const T* dout, const T* x, const floa
 // piece of a row (row n's piece h at (n * pieces + h) * hs): q and k pieces normalised, v copied ----
 template <typename T>
 __global__ void head_rmsnorm_forward_kernel(T* out, float* rstd, const T* in, const T* wq, const T* wk, int NH, int NKV,
-                                            int hs, float eps) {
+                                            int hs, float eps, float w_off) {
   const int pieces = NH + 2 * NKV, heads = NH + NKV;
   const int64_t n = (int64_t)blockIdx.x / pieces, i0 = (int64_t)blockIdx.x * hs;
   const int h = (int)((int64_t)blockIdx.x % pieces);
@@ -205,14 +205,14 @@ __global__ void head_rmsnorm_forward_kernel(T* out, float* rstd, const T* in, co
   }
   const float r = 1.0f / sqrtf(block_sum_all(s) / hs + eps);
   for (int c = (int)threadIdx.x; c < hs; c += (int)blockDim.x)
-    out[i0 + c] = from_f32<T>(to_f32(in[i0 + c]) * r * to_f32(w[c]));
+    out[i0 + c] = from_f32<T>(to_f32(in[i0 + c]) * r * (w_off + to_f32(w[c])));
   if (threadIdx.x == 0) rstd[n * heads + h] = r;
 }
 
 // din may be dout: each thread writes only the elements it read, after the block's sum
 template <typename T>
 __global__ void head_rmsnorm_backward_dx_kernel(T* din, const T* dout, const T* in, const T* wq, const T* wk,
-                                                const float* rstd, int NH, int NKV, int hs) {
+                                                const float* rstd, int NH, int NKV, int hs, float w_off) {
   const int pieces = NH + 2 * NKV, heads = NH + NKV;
   const int64_t n = (int64_t)blockIdx.x / pieces, i0 = (int64_t)blockIdx.x * hs;
   const int h = (int)((int64_t)blockIdx.x % pieces);
@@ -225,11 +225,11 @@ __global__ void head_rmsnorm_backward_dx_kernel(T* din, const T* dout, const T* 
   const float r = rstd[n * heads + h];
   float s = 0.0f;
   for (int c = (int)threadIdx.x; c < hs; c += (int)blockDim.x)
-    s += to_f32(dout[i0 + c]) * to_f32(w[c]) * to_f32(in[i0 + c]) * r;
+    s += to_f32(dout[i0 + c]) * (w_off + to_f32(w[c])) * to_f32(in[i0 + c]) * r;
   const float mean_dnn = block_sum_all(s) / hs;
   for (int c = (int)threadIdx.x; c < hs; c += (int)blockDim.x) {
     const int64_t i = i0 + c;
-    din[i] = from_f32<T>((to_f32(dout[i]) * to_f32(w[c]) - to_f32(in[i]) * r * mean_dnn) * r);
+    din[i] = from_f32<T>((to_f32(dout[i]) * (w_off + to_f32(w[c])) - to_f32(in[i]) * r * mean_dnn) * r);
   }
 }
 
@@ -345,7 +345,7 @@ __global__ void layernorm_backward_dx_kernel(T* dx, const T* dout, const T* x, c
 }
 
 template <typename T>
-__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* w, int C, float eps) {
+__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* w, int C, float eps, float w_off) {
   const int64_t row = blockIdx.x;
   const T* xr = x + row * C;
   float s = 0.0f;
@@ -354,21 +354,23 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
     s += v * v;
   }
   const float r = 1.0f / sqrtf(block_sum_all(s) / C + eps);
-  for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x) out[row * C + c] = from_f32<T>(to_f32(xr[c]) * r * to_f32(w[c]));
+  for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x)
+    out[row * C + c] = from_f32<T>(to_f32(xr[c]) * r * (w_off + to_f32(w[c])));
   if (threadIdx.x == 0) rstd[row] = r;
 }
 
 template <typename T>
-__global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dout, const T* x, const T* w, const float* rstd, int C) {
+__global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dout, const T* x, const T* w, const float* rstd, int C,
+                                           float w_off) {
   const int64_t row = blockIdx.x;
   const float r = rstd[row];
   float s = 0.0f;
   for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x)
-    s += to_f32(dout[row * C + c]) * to_f32(w[c]) * to_f32(x[row * C + c]) * r;
+    s += to_f32(dout[row * C + c]) * (w_off + to_f32(w[c])) * to_f32(x[row * C + c]) * r;
   const float mean_dnn = block_sum_all(s) / C;
   for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x) {
     const int64_t i = row * C + c;
-    dx[i] = from_f32<T>(to_f32(dx[i]) + (to_f32(dout[i]) * to_f32(w[c]) - to_f32(x[i]) * r * mean_dnn) * r);
+    dx[i] = from_f32<T>(to_f32(dx[i]) + (to_f32(dout[i]) * (w_off + to_f32(w[c])) - to_f32(x[i]) * r * mean_dnn) * r);
   }
 }
 
@@ -470,7 +472,7 @@ __global__ void layernorm_backward_dx_vec_kernel(T* dx, const T* dout, const T* 
 }
 
 template <typename T, int K>
-__global__ void rmsnorm_forward_vec_kernel(T* out, float* rstd, const T* x, const T* w, int C, float eps) {
+__global__ void rmsnorm_forward_vec_kernel(T* out, float* rstd, const T* x, const T* w, int C, float eps, float w_off) {
   constexpr int V = 16 / sizeof(T);
   const int64_t row = blockIdx.x;
   const int chunks = C / V, t = (int)threadIdx.x, step = (int)blockDim.x;
@@ -488,14 +490,15 @@ __global__ void rmsnorm_forward_vec_kernel(T* out, float* rstd, const T* x, cons
     float wv[V];
     if (!load_chunk<T, V>(wv, w, ch, chunks)) continue;
 #pragma unroll
-    for (int e = 0; e < V; e++) xv[k][e] = xv[k][e] * r * wv[e];
+    for (int e = 0; e < V; e++) xv[k][e] = xv[k][e] * r * (w_off + wv[e]);
     store_chunk<T, V>(out + row * C, ch, xv[k]);
   }
   if (t == 0) rstd[row] = r;
 }
 
 template <typename T, int K>
-__global__ void rmsnorm_backward_dx_vec_kernel(T* dx, const T* dout, const T* x, const T* w, const float* rstd, int C) {
+__global__ void rmsnorm_backward_dx_vec_kernel(T* dx, const T* dout, const T* x, const T* w, const float* rstd, int C,
+                                               float w_off) {
   constexpr int V = 16 / sizeof(T);
   const int64_t row = blockIdx.x;
   const int chunks = C / V, t = (int)threadIdx.x, step = (int)blockDim.x;
@@ -510,7 +513,7 @@ __global__ void rmsnorm_backward_dx_vec_kernel(T* dx, const T* dout, const T* x,
     load_chunk<T, V>(wv, w, ch, chunks);
 #pragma unroll
     for (int e = 0; e < V; e++) {
-      dn[k][e] *= wv[e];
+      dn[k][e] *= w_off + wv[e];
       s += dn[k][e] * xv[k][e] * r;
     }
   }
@@ -945,43 +948,45 @@ void layernorm_backward(T* dx, float* dw, float* db, const T* dout, const T* x, 
 }
 
 template <typename T>
-void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int C, float eps, Stream stream) {
+void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int C, float eps, float w_off,
+                     Stream stream) {
   if (N == 0) return;
   const NormVec nv = norm_vec<T>(C, {out, x, w});
   if (nv.K)
-    LLMT_NORM_VEC_LAUNCH(rmsnorm_forward_vec_kernel, nv, N, stream, out, rstd, x, w, C, eps);
+    LLMT_NORM_VEC_LAUNCH(rmsnorm_forward_vec_kernel, nv, N, stream, out, rstd, x, w, C, eps, w_off);
   else
-    LLMT_LAUNCH(rmsnorm_forward_kernel, (unsigned)N, row_threads(C), 0, stream, out, rstd, x, w, C, eps);
+    LLMT_LAUNCH(rmsnorm_forward_kernel, (unsigned)N, row_threads(C), 0, stream, out, rstd, x, w, C, eps, w_off);
   CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t N, int C,
-                      float* partials, Stream stream) {
+                      float w_off, float* partials, Stream stream) {
   if (N == 0) return;
   const NormVec nv = norm_vec<T>(C, {dx, dout, x, w});
   if (nv.K)
-    LLMT_NORM_VEC_LAUNCH(rmsnorm_backward_dx_vec_kernel, nv, N, stream, dx, dout, x, w, rstd, C);
+    LLMT_NORM_VEC_LAUNCH(rmsnorm_backward_dx_vec_kernel, nv, N, stream, dx, dout, x, w, rstd, C, w_off);
   else
-    LLMT_LAUNCH(rmsnorm_backward_dx_kernel, (unsigned)N, row_threads(C), 0, stream, dx, dout, x, w, rstd, C);
+    LLMT_LAUNCH(rmsnorm_backward_dx_kernel, (unsigned)N, row_threads(C), 0, stream, dx, dout, x, w, rstd, C, w_off);
   CUDA_CHECK_LAUNCH();
   column_sums<T, kRmsNormGrad>(dw, nullptr, dout, x, (const float*)nullptr, rstd, N, C, partials, stream);
 }
 
 template <typename T>
 void head_rmsnorm_forward(T* out, float* rstd, const T* in, const T* wq, const T* wk, int64_t N, int NH, int NKV,
-                          int hs, float eps, Stream stream) {
+                          int hs, float eps, float w_off, Stream stream) {
   const int64_t pieces = N * (NH + 2 * NKV);
   if (pieces == 0) return;
   LLMT_CHECK(pieces <= 0x7fffffff, "cuda head_rmsnorm: %lld heads exceed a grid", (long long)pieces);
   LLMT_LAUNCH(head_rmsnorm_forward_kernel, (unsigned)pieces, row_threads(hs), 0, stream, out, rstd, in, wq, wk, NH, NKV,
-              hs, eps);
+              hs, eps, w_off);
   CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 void head_rmsnorm_backward(T* din, float* dwq, float* dwk, const T* dout, const T* in, const T* wq, const T* wk,
-                           const float* rstd, int64_t N, int NH, int NKV, int hs, float* partials, Stream stream) {
+                           const float* rstd, int64_t N, int NH, int NKV, int hs, float w_off, float* partials,
+                           Stream stream) {
   const int64_t pieces = N * (NH + 2 * NKV);
   if (pieces == 0) return;
   LLMT_CHECK(pieces <= 0x7fffffff, "cuda head_rmsnorm: %lld heads exceed a grid", (long long)pieces);
@@ -992,7 +997,7 @@ void head_rmsnorm_backward(T* din, float* dwq, float* dwk, const T* dout, const 
               stream, partials, dout, in, rstd, N, NH, NKV, hs, chunks, rows_per_chunk);
   CUDA_CHECK_LAUNCH();
   LLMT_LAUNCH(head_rmsnorm_backward_dx_kernel, (unsigned)pieces, row_threads(hs), 0, stream, din, dout, in, wq, wk, rstd,
-              NH, NKV, hs);
+              NH, NKV, hs, w_off);
   CUDA_CHECK_LAUNCH();
   LLMT_LAUNCH(column_finish_kernel, blocks_for(hs, kBlock), kBlock, 0, stream, dwq, (float*)nullptr, partials, chunks,
               hs);
@@ -1193,13 +1198,13 @@ void lse_to_stats(float* stats, const float* lse, int B, int T_, int NH, Stream 
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, int, float, Stream); \
   template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, const float*,   \
                                       int64_t, int, float*, Stream);                                                 \
-  template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int, float, Stream);                     \
-  template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int64_t, int, float*,   \
-                                    Stream);                                                                         \
+  template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int, float, float, Stream);              \
+  template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int64_t, int, float,     \
+                                    float*, Stream);                                                                 \
   template void head_rmsnorm_forward<T>(T*, float*, const T*, const T*, const T*, int64_t, int, int, int, float,       \
-                                        Stream);                                                                     \
+                                        float, Stream);                                                              \
   template void head_rmsnorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const T*, const float*,    \
-                                         int64_t, int, int, int, float*, Stream);                                    \
+                                         int64_t, int, int, int, float, float*, Stream);                             \
   template void rope<T>(T*, const int32_t*, int, int, int, int, int, const RopeSpec&, float, Stream);                         \
   template void attention_kv<T>(T*, T*, T*, const T*, const int32_t*, int, int, int, int, int, int, int, int, float,    \
                                 float, Stream);                                                                      \

@@ -50,19 +50,22 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* x, const T* w,
 template <typename T>
 void layernorm_backward(T* dx, float* dw, float* db, const T* dout, const T* x, const T* w, const float* mean,
                         const float* rstd, int64_t N, int C, float* partials, Stream stream);
+// the weights are (w_off + w): Gemma's norms have w_off 1
 template <typename T>
-void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int C, float eps, Stream stream);
+void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int64_t N, int C, float eps, float w_off,
+                     Stream stream);
 template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd, int64_t N, int C,
-                      float* partials, Stream stream);
+                      float w_off, float* partials, Stream stream);
 
 // Qwen3's per-head q and k RMSNorm (Backend::head_rmsnorm_*); partials: column_partials_bytes(N, hs)
 template <typename T>
 void head_rmsnorm_forward(T* out, float* rstd, const T* in, const T* wq, const T* wk, int64_t N, int NH, int NKV,
-                          int hs, float eps, Stream stream);
+                          int hs, float eps, float w_off, Stream stream);
 template <typename T>
 void head_rmsnorm_backward(T* din, float* dwq, float* dwk, const T* dout, const T* in, const T* wq, const T* wk,
-                           const float* rstd, int64_t N, int NH, int NKV, int hs, float* partials, Stream stream);
+                           const float* rstd, int64_t N, int NH, int NKV, int hs, float w_off, float* partials,
+                           Stream stream);
 
 // pos: each row's position (i32 [B*T_]), or nullptr for t of the row's (b, t)
 template <typename T>

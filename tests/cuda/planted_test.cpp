@@ -124,7 +124,7 @@ TEST(PlantedDefects, RowSumReadingASharedSlotNoThreadWrote) {
   std::vector<float> x((size_t)N * C), w((size_t)C, 1.0f);
   for (size_t i = 0; i < x.size(); i++) x[i] = 1.0f + 0.01f * (float)(i % 7);
   Device<float> dx(x), dw(w), out((size_t)N * C), rstd((size_t)N);
-  auto run = [&] { cuda::rmsnorm_forward<float>(out.p, rstd.p, dx.p, dw.p, N, C, 1e-5f, nullptr); };
+  auto run = [&] { cuda::rmsnorm_forward<float>(out.p, rstd.p, dx.p, dw.p, N, C, 1e-5f, 0.0f, nullptr); };
   if (!schedule_is_forward()) {  // the two runs' shared memory holds different patterns
     try {
       run();

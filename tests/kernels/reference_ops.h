@@ -99,6 +99,14 @@ inline DV swiglu(const DV& gu, int64_t N, int I) {
   return out;
 }
 
+// GeGLU (Gemma's MLP): out[N,I] = gelu_tanh(gate) * up over rows [gate | up]
+inline DV geglu(const DV& gu, int64_t N, int I) {
+  DV out((size_t)(N * I));
+  for (int64_t n = 0; n < N; n++)
+    for (int i = 0; i < I; i++) out[n * I + i] = gelu(gu[n * 2 * I + i]) * gu[n * 2 * I + I + i];
+  return out;
+}
+
 // transformers' rope_scaling in double: linear divides every inv_freq by factor; llama3 divides those
 // whose wavelength 2 pi / inv_freq exceeds original / low, keeps those below original / high, and in
 // between blends (1 - s) inv_freq / factor + s inv_freq with s = (original / wavelength - low) / (high - low);

@@ -702,6 +702,34 @@ TEST_P(Ops, RmsNormBackwardVsFiniteDifferencesAccumulates) {
   }
 }
 
+// Gemma's RMSNorm, (1 + w): w_offset 1 against the reference with 1 + w in double; dw is the plain
+// norm's (the offset adds nothing to it), dx goes through 1 + w. Weights near 0, as Gemma's.
+TEST_P(Ops, RmsNormWeightOffsetForwardAndBackward) {
+  std::mt19937 rng(36);
+  const float eps = 1e-6f;
+  for (const int NC : {12, 40}) {
+    SCOPED_TRACE(::testing::Message() << NC << " channels");
+    FV x = rand_act(rng, NN * NC), w = rand_act(rng, NC, -0.1f, 0.1f), r = rand_act(rng, NN * NC);
+    FV pre_dx = rand_act(rng, NN * NC), pre_dw = rand_f(rng, NC), junk = rand_act(rng, NN * NC, 5.f, 6.f);
+    BufP X = Buf::act(x), W = Buf::act(w), Out = Buf::act(junk), R = Buf::act(r), dX = Buf::act(pre_dx);
+    Buf Rstd(NN * 4), dW(pre_dw);
+    be().rmsnorm_forward(Out->a({NN, NC}), Rstd.f32({NN}), X->a({NN, NC}), W->a({NC}), NN, NC, eps, 1.0f);
+    auto plus1 = [](DV v) {
+      for (double& e : v) e += 1.0;
+      return v;
+    };
+    const DV xd = to_d(x), wd = to_d(w), rd = to_d(r);
+    EXPECT_TRUE(Close(Out->rf(), llmt_ref::rmsnorm(xd, plus1(wd), NN, NC, eps), fwd_tol())) << "out";
+    be().rmsnorm_backward(dX->a({NN, NC}), dW.f32({NC}), R->a({NN, NC}), X->a({NN, NC}), W->a({NC}), Rstd.f32({NN}), NN,
+                          NC, 1.0f);
+    auto L = [&](const DV& X_, const DV& W_) { return dot(llmt_ref::rmsnorm(X_, plus1(W_), NN, NC, eps), rd); };
+    EXPECT_TRUE(Close(dX->rf(), add_d(pre_dx, fd_grad([&](const DV& v) { return L(v, wd); }, xd)), grad_tol()))
+        << "dx (+=)";
+    EXPECT_TRUE(Close(dW.rf(), add_d(pre_dw, fd_grad([&](const DV& v) { return L(xd, v); }, wd)), grad_tol()))
+        << "dw (+=)";
+  }
+}
+
 // Qwen3's per-head q/k RMSNorm: each q head with wq, each k head with wk, v copied (the reference:
 // llmt_ref::rmsnorm over the gathered heads).
 DV head_rmsnorm_ref(const DV& x, const DV& wq, const DV& wk, int64_t N, int NH, int NKV, int hs, float eps) {
@@ -758,6 +786,38 @@ TEST_P(Ops, HeadRmsNormForwardAndBackwardVsFiniteDifferences) {
     EXPECT_TRUE(Close(dWQ.rf(), add_d(pre_dwq, twice(gq)), grad_tol())) << "dwq (+=)";
     EXPECT_TRUE(Close(dWK.rf(), add_d(pre_dwk, twice(gk)), grad_tol())) << "dwk (+=)";
   }
+}
+
+// Gemma 3's q/k norms: head_rmsnorm with w_offset 1 is the reference with 1 + wq and 1 + wk.
+TEST_P(Ops, HeadRmsNormWeightOffsetForwardAndBackward) {
+  std::mt19937 rng(37);
+  const int64_t N = 5;
+  const int NH = 4, NKV = 2, hs = 16;
+  const float eps = 1e-6f;
+  const int64_t row = (int64_t)(NH + 2 * NKV) * hs, n = N * row;
+  FV x = rand_act(rng, n), wq = rand_act(rng, hs, -0.1f, 0.1f), wk = rand_act(rng, hs, -0.1f, 0.1f),
+     r = rand_act(rng, n), pre_dwq = rand_f(rng, hs), pre_dwk = rand_f(rng, hs), junk = rand_act(rng, n);
+  BufP X = Buf::act(x), WQ = Buf::act(wq), WK = Buf::act(wk), Out = Buf::act(junk), R = Buf::act(r),
+       dX = Buf::act(junk);
+  Buf Rstd(N * (NH + NKV) * 4), dWQ(pre_dwq), dWK(pre_dwk);
+  be().head_rmsnorm_forward(Out->a({N, row}), Rstd.f32({N * (NH + NKV)}), X->a({N, row}), WQ->a({hs}), WK->a({hs}), N,
+                            NH, NKV, hs, eps, 1.0f);
+  auto plus1 = [](DV v) {
+    for (double& e : v) e += 1.0;
+    return v;
+  };
+  const DV xd = to_d(x), wqd = to_d(wq), wkd = to_d(wk), rd = to_d(r);
+  EXPECT_TRUE(Close(Out->rf(), head_rmsnorm_ref(xd, plus1(wqd), plus1(wkd), N, NH, NKV, hs, eps), fwd_tol())) << "out";
+  auto L = [&](const DV& X_, const DV& Q_, const DV& K_) {
+    return dot(head_rmsnorm_ref(X_, plus1(Q_), plus1(K_), N, NH, NKV, hs, eps), rd);
+  };
+  be().head_rmsnorm_backward(dX->a({N, row}), dWQ.f32({hs}), dWK.f32({hs}), R->a({N, row}), X->a({N, row}),
+                             WQ->a({hs}), WK->a({hs}), Rstd.f32({N * (NH + NKV)}), N, NH, NKV, hs, 1.0f);
+  EXPECT_TRUE(Close(dX->rf(), fd_grad([&](const DV& v) { return L(v, wqd, wkd); }, xd), grad_tol())) << "din";
+  EXPECT_TRUE(Close(dWQ.rf(), add_d(pre_dwq, fd_grad([&](const DV& v) { return L(xd, v, wkd); }, wqd)), grad_tol()))
+      << "dwq (+=)";
+  EXPECT_TRUE(Close(dWK.rf(), add_d(pre_dwk, fd_grad([&](const DV& v) { return L(xd, wqd, v); }, wkd)), grad_tol()))
+      << "dwk (+=)";
 }
 
 // Long rows: 4104 channels (513 16-byte bf16 chunks: a GPU's vectorised kernels hold several a
@@ -903,6 +963,25 @@ TEST_P(Ops, SwiGLUBackwardVsFiniteDifferencesOverwrites) {
   BufP GU = Buf::act(gu), R = Buf::act(r), dGU = Buf::act(g);
   be().swiglu_backward(dGU->a({N, 2 * I}), R->a({N, I}), GU->a({N, 2 * I}), N, I);
   EXPECT_TRUE(Close(dGU->rf(), want, grad_tol())) << "dgate_up (=) over garbage";
+}
+
+// GeGLU: the same op with the tanh GELU on the gate (Gemma's gelu_pytorch_tanh); I = 16 takes the
+// vectorised kernels on a GPU, 9 the scalar ones
+TEST_P(Ops, GeGLUForwardAndBackwardMatchReference) {
+  std::mt19937 rng(45);
+  const int64_t N = 14;
+  for (const int I : {9, 16}) {
+    SCOPED_TRACE(::testing::Message() << "I " << I);
+    FV gu = rand_act(rng, N * 2 * I, -3.f, 3.f), r = rand_act(rng, N * I), g = rand_act(rng, N * 2 * I, 5.f, 6.f),
+       junk = rand_act(rng, N * I, 5.f, 6.f);
+    BufP GU = Buf::act(gu), Out = Buf::act(junk), R = Buf::act(r), dGU = Buf::act(g);
+    be().swiglu_forward(Out->a({N, I}), GU->a({N, 2 * I}), N, I, llmt::GluAct::gelu_tanh);
+    EXPECT_TRUE(Close(Out->rf(), llmt_ref::geglu(to_d(gu), N, I), fwd_tol())) << "out";
+    const DV rd = to_d(r);
+    const DV want = fd_grad([&](const DV& v) { return dot(llmt_ref::geglu(v, N, I), rd); }, to_d(gu));
+    be().swiglu_backward(dGU->a({N, 2 * I}), R->a({N, I}), GU->a({N, 2 * I}), N, I, llmt::GluAct::gelu_tanh);
+    EXPECT_TRUE(Close(dGU->rf(), want, grad_tol())) << "dgate_up (=) over garbage";
+  }
 }
 
 // ======================= dropout =======================
