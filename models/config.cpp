@@ -110,6 +110,28 @@ ModelConfig phi4_mini() {
   return c;
 }
 
+// Gemma 3 1B (google/gemma-3-1b-pt's config.json): Gemma3ForCausalLM, hidden 1152, 26 layers, 4
+// heads over 1 kv head of 256, intermediate 6912, vocabulary 262144, a window of 512 keys on five of
+// every six layers (sliding_window_pattern 6) whose RoPE base is 10000, the full layers' 1000000
+// unscaled, query_pre_attn_scalar 256, no soft-caps, context 32768, tied; bos 2, eos 1.
+ModelConfig gemma3_1b() {
+  ModelConfig c = llama(26, 4, 1, 1152, 6912, 32768, 1e-6f, 262144);
+  c.model_type = "gemma3_text";
+  c.family.mlp = MlpKind::geglu;
+  c.family.norm_offset = 1.0f;
+  c.family.sandwich_norms = c.family.scaled_embeddings = c.family.qk_norm = true;
+  c.head_dim = 256;
+  c.rope_theta = 1000000.0f;
+  c.rope_local_theta = 10000.0f;
+  c.query_pre_attn_scalar = 256.0f;
+  c.sliding_window = 512;
+  for (int l = 0; l < c.n_layer; l++) c.layer_window.push_back((l + 1) % 6 ? c.sliding_window : 0);
+  c.tied_embeddings = true;
+  c.bos_token_id = 2;
+  c.eos_token_ids = {1};
+  return c;
+}
+
 // Sizes from the published Hugging Face config.json files of each model.
 const std::map<std::string, ModelConfig>& presets() {
   static const std::map<std::string, ModelConfig> p = {
@@ -128,6 +150,7 @@ const std::map<std::string, ModelConfig>& presets() {
       {"qwen3-0.6b", qwen3(28, 16, 8, 1024, 3072, 128, true)},
       {"phi3-mini-4k", phi3_mini()},
       {"phi4-mini", phi4_mini()},
+      {"gemma3-1b", gemma3_1b()},
       // tiny sizes for tests and the quickstart (byte-level vocabulary of 256, no dropout)
       {"gpt2-tiny", gpt2(2, 4, 64, 256, 256)},
       {"gpt2-small-byte", gpt2(4, 4, 128, 256, 256)},
@@ -230,6 +253,8 @@ std::string ModelConfig::decoder_layer_class() const {
   if (model_type == "qwen2") return "Qwen2DecoderLayer";
   if (model_type == "qwen3") return "Qwen3DecoderLayer";
   if (model_type == "phi3") return "Phi3DecoderLayer";
+  if (model_type == "gemma2") return "Gemma2DecoderLayer";
+  if (model_type == "gemma3_text") return "Gemma3DecoderLayer";
   return "LlamaDecoderLayer";
 }
 
@@ -246,8 +271,10 @@ std::string ModelConfig::describe() const {
                                                   longrope_attention_factor())
                                       : strformat(", rope %s x%g", rope_scaling.c_str(), rope_factor);
   if (partial_rotary_factor != 1.0) s += strformat(", rotary %d of %d", rotary_dim(), head_size());
-  if (model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" || model_type == "phi3")
+  if (model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" || model_type == "phi3" ||
+      model_type == "gemma2" || model_type == "gemma3_text")
     s += ", " + model_type;
+  if (rope_local_theta > 0.0f) s += strformat(", sliding layers' rope_theta %g", rope_local_theta);
   if (head_dim > 0) s += strformat(", head_dim %d", head_dim);
   if (family.qk_norm) s += ", q/k norms";
   int sliding = 0;
@@ -456,6 +483,128 @@ float ModelConfig::longrope_attention_factor() const {
   return (float)std::sqrt(1.0 + std::log(factor) / std::log((double)rope_original_max));
 }
 
+// Gemma 2 (Gemma2ForCausalLM) and Gemma 3's text model (Gemma3ForCausalLM, model_type gemma3_text),
+// as transformers' Gemma2Config / Gemma3TextConfig read them (their defaults where a key is absent):
+// LLaMA's names and attention, GeGLU (gelu_pytorch_tanh), RMSNorms of (1 + weight), sandwich norms,
+// embeddings times sqrt(hidden_size), tied; Gemma 3 adds q/k norms and its sliding layers' own RoPE
+// base. What llmt does not compute yet is refused by name: soft-caps, an attention scale other than
+// the head size's, bidirectional attention, biases.
+static ModelConfig gemma_from_json(const nlohmann::json& j, const std::string& source, const std::string& type) {
+  const bool g3 = type == "gemma3_text";
+  ModelConfig c = base_config(Arch::llama);
+  c.model_type = type;
+  Family& f = c.family;
+  f.mlp = MlpKind::geglu;
+  f.norm_offset = 1.0f;
+  f.sandwich_norms = f.scaled_embeddings = true;
+  f.qk_norm = g3;
+  c.vocab_size = get_required<int>(j, "vocab_size", source);
+  c.max_seq_len = get_optional<int>(j, "max_position_embeddings", g3 ? 131072 : 8192, source);
+  c.n_layer = get_required<int>(j, "num_hidden_layers", source);
+  c.n_head = get_required<int>(j, "num_attention_heads", source);
+  c.n_kv_head = get_optional<int>(j, "num_key_value_heads", 4, source);  // both configs' default
+  c.d_model = get_required<int>(j, "hidden_size", source);
+  c.d_ff = get_required<int>(j, "intermediate_size", source);
+  c.norm_eps = get_optional<float>(j, "rms_norm_eps", 1e-6f, source);
+  c.tied_embeddings = get_optional<bool>(j, "tie_word_embeddings", true, source);
+  c.attn_pdrop = get_optional<float>(j, "attention_dropout", 0.0f, source);
+  const int head_dim = get_optional<int>(j, "head_dim", 256, source);
+  LLMT_CHECK(head_dim > 0, "%s: head_dim %d must be positive", source.c_str(), head_dim);
+  c.head_dim = head_dim;
+  const std::string act = get_optional<std::string>(j, "hidden_activation", "gelu_pytorch_tanh", source);
+  LLMT_CHECK(act == "gelu_pytorch_tanh", "%s: hidden_activation \"%s\" is not supported (llmt implements Gemma's "
+             "gelu_pytorch_tanh)", source.c_str(), act.c_str());
+  require_default(j, "attention_bias", false, source, "llmt builds Gemma without biases, as its checkpoints are");
+  require_default(j, "use_bidirectional_attention", false, source, "llmt trains causal language models");
+  // attention scale query_pre_attn_scalar^-0.5: llmt's attention divides by sqrt(head_dim), so only
+  // that value is computed yet
+  c.query_pre_attn_scalar = get_optional<float>(j, "query_pre_attn_scalar", 256.0f, source);
+  LLMT_CHECK(c.query_pre_attn_scalar == (float)head_dim, "%s: \"query_pre_attn_scalar\": %g is not supported: llmt "
+             "scales attention scores by head_dim^-0.5 (head_dim %d) and has no other scale yet", source.c_str(),
+             c.query_pre_attn_scalar, head_dim);
+  // soft-caps: Gemma 2's defaults are 50 (attention) and 30 (logits), Gemma 3's none; null is none
+  auto softcap = [&](const char* key, float fallback) {
+    if (!j.contains(key)) return fallback;
+    return j.at(key).is_null() ? 0.0f : get_required<float>(j, key, source);
+  };
+  c.attn_softcap = softcap("attn_logit_softcapping", g3 ? 0.0f : 50.0f);
+  c.final_softcap = softcap("final_logit_softcapping", g3 ? 0.0f : 30.0f);
+  LLMT_CHECK(c.attn_softcap == 0.0f, "%s: \"attn_logit_softcapping\": %g%s is not supported: llmt does not soft-cap "
+             "attention scores yet (null turns it off)", source.c_str(), c.attn_softcap,
+             j.contains("attn_logit_softcapping") ? "" : " (Gemma2Config's default)");
+  LLMT_CHECK(c.final_softcap == 0.0f, "%s: \"final_logit_softcapping\": %g%s is not supported: llmt does not soft-cap "
+             "the logits yet (null turns it off)", source.c_str(), c.final_softcap,
+             j.contains("final_logit_softcapping") ? "" : " (Gemma2Config's default)");
+  // RoPE. Gemma 2: one rope_theta (transformers 4) or rope_parameters (5) for every layer, as LLaMA's.
+  // Gemma 3: the full layers' rope_theta (default 1e6) and rope_scaling, the sliding layers'
+  // rope_local_base_freq (default 1e4) unscaled; transformers 5 keeps both in rope_parameters keyed
+  // by layer type.
+  c.rope_theta = get_optional<float>(j, "rope_theta", g3 ? 1000000.0f : 10000.0f, source);
+  const bool v5 = j.contains("rope_parameters") && !j.at("rope_parameters").is_null();
+  const bool v4 = j.contains("rope_scaling") && !j.at("rope_scaling").is_null();
+  ModelConfig v4c = c;
+  if (v4) read_rope_scaling(j.at("rope_scaling"), source + " rope_scaling", v4c);
+  if (!g3) {
+    if (v5) read_rope_scaling(j.at("rope_parameters"), source + " rope_parameters", c);
+    else c = v4c;
+  } else {
+    c.rope_local_theta = get_optional<float>(j, "rope_local_base_freq", 10000.0f, source);
+    if (v5) {
+      const nlohmann::json& rp = j.at("rope_parameters");
+      LLMT_CHECK(rp.is_object(), "%s: rope_parameters must be an object keyed by layer type", source.c_str());
+      for (const auto& [key, value] : rp.items())
+        LLMT_CHECK(key == "full_attention" || key == "sliding_attention", "%s: rope_parameters: \"%s\" is not "
+                   "supported (Gemma 3 keys them by layer type: full_attention, sliding_attention)", source.c_str(),
+                   key.c_str());
+      const float top_theta = c.rope_theta, top_local = c.rope_local_theta;
+      if (rp.contains("full_attention"))
+        read_rope_scaling(rp.at("full_attention"), source + " rope_parameters.full_attention", c);
+      ModelConfig local = c;
+      local.rope_scaling.clear();
+      local.rope_theta = c.rope_local_theta;
+      if (rp.contains("sliding_attention"))
+        read_rope_scaling(rp.at("sliding_attention"), source + " rope_parameters.sliding_attention", local);
+      LLMT_CHECK(local.rope_scaling.empty(), "%s: rope_parameters.sliding_attention: rope_type \"%s\" is not "
+                 "supported: llmt rotates Gemma 3's sliding layers unscaled", source.c_str(),
+                 local.rope_scaling.c_str());
+      c.rope_local_theta = local.rope_theta;
+      // a file with both spellings (llmt's exports) must agree, as LLaMA's
+      if (j.contains("rope_theta") && !j.at("rope_theta").is_null())
+        LLMT_CHECK(top_theta == c.rope_theta, "%s: rope_theta %g and rope_parameters.full_attention's %g disagree",
+                   source.c_str(), top_theta, c.rope_theta);
+      if (j.contains("rope_local_base_freq") && !j.at("rope_local_base_freq").is_null())
+        LLMT_CHECK(top_local == c.rope_local_theta, "%s: rope_local_base_freq %g and rope_parameters."
+                   "sliding_attention's %g disagree", source.c_str(), top_local, c.rope_local_theta);
+      if (v4)
+        LLMT_CHECK(v4c.rope_scaling == c.rope_scaling && v4c.rope_factor == c.rope_factor,
+                   "%s: rope_scaling and rope_parameters.full_attention disagree", source.c_str());
+    } else {
+      const float local = c.rope_local_theta;
+      c = v4c;  // rope_scaling is the full layers'
+      c.rope_local_theta = local;
+    }
+    LLMT_CHECK(std::isfinite(c.rope_local_theta) && c.rope_local_theta > 0.0f,
+               "%s: rope_local_base_freq must be a positive number, got %g", source.c_str(), c.rope_local_theta);
+  }
+  // layers: layer_types, else Gemma 2's alternation (sliding first) or Gemma 3's sliding_window_pattern
+  // (every pattern-th layer full, default 6)
+  c.sliding_window = j.contains("sliding_window") && j.at("sliding_window").is_null()
+                         ? 0
+                         : get_optional<int>(j, "sliding_window", 4096, source);
+  LLMT_CHECK(c.sliding_window >= 0, "%s: sliding_window %d must be positive (or null)", source.c_str(),
+             c.sliding_window);
+  if (j.contains("layer_types") && !j.at("layer_types").is_null()) {
+    read_layer_windows(j, source, type, c);
+  } else {
+    const int pattern = g3 ? get_optional<int>(j, "sliding_window_pattern", 6, source) : 2;
+    LLMT_CHECK(pattern > 0, "%s: sliding_window_pattern %d must be positive", source.c_str(), pattern);
+    LLMT_CHECK(c.sliding_window > 0, "%s: the layers slide by default (no layer_types) but sliding_window is null",
+               source.c_str());
+    for (int l = 0; l < c.n_layer; l++) c.layer_window.push_back((l + 1) % pattern ? c.sliding_window : 0);
+  }
+  return c;
+}
+
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& source) {
   LLMT_CHECK(j.is_object(), "%s: expected a JSON object", source.c_str());
   std::string type = get_required<std::string>(j, "model_type", source);
@@ -605,9 +754,11 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
       LLMT_CHECK(head_dim > 0, "%s: head_dim %d must be positive", source.c_str(), head_dim);
       if ((int64_t)head_dim * c.n_head != c.d_model) c.head_dim = head_dim;
     }
+  } else if (type == "gemma2" || type == "gemma3_text") {
+    c = gemma_from_json(j, source, type);
   } else {
-    fail("%s: model_type \"%s\" is not supported (gpt2, llama, mistral, qwen2, qwen3 or phi3)", source.c_str(),
-         type.c_str());
+    fail("%s: model_type \"%s\" is not supported (gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2 or gemma3_text)",
+         source.c_str(), type.c_str());
   }
   // Fields of every family (PretrainedConfig's): the random initialisation's spread, read; pruned heads
   // (transformers prunes them when it builds the model) refused
@@ -657,9 +808,62 @@ ModelConfig resolve_model_config(const std::string& name_or_path) {
   return config_from_preset(name_or_path);
 }
 
+// Gemma 2 and 3 as their config classes read them (gemma_from_json's keys).
+static nlohmann::json gemma_to_hf_json(const ModelConfig& c) {
+  const bool g3 = c.model_type == "gemma3_text";
+  auto cap = [](float v) { return v > 0.0f ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  nlohmann::json j = {{"architectures", {g3 ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM"}},
+                      {"model_type", c.model_type},
+                      {"vocab_size", c.vocab_size},
+                      {"max_position_embeddings", c.max_seq_len},
+                      {"hidden_size", c.d_model},
+                      {"intermediate_size", c.d_ff},
+                      {"num_hidden_layers", c.n_layer},
+                      {"num_attention_heads", c.n_head},
+                      {"num_key_value_heads", c.n_kv_head},
+                      {"head_dim", c.head_size()},
+                      {"rms_norm_eps", c.norm_eps},
+                      {"hidden_activation", "gelu_pytorch_tanh"},
+                      {"attention_bias", false},
+                      {"attention_dropout", decimal(c.attn_pdrop)},
+                      {"query_pre_attn_scalar", c.query_pre_attn_scalar > 0.0f ? c.query_pre_attn_scalar
+                                                                                : (float)c.head_size()},
+                      {"attn_logit_softcapping", cap(c.attn_softcap)},
+                      {"final_logit_softcapping", cap(c.final_softcap)},
+                      {"sliding_window", c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr)},
+                      {"tie_word_embeddings", c.tied_embeddings},
+                      {"rope_theta", c.rope_theta}};
+  nlohmann::json kinds = nlohmann::json::array();
+  for (int l = 0; l < c.n_layer; l++) kinds.push_back(c.window(l) > 0 ? "sliding_attention" : "full_attention");
+  j["layer_types"] = kinds;
+  nlohmann::json full = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+  if (!c.rope_scaling.empty()) {
+    nlohmann::json rs = {{"rope_type", c.rope_scaling}, {"factor", c.rope_factor}};
+    if (c.rope_scaling == "llama3") {
+      rs["low_freq_factor"] = c.rope_low_freq_factor;
+      rs["high_freq_factor"] = c.rope_high_freq_factor;
+    }
+    if (c.rope_original_max > 0) rs["original_max_position_embeddings"] = c.rope_original_max;
+    j["rope_scaling"] = rs;  // transformers 4
+    rs["rope_theta"] = c.rope_theta;
+    full = rs;
+  }
+  if (g3) {
+    const float local = c.rope_local_theta > 0.0f ? c.rope_local_theta : c.rope_theta;
+    j["rope_local_base_freq"] = local;
+    j["rope_parameters"] = {{"full_attention", full},
+                            {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", local}}}};
+  } else {
+    j["rope_parameters"] = full;
+  }
+  return j;
+}
+
 nlohmann::json config_to_hf_json(const ModelConfig& c) {
   nlohmann::json j;
-  if (c.arch == Arch::gpt2) {
+  if (c.model_type == "gemma2" || c.model_type == "gemma3_text") {
+    j = gemma_to_hf_json(c);
+  } else if (c.arch == Arch::gpt2) {
     j = {{"architectures", {"GPT2LMHeadModel"}},
          {"model_type", "gpt2"},
          {"vocab_size", c.vocab_size},

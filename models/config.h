@@ -14,13 +14,14 @@ namespace llmt {
 
 // Whose tensor names and storage the checkpoint has: GPT-2's (transformer.h.N.attn.c_attn, Conv1D
 // weights stored [in, out]) or LLaMA's (model.layers.N.self_attn.q_proj, nn.Linear [out, in]), which
-// Mistral, Qwen2, Qwen3 and Phi-3 share. It names tensors; what the model computes is the Family below.
+// Mistral, Qwen2, Qwen3, Phi-3 and Gemma 2/3 share. It names tensors; what the model computes is the Family below.
 enum class Arch { gpt2, llama };
 
 enum class NormKind { layernorm, rmsnorm };  // LayerNorm (weight and bias) or RMSNorm (weight)
 // The MLP: gelu_tanh is c_fc -> GELU (tanh form, gelu_new) -> c_proj; swiglu is one [gate | up]
-// matrix -> silu(gate) * up -> down
-enum class MlpKind { gelu_tanh, swiglu };
+// matrix -> silu(gate) * up -> down; geglu the same with the tanh GELU for silu (Gemma's
+// gelu_pytorch_tanh)
+enum class MlpKind { gelu_tanh, swiglu, geglu };
 
 // What a family computes, switch by switch. config.cpp sets them for each model_type; transformer.cpp,
 // layout.cpp and the checkpoint code read them.
@@ -30,6 +31,15 @@ struct Family {
   bool learned_positions = true;  // a position embedding table (wpe) added to the token embeddings
   bool rope = false;              // rotary positions on q and k
   bool qk_norm = false;           // RMSNorm over each head of q and of k (weights [head_dim]) before RoPE
+  // every RMSNorm (the blocks', q/k's, the final one) multiplies by norm_offset + weight, the sum in
+  // f32: Gemma's (1 + weight), whose weights start at 0
+  float norm_offset = 0.0f;
+  // Gemma's sandwich: a norm on the attention branch's output and one on the MLP's, each before its
+  // residual add (post_attention_layernorm, post_feedforward_layernorm), beside the two pre-norms
+  bool sandwich_norms = false;
+  // the token embeddings times sqrt(hidden_size), the factor rounded to the compute dtype (Gemma's
+  // embed_scale); wte's gradient is scaled alike
+  bool scaled_embeddings = false;
   // the random init divides the output projections' (attention's and the MLP's) std by sqrt(2 L)
   bool scaled_out_init = true;
   // the checkpoint stores q, k, v as one tensor (GPT-2's c_attn, Phi-3's qkv_proj), and the SwiGLU's
@@ -63,7 +73,15 @@ struct ModelConfig {
   // partial_rotary_factor (Phi-3 only; Phi-4-mini's 0.75): the first rotary_dim() channels of each
   // head rotate, the rest pass through
   double partial_rotary_factor = 1.0;
-  // "llama", "mistral", "qwen2", "qwen3" or "phi3" for a LLaMA-architecture model ("" = llama)
+  // > 0: the sliding-window layers' own RoPE base, unscaled (Gemma 3's rope_local_base_freq); the
+  // full-attention layers keep rope_theta and rope_scaling. 0: every layer alike.
+  float rope_local_theta = 0.0f;
+  // Gemma's attention scale query_pre_attn_scalar^-0.5 (0: the head size's), and tanh soft-caps of
+  // the attention scores and of the final logits (0: none). llmt computes only 0 (or the head size)
+  // yet: config.cpp refuses the rest by name.
+  float query_pre_attn_scalar = 0.0f, attn_softcap = 0.0f, final_softcap = 0.0f;
+  // "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2" or "gemma3_text" for a LLaMA-architecture
+  // model ("" = llama)
   std::string model_type = "";
   int head_dim = 0;                 // head_dim of the config; 0: d_model / n_head (head_size())
   // biases: q/k/v (GPT-2's c_attn; attention_bias, and always in Qwen2), o (c_proj; attention_bias),
@@ -99,7 +117,8 @@ struct ModelConfig {
   bool has_dropout() const { return embd_pdrop > 0.0f || attn_pdrop > 0.0f || resid_pdrop > 0.0f; }
   int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_size(); }
   int q_dim() const { return n_head * head_size(); }  // attention's width: q_proj's out, o_proj's in
-  int mlp_in_dim() const { return family.mlp == MlpKind::swiglu ? 2 * d_ff : d_ff; }  // [gate | up] for SwiGLU
+  bool gated_mlp() const { return family.mlp == MlpKind::swiglu || family.mlp == MlpKind::geglu; }
+  int mlp_in_dim() const { return gated_mlp() ? 2 * d_ff : d_ff; }  // [gate | up] for SwiGLU and GeGLU
   const char* arch_name() const { return arch == Arch::gpt2 ? "gpt2" : "llama"; }
   // transformers' class of one block (GPT2Block, LlamaDecoderLayer, Qwen3DecoderLayer, ...), as
   // --fsdp_transformer_layer_cls_to_wrap names it
@@ -113,7 +132,8 @@ ModelConfig base_config(Arch arch);
 // Names accepted by config_from_preset, in the order `llmt` lists them.
 std::vector<std::string> preset_names();
 ModelConfig config_from_preset(const std::string& name);  // throws for an unknown name
-// Reads a Hugging Face config.json (model_type gpt2, llama, mistral, qwen2, qwen3 or phi3); errors name the file and the key.
+// Reads a Hugging Face config.json (model_type gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2 or
+// gemma3_text); errors name the file and the key.
 // A JSON file read whole and parsed after the depth check; `what` ("model config") names it when it
 // cannot be opened, and the path names it when it is malformed.
 nlohmann::json read_json_file(const std::string& path, const char* what);

@@ -12,7 +12,7 @@ ModelLayout make_layout(const ModelConfig& c) {
   // Which tensors exist is the family's switches; their names, the naming scheme's (Arch).
   const bool gpt2_names = c.arch == Arch::gpt2;
   const bool ln = c.family.norm == NormKind::layernorm;  // a norm with a bias
-  const bool glu = c.family.mlp == MlpKind::swiglu;      // [gate | up]: two matrices in one
+  const bool glu = c.gated_mlp();                        // [gate | up]: two matrices in one
   UnitLayout root;
   root.name = "root";
   const std::string rp = gpt2_names ? "transformer." : "model.";
@@ -35,7 +35,15 @@ ModelLayout make_layout(const ModelConfig& c) {
                                 "self_attn.qkv_proj.", "self_attn.q_norm.", "self_attn.k_norm.", "self_attn.o_proj.",
                                 "post_attention_layernorm.", "mlp.gate_proj.", "mlp.up_proj.", "mlp.gate_up_proj.",
                                 nullptr, "mlp.down_proj."};
-  const Names& n = gpt2_names ? gpt2_n : llama_n;
+  Names n = gpt2_names ? gpt2_n : llama_n;
+  // Gemma's names: post_attention_layernorm is the attention branch's output norm, not LLaMA's pre-MLP
+  // norm, which is pre_feedforward_layernorm there
+  const char *post_attn = nullptr, *post_mlp = nullptr;
+  if (c.family.sandwich_norms) {
+    LLMT_CHECK(!gpt2_names, "make_layout: the gpt2 names have no sandwich norms");
+    n.ln2 = "pre_feedforward_layernorm.";
+    post_attn = "post_attention_layernorm.", post_mlp = "post_feedforward_layernorm.";
+  }
   const bool tr = gpt2_names;  // hf_transposed
   LLMT_CHECK(c.family.fused_qkv_tensor ? n.qkv != nullptr : n.q != nullptr,
              "make_layout: the %s names have no %s q/k/v projection", c.arch_name(),
@@ -72,6 +80,7 @@ ModelLayout make_layout(const ModelConfig& c) {
     }
     b.attn_proj_w = u.add(W(n.o), {C, q_dim}, true, tr);
     if (c.o_bias) b.attn_proj_b = u.add(Bi(n.o), {C}, false);
+    if (post_attn) b.post_attn_norm_w = u.add(W(post_attn), {C}, false);
     b.ln2_w = u.add(W(n.ln2), {C}, false);
     if (ln) b.ln2_b = u.add(Bi(n.ln2), {C}, false);
     if (glu && c.family.fused_gate_up_tensor) {  // one [gate|up] matrix in the file too
@@ -90,6 +99,7 @@ ModelLayout make_layout(const ModelConfig& c) {
     }
     b.mlp_out_w = u.add(W(n.down), {C, F}, true, tr);
     if (c.mlp_bias) b.mlp_out_b = u.add(Bi(n.down), {C}, false);
+    if (post_mlp) b.post_mlp_norm_w = u.add(W(post_mlp), {C}, false);
     L.block = b;
     L.units.push_back(u);
   }

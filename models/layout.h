@@ -21,6 +21,9 @@ struct BlockOffsets {
   int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, attn_proj_w = -1, attn_proj_b = -1;
   int64_t ln2_w = -1, ln2_b = -1, mlp_in_w = -1, mlp_in_b = -1, mlp_out_w = -1, mlp_out_b = -1;
   int64_t q_norm_w = -1, k_norm_w = -1;  // the per-head q and k RMSNorm weights [head_dim] (qk_norm)
+  // sandwich_norms: the norms on the attention and MLP branches' outputs (Gemma's
+  // post_attention_layernorm and post_feedforward_layernorm; ln2 is then pre_feedforward_layernorm)
+  int64_t post_attn_norm_w = -1, post_mlp_norm_w = -1;
 };
 // Offsets inside the root unit; lm_head == wte when the embeddings are tied.
 struct RootOffsets {

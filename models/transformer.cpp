@@ -58,6 +58,12 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
     a.ln2_rstd = t("norm 2 rstd", f32, {N});
     a.mlp_in = t("mlp in", dt, {N, FI});
     a.mlp_act = t("mlp activation", dt, {N, FF});
+    if (cfg.family.sandwich_norms) {
+      a.attn_branch = t("attention branch before its norm", dt, {N, C});
+      a.attn_branch_rstd = t("attention branch norm rstd", f32, {N});
+      a.mlp_branch = t("mlp branch before its norm", dt, {N, C});
+      a.mlp_branch_rstd = t("mlp branch norm rstd", f32, {N});
+    }
     acts.push_back(a);
   }
   Tensor lnf = t("final norm", dt, {N, C}), lnf_mean = t("final norm mean", f32, {N}),
@@ -69,6 +75,7 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
          // the GELU MLP's gradient comes out of matmul_dgelu straight into dmlp_in
          dmlp_act = cfg.family.mlp == MlpKind::gelu_tanh ? Tensor() : t("grad mlp activation", dt, {N, FF});
   Tensor dropped = cfg.resid_pdrop > 0.0f ? t("dropout branch", dt, {N, C}) : Tensor();
+  Tensor sandwich = cfg.family.sandwich_norms ? t("sandwich norm scratch", dt, {N, C}) : Tensor();
   Tensor frozen_norm_grad = t("frozen norm's discarded gradient", f32, {2 * std::max<int64_t>(C, cfg.head_size())});
   if (!m) return;
   m->tokens_ = tokens, m->targets_ = targets, m->resid_ = resid, m->acts_ = acts;
@@ -76,6 +83,7 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
   m->lnf_ = lnf, m->lnf_mean_ = lnf_mean, m->lnf_rstd_ = lnf_rstd, m->logits_ = logits;
   m->dres_ = dres, m->dnorm_ = dnorm, m->dattn_ = dattn, m->dqkv_ = dqkv, m->dmlp_in_ = dmlp_in, m->dmlp_act_ = dmlp_act;
   m->dropped_ = dropped;
+  m->sandwich_ = sandwich;
   m->frozen_norm_grad_ = frozen_norm_grad;
   m->discarded_loss_ = discarded;
 }
@@ -148,6 +156,11 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T,
     const int original = cfg.rope_original_max > 0 ? cfg.rope_original_max : cfg.max_seq_len;
     LLMT_CHECK(T <= original, "sequence length %d exceeds the %d tokens within which dynamic rope scaling changes "
                "nothing; llmt does not implement it beyond", T, original);
+  }
+  if (cfg.rope_local_theta > 0.0f) rope_local_.theta = cfg.rope_local_theta;  // unscaled
+  if (cfg.family.scaled_embeddings) {  // as transformers' embed_scale in the weights' dtype
+    embed_scale_ = std::sqrt((float)cfg.d_model);
+    if (dt_ == DType::bf16) embed_scale_ = bf16_to_f32(f32_to_bf16(embed_scale_));
   }
   LLMT_CHECK(head_chunk >= 0, "head chunk of %lld tokens: expected 0 (the whole batch) or more",
              (long long)head_chunk);
@@ -319,23 +332,34 @@ void Transformer::norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, T
   if (cfg_.family.norm == NormKind::layernorm)
     be_.layernorm_forward(out, mean, rstd, x, P(w, w_off, {C}), P(w, b_off, {C}), N, (int)C, cfg_.norm_eps);
   else
-    be_.rmsnorm_forward(out, rstd, x, P(w, w_off, {C}), N, (int)C, cfg_.norm_eps);
+    be_.rmsnorm_forward(out, rstd, x, P(w, w_off, {C}), N, (int)C, cfg_.norm_eps, cfg_.family.norm_offset);
 }
 
 // Backward of norm_forward: dres_ += dx (from dnorm_), and the weight (and bias) gradients into unit g.
 // A frozen unit (g empty): the ops compute dx and dw in one pass, so dw goes to a scratch of 2C
 // floats that nothing reads (one multiply-add an element; no product is skipped or added).
-void Transformer::norm_backward(Tensor x, Tensor mean, Tensor rstd, Tensor w, Tensor g, int64_t w_off, int64_t b_off) {
+void Transformer::norm_backward(Tensor x, Tensor mean, Tensor rstd, Tensor w, Tensor g, int64_t w_off, int64_t b_off,
+                                Tensor dx, Tensor dout) {
   const int64_t N = (int64_t)B_ * cur_T_, C = cfg_.d_model;
+  if (!dx.data) dx = rows(dres_, C);
+  if (!dout.data) dout = rows(dnorm_, C);
   Tensor dw = P(g, w_off, {C}), db = P(g, b_off, {C});
   if (!g.data) {
     be_.zero(frozen_norm_grad_.data, frozen_norm_grad_.nbytes());
     dw = frozen_norm_grad_.view(0, {C}), db = b_off >= 0 ? frozen_norm_grad_.view(C, {C}) : Tensor();
   }
   if (cfg_.family.norm == NormKind::layernorm)
-    be_.layernorm_backward(rows(dres_, C), dw, db, rows(dnorm_, C), x, P(w, w_off, {C}), mean, rstd, N, (int)C);
+    be_.layernorm_backward(dx, dw, db, dout, x, P(w, w_off, {C}), mean, rstd, N, (int)C);
   else
-    be_.rmsnorm_backward(rows(dres_, C), dw, rows(dnorm_, C), x, P(w, w_off, {C}), rstd, N, (int)C);
+    be_.rmsnorm_backward(dx, dw, dout, x, P(w, w_off, {C}), rstd, N, (int)C, cfg_.family.norm_offset);
+}
+
+Tensor Transformer::sandwich_backward(Tensor dnormed, Tensor branch, Tensor rstd, Tensor w, Tensor g, int64_t w_off) {
+  const int64_t C = cfg_.d_model;
+  Tensor d = rows(sandwich_, C);
+  be_.zero(d.data, d.nbytes());
+  norm_backward(rows(branch, C), Tensor(), rstd, w, g, w_off, -1, d, dnormed);
+  return d;
 }
 
 void Transformer::block_forward(int l, Tensor w) {
@@ -346,6 +370,9 @@ void Transformer::block_forward(int l, Tensor w) {
   const int NH = cfg_.n_head, NKV = cfg_.n_kv_head, hs = cfg_.head_size();
   const int64_t Q = (int64_t)NH * hs;
   const bool rope = cfg_.family.rope, gelu = cfg_.family.mlp == MlpKind::gelu_tanh, qk_norm = cfg_.family.qk_norm;
+  const bool sandwich = cfg_.family.sandwich_norms;
+  const GluAct glu = cfg_.family.mlp == MlpKind::geglu ? GluAct::gelu_tanh : GluAct::silu;
+  const RopeSpec& rope_l = rope_for(l);
   const Dropout out_drop_attn = dropout_for(l, kAttnOut, cfg_.resid_pdrop), out_drop_mlp = dropout_for(l, kMlpOut, cfg_.resid_pdrop);
   Tensor x = rows(resid_[l], C), qkv = rows(a.qkv, QKV), attn_out = rows(a.attn_out, Q), xm = rows(a.resid_mid, C);
   Tensor ln1 = rows(a.ln1, C), ln2 = rows(a.ln2, C), mlp_in = rows(a.mlp_in, FI), mlp_act = rows(a.mlp_act, FF);
@@ -359,17 +386,24 @@ void Transformer::block_forward(int l, Tensor w) {
   adapt_forward(l, BlockMatrix::qkv, proj, ln1);  // before RoPE, as the projections' outputs
   if (qk_norm)
     be_.head_rmsnorm_forward(qkv, Tensor(a.qk_rstd.data, DType::f32, {N, NH + NKV}), proj, P(w, o.q_norm_w, {hs}),
-                             P(w, o.k_norm_w, {hs}), N, NH, NKV, hs, cfg_.norm_eps);
+                             P(w, o.k_norm_w, {hs}), N, NH, NKV, hs, cfg_.norm_eps, cfg_.family.norm_offset);
   if (kv_on_) {  // generation: each row at its position, attending over the cache
-    if (rope) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, Tensor(positions_.data, DType::i32, {N}));
+    if (rope) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_l, Tensor(positions_.data, DType::i32, {N}));
     be_.attention_kv(attn_out, k_cache_[l], v_cache_[l], qkv, key_start_, B_, T, kv_len_, kv_cap_, NH, NKV, hs,
                      cfg_.window(l));
   } else {
-    if (rope) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
+    if (rope) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_l, packed_tensor(positions_));
     be_.attention_forward(attn_out, lse, qkv, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
                           packed_docs(), cfg_.window(l));
   }
-  if (out_drop_attn.active()) {
+  if (sandwich) {  // resid_mid = x + dropout(norm(proj(...))): the branch kept before its norm
+    Tensor branch = rows(a.attn_branch, C), normed = rows(sandwich_, C);
+    be_.matmul(branch, attn_out, P(w, o.attn_proj_w, {C, Q}), P(w, o.attn_proj_b, {C}), N, C, Q, false, true, false);
+    adapt_forward(l, BlockMatrix::attn_proj, branch, attn_out);
+    norm_forward(normed, Tensor(), a.attn_branch_rstd, branch, w, o.post_attn_norm_w, -1);
+    if (out_drop_attn.active()) be_.dropout(normed, B_, T, (int)C, out_drop_attn);
+    be_.add(xm, x, normed, N * C);
+  } else if (out_drop_attn.active()) {
     Tensor branch = rows(dropped_, C);
     be_.matmul(branch, attn_out, P(w, o.attn_proj_w, {C, Q}), P(w, o.attn_proj_b, {C}), N, C, Q, false, true, false);
     adapt_forward(l, BlockMatrix::attn_proj, branch, attn_out);
@@ -389,9 +423,16 @@ void Transformer::block_forward(int l, Tensor w) {
     be_.matmul(mlp_in, ln2, P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C, false, true, false);
     adapt_forward(l, BlockMatrix::mlp_in, mlp_in, ln2);
     if (gelu) be_.gelu_forward(mlp_act, mlp_in, N * FF);
-    else be_.swiglu_forward(mlp_act, mlp_in, N, (int)FF);
+    else be_.swiglu_forward(mlp_act, mlp_in, N, (int)FF, glu);
   }
-  if (out_drop_mlp.active()) {
+  if (sandwich) {
+    Tensor branch = rows(a.mlp_branch, C), normed = rows(sandwich_, C);
+    be_.matmul(branch, mlp_act, P(w, o.mlp_out_w, {C, FF}), P(w, o.mlp_out_b, {C}), N, C, FF, false, true, false);
+    adapt_forward(l, BlockMatrix::mlp_out, branch, mlp_act);
+    norm_forward(normed, Tensor(), a.mlp_branch_rstd, branch, w, o.post_mlp_norm_w, -1);
+    if (out_drop_mlp.active()) be_.dropout(normed, B_, T, (int)C, out_drop_mlp);
+    be_.add(out, xm, normed, N * C);
+  } else if (out_drop_mlp.active()) {
     Tensor branch = rows(dropped_, C);
     be_.matmul(branch, mlp_act, P(w, o.mlp_out_w, {C, FF}), P(w, o.mlp_out_b, {C}), N, C, FF, false, true, false);
     adapt_forward(l, BlockMatrix::mlp_out, branch, mlp_act);
@@ -412,6 +453,8 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   const int NH = cfg_.n_head, NKV = cfg_.n_kv_head, hs = cfg_.head_size();
   const int64_t Q = (int64_t)NH * hs;
   const bool rope = cfg_.family.rope, gelu = cfg_.family.mlp == MlpKind::gelu_tanh, qk_norm = cfg_.family.qk_norm;
+  const bool sandwich = cfg_.family.sandwich_norms;
+  const GluAct glu = cfg_.family.mlp == MlpKind::geglu ? GluAct::gelu_tanh : GluAct::silu;
   Tensor dres = rows(dres_, C), dnorm = rows(dnorm_, C), dattn = rows(dattn_, Q), dqkv = rows(dqkv_, QKV);
   Tensor dmlp_in = rows(dmlp_in_, FI), dmlp_act = rows(dmlp_act_, FF);
   Tensor qkv = rows(a.qkv, QKV), attn_out = rows(a.attn_out, Q), xm = rows(a.resid_mid, C);
@@ -431,6 +474,7 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   // a frozen unit (g empty) skips every parameter-gradient product
   const bool grads = g.data != nullptr;
   Tensor dbranch = branch_grad(kMlpOut);
+  if (sandwich) dbranch = sandwich_backward(dbranch, a.mlp_branch, a.mlp_branch_rstd, w, g, o.post_mlp_norm_w);
   if (grads) be_.matmul(P(g, o.mlp_out_w, {C, FF}), dbranch, mlp_act, Tensor(), C, FF, N, true, false, true);
   if (grads && o.mlp_out_b >= 0) be_.bias_backward(P(g, o.mlp_out_b, {C}), dbranch, N, C);
   if (gelu && !adapted(BlockMatrix::mlp_out)) {
@@ -442,7 +486,7 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   } else {
     be_.matmul(dmlp_act, dbranch, P(w, o.mlp_out_w, {C, FF}), Tensor(), N, FF, C, false, false, false);
     adapt_backward(l, BlockMatrix::mlp_out, dbranch, mlp_act, dmlp_act);
-    be_.swiglu_backward(dmlp_in, dmlp_act, mlp_in, N, (int)FF);
+    be_.swiglu_backward(dmlp_in, dmlp_act, mlp_in, N, (int)FF, glu);
   }
   if (grads) be_.matmul(P(g, o.mlp_in_w, {FI, C}), dmlp_in, ln2, Tensor(), FI, C, N, true, false, true);
   if (grads && o.mlp_in_b >= 0) be_.bias_backward(P(g, o.mlp_in_b, {FI}), dmlp_in, N, FI);
@@ -452,13 +496,14 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
 
   // attention: resid_mid = x + dropout(attn_out W_proj^T + b_proj)
   dbranch = branch_grad(kAttnOut);
+  if (sandwich) dbranch = sandwich_backward(dbranch, a.attn_branch, a.attn_branch_rstd, w, g, o.post_attn_norm_w);
   if (grads) be_.matmul(P(g, o.attn_proj_w, {C, Q}), dbranch, attn_out, Tensor(), C, Q, N, true, false, true);
   if (grads && o.attn_proj_b >= 0) be_.bias_backward(P(g, o.attn_proj_b, {C}), dbranch, N, C);
   be_.matmul(dattn, dbranch, P(w, o.attn_proj_w, {C, Q}), Tensor(), N, Q, C, false, false, false);
   adapt_backward(l, BlockMatrix::attn_proj, dbranch, attn_out, dattn);
   be_.attention_backward(dqkv, dattn, qkv, attn_out, lse, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
                          packed_docs(), cfg_.window(l));
-  if (rope) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_, packed_tensor(positions_));
+  if (rope) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_for(l), packed_tensor(positions_));
   if (qk_norm) {  // dqkv in place: from the normed q and k back to the projections' output
     Tensor dwq = P(g, o.q_norm_w, {hs}), dwk = P(g, o.k_norm_w, {hs});
     if (!grads) {  // frozen: into the discarded scratch
@@ -466,7 +511,7 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
       dwq = frozen_norm_grad_.view(0, {hs}), dwk = frozen_norm_grad_.view(hs, {hs});
     }
     be_.head_rmsnorm_backward(dqkv, dwq, dwk, dqkv, rows(a.qkv_pre, QKV), P(w, o.q_norm_w, {hs}), P(w, o.k_norm_w, {hs}),
-                              Tensor(a.qk_rstd.data, DType::f32, {N, NH + NKV}), N, NH, NKV, hs);
+                              Tensor(a.qk_rstd.data, DType::f32, {N, NH + NKV}), N, NH, NKV, hs, cfg_.family.norm_offset);
   }
   if (grads) be_.matmul(P(g, o.qkv_w, {QKV, C}), dqkv, ln1, Tensor(), QKV, C, N, true, false, true);
   // after RoPE's inverse: the bias came before RoPE
@@ -537,6 +582,7 @@ void Transformer::forward_units(UnitStore& store) {
   } else {
     be_.embedding_forward(x0, tok, wte, P(root, r.wpe, {cfg_.max_seq_len, C}), B_, T, (int)C, (int)V);
   }
+  if (cfg_.family.scaled_embeddings) be_.scale(x0, embed_scale_, N * C);
   be_.dropout(x0, B_, T, (int)C, dropout_for(-1, kEmbd, cfg_.embd_pdrop));
   release(store, 0);
   for (int l = 0; l < cfg_.n_layer; l++) {
@@ -628,6 +674,7 @@ void Transformer::backward(UnitStore& store) {
   if (!gwte.data) gwte = P(groot, r.wte, {V, C});
   if (gwte.data || gwpe.data) {
     be_.dropout(dres, B_, T, (int)C, dropout_for(-1, kEmbd, cfg_.embd_pdrop));
+    if (cfg_.family.scaled_embeddings) be_.scale(dres, embed_scale_, N * C);
     if (packed_ && r.wpe >= 0) {  // wpe's rows at each token's position within its document
       if (gwte.data)
         be_.embedding_backward(gwte, Tensor(), dres, Tensor(tokens_.data, DType::i32, {N}), B_, T, (int)C);
@@ -659,9 +706,9 @@ void init_unit_range(const ModelConfig& cfg, const UnitLayout& unit, int unit_in
   for (const ParamSpec& p : unit.params) {
     // the unit's elements [a, b) of this parameter fall in the range: out[e - lo]
     const int64_t n = p.numel(), a = std::max(lo, p.offset), b = std::min(hi, p.offset + n);
-    if (p.shape.size() == 1) {  // biases zero, norm weights one; no draws
+    if (p.shape.size() == 1) {  // biases zero, norm weights one (as norm_offset + w: Gemma's 0); no draws
       const bool is_norm = p.hf_name.find("bias") == std::string::npos;
-      for (int64_t e = a; e < b; e++) out[e - lo] = is_norm ? 1.0f : 0.0f;
+      for (int64_t e = a; e < b; e++) out[e - lo] = is_norm ? 1.0f - cfg.family.norm_offset : 0.0f;
       continue;
     }
     const bool scaled = cfg.family.scaled_out_init && unit_index > 0 &&

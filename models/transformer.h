@@ -125,6 +125,8 @@ class Transformer {
   struct BlockActs {  // what one block keeps for its backward
     Tensor ln1, ln1_mean, ln1_rstd, qkv, lse, attn_out, resid_mid, ln2, ln2_mean, ln2_rstd, mlp_in, mlp_act;
     Tensor qkv_pre, qk_rstd;  // qk_norm: the projections' output before the q/k norms, and their rstd
+    // sandwich_norms: the attention and MLP branches' outputs before their norms, and the norms' rstd
+    Tensor attn_branch, attn_branch_rstd, mlp_branch, mlp_branch_rstd;
   };
   // Walks the activation table, handing each buffer to `take`: the constructor allocates, the
   // static functions only record. The one place the model's memory is described.
@@ -147,7 +149,14 @@ class Transformer {
   void release(UnitStore& store, int unit);
   void grads_done(UnitStore& store, int unit);
   void norm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, int64_t w_off, int64_t b_off);
-  void norm_backward(Tensor x, Tensor mean, Tensor rstd, Tensor w, Tensor g, int64_t w_off, int64_t b_off);
+  // dx (+=) from dout: dres_ from dnorm_ unless given
+  void norm_backward(Tensor x, Tensor mean, Tensor rstd, Tensor w, Tensor g, int64_t w_off, int64_t b_off,
+                     Tensor dx = Tensor(), Tensor dout = Tensor());
+  // a sandwich norm's backward: the gradient at the branch's output before its norm (in sandwich_),
+  // from dnormed, the gradient after it
+  Tensor sandwich_backward(Tensor dnormed, Tensor branch, Tensor rstd, Tensor w, Tensor g, int64_t w_off);
+  // layer l's RoPE: rope_local_ on Gemma 3's sliding layers, else rope_
+  const RopeSpec& rope_for(int l) const { return cfg_.rope_local_theta > 0.0f && cfg_.window(l) > 0 ? rope_local_ : rope_; }
   void block_forward(int l, Tensor w);
   // The embeddings, every block and the head over the current batch (forward's and decode's part).
   void forward_units(UnitStore& store);
@@ -173,6 +182,8 @@ class Transformer {
   // longrope: ext = the short or long factors for a pass whose last position + 1 is len
   void pick_rope_factors(int len);
   bool kv_long_ = false;  // the cache's keys were rotated with longrope's long factors
+  RopeSpec rope_local_;  // the sliding layers' own (rope_local_theta, unscaled), when the config has one
+  float embed_scale_ = 1.0f;  // scaled_embeddings: sqrt(d_model) rounded to the compute dtype
   std::vector<void*> allocations_;
   bool have_grad_ = false;
   const TrainPass* train_ = nullptr;  // the current training pass (dropout), or null
@@ -187,6 +198,7 @@ class Transformer {
   Tensor discarded_loss_;  // f64: backward's recomputed chunks add their losses here, never read
   // backward scratch; dropped_ holds a residual branch's output (forward) or gradient (backward) under dropout
   Tensor dres_, dnorm_, dattn_, dqkv_, dmlp_in_, dmlp_act_, dropped_;
+  Tensor sandwich_;  // sandwich_norms: a branch's normed output (forward) or its gradient before the norm (backward)
   Tensor frozen_norm_grad_;  // f32 [2 max(C, head size)]: a frozen norm's weight and bias gradients, discarded
   ProjectionAdapters* adapters_ = nullptr;
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Llama 3.1 (llama3 rope scaling), Mistral (sliding window), Qwen2 (q/k/v biases), LLaMA with
-# attention_bias + mlp_bias, Qwen3 (q/k norms, head_dim apart from the hidden size) and Phi-3 (fused
-# qkv_proj and gate_up_proj), from their Hugging Face fixture directories, through the executable:
+# attention_bias + mlp_bias, Qwen3 (q/k norms, head_dim apart from the hidden size), Phi-3 (fused
+# qkv_proj and gate_up_proj), Gemma 3 and Gemma 2 (GeGLU, (1 + w) and sandwich norms, scaled embeddings,
+# per-layer RoPE), from their Hugging Face fixture directories, through the executable:
 # each trains, resumes bitwise from its checkpoint, and exports a directory that transformers loads
 # with the same parameters (when torch and transformers are installed; the config check always runs).
 # Usage: families_test.sh path/to/llmt SOURCE_DIR
@@ -16,7 +17,7 @@ common=(--tokenizer_name_or_path bytes --train_file "$work/corpus.txt" --block_s
         --learning_rate 1e-3 --logging_steps 1 --threads 1 --cache_dir none)
 have_hf=0
 python3 -c "import torch, transformers" 2> /dev/null && have_hf=1
-for family in llama31_tiny mistral_tiny qwen2_tiny llama_bias_tiny qwen3_tiny phi3_tiny phi3_longrope_tiny; do
+for family in llama31_tiny mistral_tiny qwen2_tiny llama_bias_tiny qwen3_tiny phi3_tiny phi3_longrope_tiny gemma3_tiny gemma2_tiny; do
   fixture="$src/tests/reference/$family"
   "$llmt" train "${common[@]}" --model_name_or_path "$fixture" --max_steps 4 --save_steps 2 --output_dir "$work/$family-a" \
     > "$work/$family-a.log" 2>&1 || { echo "FAIL: $family: training"; tail "$work/$family-a.log"; exit 1; }

@@ -29,7 +29,8 @@ namespace {
 
 const char* kFixtures[] = {"gpt2_tiny",    "llama_tiny", "llama_tied_tiny", "llama31_tiny",
                            "mistral_tiny", "qwen2_tiny", "llama_bias_tiny", "qwen3_tiny",
-                           "phi3_tiny",    "phi3_longrope_tiny"};
+                           "phi3_tiny",    "phi3_longrope_tiny",
+                           "gemma3_tiny",  "gemma2_tiny"};
 
 // A fixture model on a backend, its parameters in an unsharded store, for batches of B sequences of
 // up to T tokens.

@@ -47,7 +47,8 @@ using llmt_test::expect_error;
 }  // namespace
 
 TEST(HfCheckpoint, SaveAndReloadIsLosslessForEveryFixture) {
-  for (std::string name : {"gpt2_tiny", "llama_tiny", "llama_tied_tiny", "qwen3_tiny", "phi3_tiny"}) {
+  for (std::string name : {"gpt2_tiny", "llama_tiny", "llama_tied_tiny", "qwen3_tiny", "phi3_tiny", "gemma3_tiny",
+                           "gemma2_tiny"}) {
     std::string src = llmt_test::reference_dir() + "/" + name;
     ModelConfig cfg = config_from_json_file(src + "/config.json");
     ModelLayout L = make_layout(cfg);
@@ -273,7 +274,8 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
       {"{\"model_type\": \"mistral\", \"vocab_size\": 10, \"hidden_size\": 32, \"intermediate_size\": 8, "
        "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"sliding_window\": 0}",
        {"sliding_window 0 must be positive"}},
-      {"{\"model_type\": \"gemma\"}", {"\"gemma\" is not supported (gpt2, llama, mistral, qwen2, qwen3 or phi3)"}},
+      {"{\"model_type\": \"gemma\"}",
+       {"\"gemma\" is not supported (gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2 or gemma3_text)"}},
       {llama + "\"attention_bias\": \"yes\"}", {"attention_bias", "must be true or false"}},
       // partial rotary and longrope: Phi-3 only, factor lists of rotary_dim / 2 (8 x 0.75 = 6: 3), the
       // two places of partial_rotary_factor and of original_max_position_embeddings agreeing

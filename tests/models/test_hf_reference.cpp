@@ -190,6 +190,12 @@ TEST(HfReference, Phi3TinyBf16) { check_model("phi3_tiny", DType::bf16); }
 // longrope past its original context of 8 (the long factors, attention factor sqrt 2) over 6 of 8 channels
 TEST(HfReference, Phi3LongropeTiny) { check_model("phi3_longrope_tiny", DType::f32); }
 TEST(HfReference, Phi3LongropeTinyBf16) { check_model("phi3_longrope_tiny", DType::bf16); }
+// Gemma 3: GeGLU, (1 + w) norms, sandwich norms, scaled embeddings, q/k norms, sliding layers with
+// their own RoPE base beside a full one with linear scaling; Gemma 2: the same block, one RoPE
+TEST(HfReference, Gemma3Tiny) { check_model("gemma3_tiny", DType::f32); }
+TEST(HfReference, Gemma3TinyBf16) { check_model("gemma3_tiny", DType::bf16); }
+TEST(HfReference, Gemma2Tiny) { check_model("gemma2_tiny", DType::f32); }
+TEST(HfReference, Gemma2TinyBf16) { check_model("gemma2_tiny", DType::bf16); }
 // the same fixtures with the CUDA backend
 TEST(HfReferenceCuda, Gpt2Tiny) { check_model("gpt2_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, LlamaTinyGqa) { check_model("llama_tiny", DType::f32, "cuda"); }
@@ -213,6 +219,10 @@ TEST(HfReferenceCuda, Phi3Tiny) { check_model("phi3_tiny", DType::f32, "cuda"); 
 TEST(HfReferenceCuda, Phi3TinyBf16) { check_model("phi3_tiny", DType::bf16, "cuda"); }
 TEST(HfReferenceCuda, Phi3LongropeTiny) { check_model("phi3_longrope_tiny", DType::f32, "cuda"); }
 TEST(HfReferenceCuda, Phi3LongropeTinyBf16) { check_model("phi3_longrope_tiny", DType::bf16, "cuda"); }
+TEST(HfReferenceCuda, Gemma3Tiny) { check_model("gemma3_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, Gemma3TinyBf16) { check_model("gemma3_tiny", DType::bf16, "cuda"); }
+TEST(HfReferenceCuda, Gemma2Tiny) { check_model("gemma2_tiny", DType::f32, "cuda"); }
+TEST(HfReferenceCuda, Gemma2TinyBf16) { check_model("gemma2_tiny", DType::bf16, "cuda"); }
 
 // Issue 23: a GPT-2 directory with "tie_word_embeddings": false and its own lm_head.weight trained
 // tied (lm_head.weight skipped) and exported as tied. GPT2LMHeadModel untied computes

@@ -17,6 +17,9 @@ Makes tiny, randomly initialised models under tests/reference/:
   phi3_longrope_tiny/ the same Phi-3 with Phi-4-mini's rope: longrope (short and long factors, original
                     context 8 < the batch's 13 tokens, so the long factors apply, attention factor
                     sqrt(2)) and partial_rotary_factor 0.75 (6 of a head's 8 channels rotate)
+  gemma3_tiny/      Gemma3ForCausalLM: GeGLU, (1 + w) norms, sandwich norms, scaled embeddings, q/k norms,
+                    a sliding layer (window 5, RoPE base 1e4) and a full one (1e6, linear x2)
+  gemma2_tiny/      Gemma2ForCausalLM: the same block without q/k norms, default layer pattern, soft-caps off
 Each directory holds the Hugging Face export (config.json, model.safetensors, float32),
 reference.safetensors: one fixed batch, its logits, loss and gradients, and the parameters after
 3 AdamW steps on that batch (see README.md for the exact contents and conventions), and
@@ -38,7 +41,8 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
+                          Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
@@ -136,6 +140,37 @@ def phi3_longrope_config():
     return c
 
 
+def gemma3_config():
+    """Gemma 3's text model, tiny: GeGLU, (1 + w) RMSNorms, sandwich norms, embeddings times sqrt(32),
+    q/k norms, head_dim 16 apart from hidden 32 / 4 heads; layer 0 slides over a window of 5 keys
+    (shorter than the 13-token batch) with its own RoPE base 10000, layer 1 is full with base 1e6 and
+    linear scaling x2. query_pre_attn_scalar = head_dim and no soft-caps (what llmt computes yet); no
+    padding_idx, so every embedding row learns."""
+    return Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                            max_position_embeddings=64, rms_norm_eps=1e-6, sliding_window=5,
+                            layer_types=["sliding_attention", "full_attention"],
+                            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                "rope_theta": 1000000.0},
+                                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                            final_logit_softcapping=None, attn_logit_softcapping=None,
+                            hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, attention_bias=False,
+                            attention_dropout=0.0, bos_token_id=1, eos_token_id=VOCAB - 1, pad_token_id=None)
+
+
+def gemma2_config():
+    """Gemma 2, tiny: Gemma 3's block without q/k norms, one RoPE base, transformers' default layer
+    pattern (layer 0 slides over 5 keys, layer 1 full); soft-caps off (None), which llmt does not
+    compute yet."""
+    return Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                        max_position_embeddings=64, rms_norm_eps=1e-6, sliding_window=5,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                        final_logit_softcapping=None, attn_logit_softcapping=None,
+                        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, attention_bias=False,
+                        attention_dropout=0.0, bos_token_id=1, eos_token_id=VOCAB - 1, pad_token_id=None)
+
+
 def llama_bias_config():
     """A LLaMA config with attention_bias and mlp_bias: biases on q, k, v, o, gate, up and down."""
     c = llama_config(tied=False)
@@ -156,6 +191,8 @@ MODELS = {
     "qwen3_tiny": (Qwen3ForCausalLM, qwen3_config),
     "phi3_tiny": (Phi3ForCausalLM, phi3_config),
     "phi3_longrope_tiny": (Phi3ForCausalLM, phi3_longrope_config),
+    "gemma3_tiny": (Gemma3ForCausalLM, gemma3_config),
+    "gemma2_tiny": (Gemma2ForCausalLM, gemma2_config),
 }
 
 
@@ -173,13 +210,14 @@ def no_decay_names(model):
 def randomize(model, gen):
     """Overwrite every parameter (tied ones once) so that no code path sees a 0 or a 1."""
     no_decay = no_decay_names(model)
+    norm_centre = 0.0 if model.config.model_type.startswith("gemma") else 1.0  # Gemma's norms are (1 + w)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
             if name.endswith(".bias"):
                 p.copy_(0.05 * noise)
             elif name in no_decay:  # norm weight
-                p.copy_(1.0 + 0.1 * noise)
+                p.copy_(norm_centre + 0.1 * noise)
             else:
                 p.copy_(0.08 * noise)
 

@@ -28,7 +28,8 @@ from transformers import AutoModelForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ["gpt2_tiny", "llama_tiny", "llama_tied_tiny", "llama31_tiny", "mistral_tiny", "qwen2_tiny", "llama_bias_tiny",
-          "qwen3_tiny", "phi3_tiny", "phi3_longrope_tiny"]
+          "qwen3_tiny", "phi3_tiny", "phi3_longrope_tiny",
+          "gemma3_tiny", "gemma2_tiny"]
 LENGTHS, NEW, PAD = [6, 3, 8], 8, 0
 
 
