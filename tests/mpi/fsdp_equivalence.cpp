@@ -129,9 +129,20 @@ void expect_same(const Outcome& got, const Outcome& want, const std::string& wha
 }
 
 void check_family(Arch arch, Precision prec = {}, float dropout = 0.0f, bool llama3_rope = false,
-                  bool biases = false, bool qwen3 = false) {
+                  bool biases = false, bool qwen3 = false, bool gemma = false) {
   ModelConfig cfg = tiny_model(arch);
   if (qwen3) cfg.family.qk_norm = true, cfg.head_dim = 8;  // q/k norms, head_dim 8 beside hidden 18 / 3 heads
+  if (gemma) {  // Gemma 3's switches: GeGLU, (1 + w) and sandwich norms, scaled embeddings, q/k norms, and
+                // layer 0 sliding (window 5 < T) with its own RoPE base
+    cfg.family.mlp = MlpKind::geglu;
+    cfg.family.norm_offset = 1.0f;
+    cfg.family.sandwich_norms = cfg.family.scaled_embeddings = cfg.family.qk_norm = true;
+    cfg.head_dim = 8;
+    cfg.sliding_window = 5;
+    cfg.layer_window = {5, 0};
+    cfg.rope_local_theta = 10000.0f;
+    cfg.rope_theta = 1000000.0f;
+  }
   if (biases) cfg.qkv_bias = cfg.o_bias = cfg.mlp_bias = true;  // attention_bias + mlp_bias (Qwen2: qkv only)
   if (llama3_rope) {  // Llama 3.1's rope scaling, its bands inside the 16-token context
     cfg.rope_theta = 500000.0f;
@@ -150,7 +161,7 @@ void check_family(Arch arch, Precision prec = {}, float dropout = 0.0f, bool lla
   Outcome ref = train(cfg, *self, Strategy::no_shard, 1, kGlobal, 1, false, {prec.compute, DType::f32}, nullptr,
                       nullptr, "cpu");
   ASSERT_LT(ref.losses.back(), ref.losses.front()) << "the reference run learns";
-  const std::string family = g_device + " " + std::string(arch == Arch::gpt2 ? "gpt2 " : llama3_rope ? "llama3 " : biases ? "llama biases " : qwen3 ? "qwen3 " : "llama ") + prec.name() +
+  const std::string family = g_device + " " + std::string(arch == Arch::gpt2 ? "gpt2 " : llama3_rope ? "llama3 " : biases ? "llama biases " : qwen3 ? "qwen3 " : gemma ? "gemma3 " : "llama ") + prec.name() +
                              (dropout > 0.0f ? " dropout " : " ");
 
   for (Strategy s : {Strategy::full_shard, Strategy::shard_grad_op, Strategy::no_shard, Strategy::hybrid_shard}) {
@@ -239,6 +250,7 @@ TEST(FsdpEquivalence, LlamaGqaAllStrategies) { check_family(Arch::llama); }
 TEST(FsdpEquivalence, Llama3RopeScalingAllStrategies) { check_family(Arch::llama, {}, 0.0f, true); }
 TEST(FsdpEquivalence, LlamaBiasesAllStrategies) { check_family(Arch::llama, {}, 0.0f, false, true); }
 TEST(FsdpEquivalence, Qwen3QkNormHeadDimAllStrategies) { check_family(Arch::llama, {}, 0.0f, false, false, true); }
+TEST(FsdpEquivalence, Gemma3SwitchesAllStrategies) { check_family(Arch::llama, {}, 0.0f, false, false, false, true); }
 TEST(FsdpEquivalence, Gpt2AllStrategiesBf16) { check_family(Arch::gpt2, {DType::bf16, DType::f32}); }
 TEST(FsdpEquivalence, LlamaGqaAllStrategiesBf16) { check_family(Arch::llama, {DType::bf16, DType::f32}); }
 TEST(FsdpEquivalence, Gpt2AllStrategiesBf16Reduce) { check_family(Arch::gpt2, {DType::bf16, DType::bf16}); }
