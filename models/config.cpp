@@ -132,6 +132,28 @@ ModelConfig gemma3_1b() {
   return c;
 }
 
+// Gemma 2 2B (google/gemma-2-2b's config.json): Gemma2ForCausalLM, hidden 2304, 26 layers, 8 heads
+// over 4 kv heads of 256, intermediate 9216, vocabulary 256000, windows of 4096 keys on the even
+// layers (0, 2, ...), RoPE base 10000, query_pre_attn_scalar 256, attention scores soft-capped at 50
+// and final logits at 30, context 8192, tied; bos 2, eos 1. 2,614,341,888 parameters.
+ModelConfig gemma2_2b() {
+  ModelConfig c = llama(26, 8, 4, 2304, 9216, 8192, 1e-6f, 256000);
+  c.model_type = "gemma2";
+  c.family.mlp = MlpKind::geglu;
+  c.family.norm_offset = 1.0f;
+  c.family.sandwich_norms = c.family.scaled_embeddings = true;
+  c.head_dim = 256;
+  c.query_pre_attn_scalar = 256.0f;
+  c.attn_softcap = 50.0f;
+  c.final_softcap = 30.0f;
+  c.sliding_window = 4096;
+  for (int l = 0; l < c.n_layer; l++) c.layer_window.push_back((l + 1) % 2 ? c.sliding_window : 0);
+  c.tied_embeddings = true;
+  c.bos_token_id = 2;
+  c.eos_token_ids = {1};
+  return c;
+}
+
 // Sizes from the published Hugging Face config.json files of each model.
 const std::map<std::string, ModelConfig>& presets() {
   static const std::map<std::string, ModelConfig> p = {
@@ -150,6 +172,7 @@ const std::map<std::string, ModelConfig>& presets() {
       {"qwen3-0.6b", qwen3(28, 16, 8, 1024, 3072, 128, true)},
       {"phi3-mini-4k", phi3_mini()},
       {"phi4-mini", phi4_mini()},
+      {"gemma2-2b", gemma2_2b()},
       {"gemma3-1b", gemma3_1b()},
       // tiny sizes for tests and the quickstart (byte-level vocabulary of 256, no dropout)
       {"gpt2-tiny", gpt2(2, 4, 64, 256, 256)},
@@ -275,6 +298,10 @@ std::string ModelConfig::describe() const {
       model_type == "gemma2" || model_type == "gemma3_text")
     s += ", " + model_type;
   if (rope_local_theta > 0.0f) s += strformat(", sliding layers' rope_theta %g", rope_local_theta);
+  if (query_pre_attn_scalar > 0.0f && query_pre_attn_scalar != (float)head_size())
+    s += strformat(", attention scale %g^-0.5", query_pre_attn_scalar);
+  if (attn_softcap > 0.0f || final_softcap > 0.0f)
+    s += strformat(", soft-caps %g (attention) %g (logits)", attn_softcap, final_softcap);
   if (head_dim > 0) s += strformat(", head_dim %d", head_dim);
   if (family.qk_norm) s += ", q/k norms";
   int sliding = 0;
@@ -516,25 +543,22 @@ static ModelConfig gemma_from_json(const nlohmann::json& j, const std::string& s
              "gelu_pytorch_tanh)", source.c_str(), act.c_str());
   require_default(j, "attention_bias", false, source, "llmt builds Gemma without biases, as its checkpoints are");
   require_default(j, "use_bidirectional_attention", false, source, "llmt trains causal language models");
-  // attention scale query_pre_attn_scalar^-0.5: llmt's attention divides by sqrt(head_dim), so only
-  // that value is computed yet
+  // attention scale query_pre_attn_scalar^-0.5 (Gemma 2 27B's 144 beside head_dim 128); both
+  // configs default to 256
   c.query_pre_attn_scalar = get_optional<float>(j, "query_pre_attn_scalar", 256.0f, source);
-  LLMT_CHECK(c.query_pre_attn_scalar == (float)head_dim, "%s: \"query_pre_attn_scalar\": %g is not supported: llmt "
-             "scales attention scores by head_dim^-0.5 (head_dim %d) and has no other scale yet", source.c_str(),
-             c.query_pre_attn_scalar, head_dim);
-  // soft-caps: Gemma 2's defaults are 50 (attention) and 30 (logits), Gemma 3's none; null is none
+  LLMT_CHECK(std::isfinite(c.query_pre_attn_scalar) && c.query_pre_attn_scalar > 0.0f,
+             "%s: \"query_pre_attn_scalar\": %g must be a positive number", source.c_str(), c.query_pre_attn_scalar);
+  // soft-caps: Gemma 2's defaults are 50 (attention scores) and 30 (final logits), Gemma 3's none;
+  // null is none
   auto softcap = [&](const char* key, float fallback) {
-    if (!j.contains(key)) return fallback;
-    return j.at(key).is_null() ? 0.0f : get_required<float>(j, key, source);
+    if (!j.contains(key) || j.at(key).is_null()) return j.contains(key) ? 0.0f : fallback;
+    const float v = get_required<float>(j, key, source);
+    LLMT_CHECK(std::isfinite(v) && v > 0.0f, "%s: \"%s\": %g must be a positive number or null", source.c_str(), key,
+               v);
+    return v;
   };
   c.attn_softcap = softcap("attn_logit_softcapping", g3 ? 0.0f : 50.0f);
   c.final_softcap = softcap("final_logit_softcapping", g3 ? 0.0f : 30.0f);
-  LLMT_CHECK(c.attn_softcap == 0.0f, "%s: \"attn_logit_softcapping\": %g%s is not supported: llmt does not soft-cap "
-             "attention scores yet (null turns it off)", source.c_str(), c.attn_softcap,
-             j.contains("attn_logit_softcapping") ? "" : " (Gemma2Config's default)");
-  LLMT_CHECK(c.final_softcap == 0.0f, "%s: \"final_logit_softcapping\": %g%s is not supported: llmt does not soft-cap "
-             "the logits yet (null turns it off)", source.c_str(), c.final_softcap,
-             j.contains("final_logit_softcapping") ? "" : " (Gemma2Config's default)");
   // RoPE. Gemma 2: one rope_theta (transformers 4) or rope_parameters (5) for every layer, as LLaMA's.
   // Gemma 3: the full layers' rope_theta (default 1e6) and rope_scaling, the sliding layers'
   // rope_local_base_freq (default 1e4) unscaled; transformers 5 keeps both in rope_parameters keyed

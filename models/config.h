@@ -77,8 +77,7 @@ struct ModelConfig {
   // full-attention layers keep rope_theta and rope_scaling. 0: every layer alike.
   float rope_local_theta = 0.0f;
   // Gemma's attention scale query_pre_attn_scalar^-0.5 (0: the head size's), and tanh soft-caps of
-  // the attention scores and of the final logits (0: none). llmt computes only 0 (or the head size)
-  // yet: config.cpp refuses the rest by name.
+  // the attention scores and of the final logits, cap * tanh(x / cap) (0: none).
   float query_pre_attn_scalar = 0.0f, attn_softcap = 0.0f, final_softcap = 0.0f;
   // "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2" or "gemma3_text" for a LLaMA-architecture
   // model ("" = llama)

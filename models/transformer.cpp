@@ -158,6 +158,8 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int B, int T,
                "nothing; llmt does not implement it beyond", T, original);
   }
   if (cfg.rope_local_theta > 0.0f) rope_local_.theta = cfg.rope_local_theta;  // unscaled
+  if (cfg.query_pre_attn_scalar > 0.0f) scores_.scale = 1.0f / std::sqrt(cfg.query_pre_attn_scalar);
+  scores_.softcap = cfg.attn_softcap;
   if (cfg.family.scaled_embeddings) {  // as transformers' embed_scale in the weights' dtype
     embed_scale_ = std::sqrt((float)cfg.d_model);
     if (dt_ == DType::bf16) embed_scale_ = bf16_to_f32(f32_to_bf16(embed_scale_));
@@ -390,11 +392,11 @@ void Transformer::block_forward(int l, Tensor w) {
   if (kv_on_) {  // generation: each row at its position, attending over the cache
     if (rope) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_l, Tensor(positions_.data, DType::i32, {N}));
     be_.attention_kv(attn_out, k_cache_[l], v_cache_[l], qkv, key_start_, B_, T, kv_len_, kv_cap_, NH, NKV, hs,
-                     cfg_.window(l));
+                     cfg_.window(l), scores_);
   } else {
     if (rope) be_.rope_forward(qkv, B_, T, NH, NKV, hs, rope_l, packed_tensor(positions_));
     be_.attention_forward(attn_out, lse, qkv, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
-                          packed_docs(), cfg_.window(l));
+                          packed_docs(), cfg_.window(l), scores_);
   }
   if (sandwich) {  // resid_mid = x + dropout(norm(proj(...))): the branch kept before its norm
     Tensor branch = rows(a.attn_branch, C), normed = rows(sandwich_, C);
@@ -502,7 +504,7 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   be_.matmul(dattn, dbranch, P(w, o.attn_proj_w, {C, Q}), Tensor(), N, Q, C, false, false, false);
   adapt_backward(l, BlockMatrix::attn_proj, dbranch, attn_out, dattn);
   be_.attention_backward(dqkv, dattn, qkv, attn_out, lse, B_, T, NH, NKV, hs, dropout_for(l, kAttnProbs, cfg_.attn_pdrop),
-                         packed_docs(), cfg_.window(l));
+                         packed_docs(), cfg_.window(l), scores_);
   if (rope) be_.rope_backward(dqkv, B_, T, NH, NKV, hs, rope_for(l), packed_tensor(positions_));
   if (qk_norm) {  // dqkv in place: from the normed q and k back to the projections' output
     Tensor dwq = P(g, o.q_norm_w, {hs}), dwk = P(g, o.k_norm_w, {hs});
@@ -615,7 +617,10 @@ void Transformer::head_forward(Tensor root) {
     be_.matmul(lg, chunk_rows(lnf_, c0, n, C), w, Tensor(), n, V, C, false, true, false, 0, V_pad_);
     if (head_loss_.data)
       be_.cross_entropy(head_loss_, keep_dlogits ? lg : Tensor(), lg, chunk_rows(targets_, c0, n, 1), n, (int)V,
-                        keep_dlogits ? train_->grad_scale : 0.0f, V_pad_);
+                        keep_dlogits ? train_->grad_scale : 0.0f, V_pad_, cfg_.final_softcap);
+    // what reads the logits (evaluation, generation) sees them capped, as transformers returns them;
+    // the loss capped its own copy and training's dlogits are taken with respect to the raw ones
+    if (cfg_.final_softcap > 0.0f && !keep_dlogits) be_.logit_softcap(lg, n, (int)V, cfg_.final_softcap, V_pad_);
   }
 }
 
@@ -635,7 +640,7 @@ void Transformer::head_backward(Tensor root, Tensor groot) {
     if (recompute) {
       be_.matmul(lg, lnf, w, Tensor(), n, V, C, false, true, false, 0, V_pad_);
       be_.cross_entropy(discarded_loss_, lg, lg, chunk_rows(targets_, c0, n, 1), n, (int)V, train_->grad_scale,
-                        V_pad_);
+                        V_pad_, cfg_.final_softcap);
     }
     if (dw.data) be_.matmul(dw, lg, lnf, Tensor(), V, C, n, true, false, true, V_pad_);
     be_.matmul(chunk_rows(dnorm_, c0, n, C), lg, w, Tensor(), n, C, V, false, false, false, V_pad_);

@@ -184,6 +184,7 @@ class Transformer {
   bool kv_long_ = false;  // the cache's keys were rotated with longrope's long factors
   RopeSpec rope_local_;  // the sliding layers' own (rope_local_theta, unscaled), when the config has one
   float embed_scale_ = 1.0f;  // scaled_embeddings: sqrt(d_model) rounded to the compute dtype
+  AttnScores scores_;  // the attention's scale and soft-cap (Gemma's query_pre_attn_scalar, attn_logit_softcapping)
   std::vector<void*> allocations_;
   bool have_grad_ = false;
   const TrainPass* train_ = nullptr;  // the current training pass (dropout), or null

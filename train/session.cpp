@@ -36,7 +36,7 @@ void describe_gpus(ControlComm& world, int gpu, DType compute, const ModelConfig
   for (int r = 0; r < W; r++)
     log_info("gpu    rank %d: %s%s", r, all.data() + (size_t)r * sizeof(line),
              std::string(cuda_build_kind()) == "simt" ? " [the SIMT emulator: CUDA kernels on the CPU]" : "");
-  log_info("gpu    attention: %s", cuda_attention_kernels(compute, cfg.head_size(), cfg.attn_pdrop > 0.0f, packing).c_str());
+  log_info("gpu    attention: %s", cuda_attention_kernels(compute, cfg.head_size(), cfg.attn_pdrop > 0.0f, packing, cfg.attn_softcap > 0.0f).c_str());
   log_info("gpu    matmul: %s", cuda_matmul_kernels().c_str());
 }
 

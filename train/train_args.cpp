@@ -90,7 +90,7 @@ const std::vector<TrainFlag>& train_flags() {
        ARG(model_name_or_path)},
       {"model_config", "model", "NAME|FILE",
        "instead: a preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-7b, llama-13b, llama2-7b, llama3-8b, "
-       "llama3.1-8b, llama3.1-70b, llama3.2-1b, llama3.2-3b, qwen3-0.6b, phi3-mini-4k, phi4-mini, gemma3-1b, gpt2-tiny, "
+       "llama3.1-8b, llama3.1-70b, llama3.2-1b, llama3.2-3b, qwen3-0.6b, phi3-mini-4k, phi4-mini, gemma2-2b, gemma3-1b, gpt2-tiny, "
        "gpt2-small-byte, llama-tiny) or a config.json, randomly initialised",
        ARG(model_config)},
       {"tokenizer_name_or_path", "model", "DIR|FILE|bytes",

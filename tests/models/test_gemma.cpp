@@ -64,10 +64,14 @@ TEST(ModelConfig, GemmaFixturesReadAsTheFamily) {
   EXPECT_TRUE(g2.family.sandwich_norms);
   EXPECT_EQ(g2.layer_window, (std::vector<int>{5, 0}));  // Gemma2Config's alternation, sliding first
   EXPECT_EQ(g2.rope_local_theta, 0.0f);                    // one RoPE for every layer
-  EXPECT_EQ(g2.attn_softcap, 0.0f);
+  EXPECT_EQ(g2.attn_softcap, 0.5f);
+  EXPECT_EQ(g2.final_softcap, 2.0f);
+  EXPECT_EQ(g2.query_pre_attn_scalar, 24.0f);
   const nlohmann::json j2 = config_to_hf_json(g2);
   EXPECT_EQ(j2["architectures"][0], "Gemma2ForCausalLM");
-  EXPECT_TRUE(j2["final_logit_softcapping"].is_null() && j2["attn_logit_softcapping"].is_null());
+  EXPECT_EQ(j2["final_logit_softcapping"], 2.0);
+  EXPECT_EQ(j2["attn_logit_softcapping"], 0.5);
+  EXPECT_TRUE(j3["final_logit_softcapping"].is_null() && j3["attn_logit_softcapping"].is_null());
   EXPECT_EQ(config_to_hf_json(config_from_json(j2, "written back")), j2);
 
   // Gemma's post_attention_layernorm is the attention branch's output norm, and its pre-MLP norm is
@@ -132,22 +136,25 @@ TEST(ModelConfig, GemmaDefaultsAndTransformers4Spelling) {
   const nlohmann::json pj = config_to_hf_json(p);
   EXPECT_EQ(pj["architectures"][0], "Gemma3ForCausalLM");
   EXPECT_EQ(config_to_hf_json(config_from_json(pj, "preset")), pj);
+  // Gemma 2 2B's published 2,614,341,888 (tied), with its soft-caps and windows on the even layers
+  const ModelConfig p2 = config_from_preset("gemma2-2b");
+  EXPECT_EQ(make_layout(p2).total_numel, 2614341888);
+  EXPECT_EQ(p2.attn_softcap, 50.0f);
+  EXPECT_EQ(p2.final_softcap, 30.0f);
+  EXPECT_EQ(p2.window(0), 4096);
+  EXPECT_EQ(p2.window(1), 0);
+  const nlohmann::json p2j = config_to_hf_json(p2);
+  EXPECT_EQ(p2j["attn_logit_softcapping"], 50.0);
+  EXPECT_EQ(config_to_hf_json(config_from_json(p2j, "preset")), p2j);
 }
 
-TEST(ModelConfig, GemmaFieldsLlmtDoesNotComputeAreRefusedByName) {
+TEST(ModelConfig, GemmaFieldsAreCheckedAndWhatLlmtLacksRefusedByName) {
   llmt_test::TempDir dir_tmp("gemma");
   const std::string dir = dir_tmp.path;
   const std::string g3 = kGemma3, g2 = kGemma2;
   const std::pair<std::string, std::vector<std::string>> refused[] = {
-      // Gemma2Config's soft-caps are on unless the file says null
-      {g2 + "\"final_logit_softcapping\": null}", {"\"attn_logit_softcapping\": 50", "Gemma2Config's default"}},
-      {g2 + "\"attn_logit_softcapping\": null}", {"\"final_logit_softcapping\": 30", "Gemma2Config's default"}},
-      {g3 + "\"attn_logit_softcapping\": 50.0}", {"\"attn_logit_softcapping\": 50 is not supported"}},
-      {g3 + "\"final_logit_softcapping\": 30.0}", {"\"final_logit_softcapping\": 30 is not supported"}},
-      {std::string("{\"model_type\": \"gemma3_text\", \"vocab_size\": 10, \"hidden_size\": 32, "
-                   "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
-                   "\"head_dim\": 128, \"query_pre_attn_scalar\": 168}"),
-       {"\"query_pre_attn_scalar\": 168 is not supported", "head_dim 128"}},
+      {g2 + "\"attn_logit_softcapping\": 0}", {"\"attn_logit_softcapping\": 0 must be a positive number or null"}},
+      {g3 + "\"final_logit_softcapping\": -30.0}", {"\"final_logit_softcapping\": -30 must be a positive number"}},
       {g3 + "\"hidden_activation\": \"gelu\"}", {"hidden_activation \"gelu\" is not supported"}},
       {g3 + "\"attention_bias\": true}", {"\"attention_bias\": true is not supported"}},
       {g3 + "\"use_bidirectional_attention\": true}", {"\"use_bidirectional_attention\": true is not supported"}},
@@ -164,7 +171,20 @@ TEST(ModelConfig, GemmaFieldsLlmtDoesNotComputeAreRefusedByName) {
     write_file(f, refused[i].first);
     expect_error([&] { config_from_json_file(f); }, refused[i].second);
   }
-  // Gemma 2's soft-caps null: accepted
+  // Gemma 2's soft-caps null: none; absent: Gemma2Config's 50 and 30; Gemma 3's absent: none; an
+  // attention scale apart from head_dim (Gemma 2 27B's 144 beside 128) read as given
   write_file(dir + "/g2.json", g2 + "\"final_logit_softcapping\": null, \"attn_logit_softcapping\": null}");
-  EXPECT_EQ(config_from_json_file(dir + "/g2.json").layer_window, (std::vector<int>{4096, 0, 4096, 0}));
+  const ModelConfig off = config_from_json_file(dir + "/g2.json");
+  EXPECT_EQ(off.layer_window, (std::vector<int>{4096, 0, 4096, 0}));
+  EXPECT_EQ(off.attn_softcap, 0.0f);
+  EXPECT_EQ(off.final_softcap, 0.0f);
+  std::string g2_144 = g2;
+  g2_144.replace(g2_144.find("\"query_pre_attn_scalar\": 16"), 27, "\"query_pre_attn_scalar\": 144");
+  write_file(dir + "/g2d.json", g2_144 + "\"rms_norm_eps\": 1e-6}");
+  const ModelConfig on = config_from_json_file(dir + "/g2d.json");
+  EXPECT_EQ(on.attn_softcap, 50.0f);
+  EXPECT_EQ(on.final_softcap, 30.0f);
+  EXPECT_EQ(on.query_pre_attn_scalar, 144.0f);
+  write_file(dir + "/g3.json", g3 + "\"rms_norm_eps\": 1e-6}");
+  EXPECT_EQ(config_from_json_file(dir + "/g3.json").attn_softcap, 0.0f);
 }

@@ -269,7 +269,7 @@ TEST(FsdpEquivalence, TransformersFixturesSharded) {
   if (g_device != "cpu") GTEST_SKIP() << "CPU only: the emulated CUDA backend's fixtures run in HfReferenceCuda";
   for (const char* name : {"gpt2_tiny", "llama_tiny", "llama_tied_tiny", "llama31_tiny", "llama_bias_tiny",
                            "mistral_tiny", "qwen2_tiny", "qwen2_window_tiny", "qwen3_tiny", "phi3_tiny",
-                           "phi3_longrope_tiny"})
+                           "phi3_longrope_tiny", "gemma3_tiny", "gemma2_tiny"})
     for (DType compute : {DType::f32, DType::bf16}) check_fixture_sharded(name, compute);
 }
 

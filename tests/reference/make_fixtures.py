@@ -19,7 +19,8 @@ Makes tiny, randomly initialised models under tests/reference/:
                     sqrt(2)) and partial_rotary_factor 0.75 (6 of a head's 8 channels rotate)
   gemma3_tiny/      Gemma3ForCausalLM: GeGLU, (1 + w) norms, sandwich norms, scaled embeddings, q/k norms,
                     a sliding layer (window 5, RoPE base 1e4) and a full one (1e6, linear x2)
-  gemma2_tiny/      Gemma2ForCausalLM: the same block without q/k norms, default layer pattern, soft-caps off
+  gemma2_tiny/      Gemma2ForCausalLM: the same block without q/k norms, default layer pattern,
+                    query_pre_attn_scalar 24, soft-caps 0.5 (scores) and 2 (logits)
 Each directory holds the Hugging Face export (config.json, model.safetensors, float32),
 reference.safetensors: one fixed batch, its logits, loss and gradients, and the parameters after
 3 AdamW steps on that batch (see README.md for the exact contents and conventions), and
@@ -160,13 +161,14 @@ def gemma3_config():
 
 def gemma2_config():
     """Gemma 2, tiny: Gemma 3's block without q/k norms, one RoPE base, transformers' default layer
-    pattern (layer 0 slides over 5 keys, layer 1 full); soft-caps off (None), which llmt does not
-    compute yet."""
+    pattern (layer 0 slides over 5 keys, layer 1 full); an attention scale of 24^-0.5 apart from
+    head_dim 16, and soft-caps small enough to bite on these weights (scores capped at 0.5 move the
+    logits by 3%, logits capped at 2 by 18%; the published 50 and 30 would move them by 0.1%)."""
     return Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
                         max_position_embeddings=64, rms_norm_eps=1e-6, sliding_window=5,
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                        final_logit_softcapping=None, attn_logit_softcapping=None,
+                        final_logit_softcapping=2.0, attn_logit_softcapping=0.5,
                         hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, attention_bias=False,
                         attention_dropout=0.0, bos_token_id=1, eos_token_id=VOCAB - 1, pad_token_id=None)
 
