@@ -45,6 +45,10 @@ BenchArgs parse_bench_args(Flags& f) {
   a.steps = f.get_int("steps", a.steps);
   a.warmup = f.get_int("warmup", a.warmup);
   a.dropout = f.get_double("dropout", a.dropout);
+  // the adapters' input dropout is one of the run's dropouts too: PEFT's peer (scripts/bench_pytorch.py
+  // --lora) runs lora_dropout 0 beside the model's 0, and TRL's default 0.05 here cost the LoRA step
+  // its mask generation and copies (docs/performance.md, "LoRA")
+  if (a.dropout >= 0.0 && !f.has("lora_dropout")) a.lora_dropout = a.dropout;
   a.ops = f.get_bool("ops", false);
   LLMT_CHECK(a.batch > 0 && a.seq_len > 1 && a.steps > 0 && a.warmup >= 0,
              "llmt bench: batch, seq_len and steps must be positive and warmup not negative");
@@ -313,6 +317,7 @@ static nlohmann::json bench_point(const BenchArgs& a, ControlComm& world, const 
                       {"seq_len", a.seq_len},
                       {"params", L.total_numel},
                       {"lora_r", lora ? nlohmann::json(lora->config.r) : nlohmann::json(nullptr)},
+                      {"lora_dropout", lora ? nlohmann::json(lora->config.dropout) : nlohmann::json(nullptr)},
                       {"trained_params", lora ? lora->layout.total_numel : L.total_numel},
                       {"steps", a.steps},
                       {"step_ms_median", median},

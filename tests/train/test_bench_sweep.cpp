@@ -43,3 +43,15 @@ TEST(BenchSweep, SettingsApplyOrAreRefusedByName) {
   llmt_test::expect_error([&] { bench_points({"seq_len"}); }, {"expected KEY=V1,V2"});
   llmt_test::expect_error([&] { bench_points({"seq_len=64,,128"}); }, {"an empty value"});
 }
+
+// --dropout is every dropout of the run, the adapters' input dropout too (PEFT's peer runs
+// lora_dropout 0 beside the model's 0), unless --lora_dropout says otherwise.
+TEST(BenchSweep, DropoutCoversTheAdaptersUnlessLoraDropoutIsGiven) {
+  Flags f("bench", {"--use_peft", "True", "--dropout", "0"});
+  BenchArgs a = parse_bench_args(f);
+  EXPECT_EQ(a.lora_dropout, 0.0);
+  Flags g("bench", {"--use_peft", "True", "--dropout", "0", "--lora_dropout", "0.1"});
+  EXPECT_EQ(parse_bench_args(g).lora_dropout, 0.1);
+  Flags h("bench", {"--use_peft", "True"});
+  EXPECT_EQ(parse_bench_args(h).lora_dropout, 0.05);  // TRL's default without --dropout
+}
