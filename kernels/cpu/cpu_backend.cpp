@@ -166,8 +166,11 @@ class CpuBackend : public Backend {
                      bool trans_b, bool accumulate) {
     // fp32: oneDNN's BLAS-like sgemm, except a x b^T (the forward's shape), where its matmul primitive
     // is as fast or faster; on a GPT-2 step's shapes this pair beats either alone by 15%
-    // (docs/performance.md). Same arithmetic either way: fp32 products, fp32 sums.
-    if (a.dtype == DType::f32 && out.dtype == DType::f32 && (trans_a || !trans_b)) {
+    // (docs/performance.md). LoRA's rank-r products, measured apart (docs/performance.md, "LoRA"):
+    // a x b^T with a thin K into a wide out (h B^T, K = r) is sgemm's, a x b with a thin N from a
+    // wide K (dy B, N = r) the primitive's. Same arithmetic either way: fp32 products, fp32 sums.
+    const bool thin_k_wide_n = K <= 64 && N >= 2048, thin_n_wide_k = !trans_a && !trans_b && N <= 64 && K >= 2048;
+    if (a.dtype == DType::f32 && out.dtype == DType::f32 && (trans_a || !trans_b || thin_k_wide_n) && !thin_n_wide_k) {
       float* o = (float*)out.data;
       float beta = accumulate ? 1.0f : 0.0f;
       if (bias.data) {  // out (=|+=) bias broadcast over rows, then the product added on top
