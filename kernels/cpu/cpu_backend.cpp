@@ -700,14 +700,19 @@ class CpuBackend : public Backend {
   void dropout_impl(Tensor x, int B, int T, int C, const Dropout& d) override {
     if (!d.active()) return;
     const float keep_scale = 1.0f / (1.0f - d.p);
+    // dropout_keep's test as one integer compare (the bits are integers, so bits >= p 2^24 exactly
+    // when bits >= ceil(p 2^24)), which lets the row's hashes vectorise
+    const uint32_t threshold = (uint32_t)std::ceil((double)d.p * 16777216.0);
     by_dtype(x.dtype, "dropout", [&](auto tag) {
       using A = decltype(tag);
       A* X = (A*)x.data;
 #pragma omp parallel for num_threads(nthreads_)
       for (int64_t i = 0; i < (int64_t)B * T; i++) {
         const int64_t row = dropout_row(d.row0 + i / T, (int)(i % T));
+        A* xr = X + i * C;
+#pragma omp simd
         for (int c = 0; c < C; c++)
-          st(X, i * C + c, dropout_keep(d.key, row, c, d.p) ? ld(X, i * C + c) * keep_scale : 0.0f);
+          st(xr, c, dropout_bits(d.key, row, c) >= threshold ? ld(xr, c) * keep_scale : 0.0f);
       }
     });
   }
