@@ -110,23 +110,30 @@ ModelConfig phi4_mini() {
   return c;
 }
 
+// Gemma's switches: GeGLU, RMSNorms of (1 + w), sandwich norms, embeddings times sqrt(hidden),
+// tied; Gemma 3 adds q/k norms. The presets and gemma_from_json start from these.
+void set_gemma_family(ModelConfig& c, const std::string& type) {
+  c.model_type = type;
+  c.family.mlp = MlpKind::geglu;
+  c.family.norm_offset = 1.0f;
+  c.family.sandwich_norms = c.family.scaled_embeddings = true;
+  c.family.qk_norm = type == "gemma3_text";
+  c.tied_embeddings = true;
+}
+
 // Gemma 3 1B (google/gemma-3-1b-pt's config.json): Gemma3ForCausalLM, hidden 1152, 26 layers, 4
 // heads over 1 kv head of 256, intermediate 6912, vocabulary 262144, a window of 512 keys on five of
 // every six layers (sliding_window_pattern 6) whose RoPE base is 10000, the full layers' 1000000
 // unscaled, query_pre_attn_scalar 256, no soft-caps, context 32768, tied; bos 2, eos 1.
 ModelConfig gemma3_1b() {
   ModelConfig c = llama(26, 4, 1, 1152, 6912, 32768, 1e-6f, 262144);
-  c.model_type = "gemma3_text";
-  c.family.mlp = MlpKind::geglu;
-  c.family.norm_offset = 1.0f;
-  c.family.sandwich_norms = c.family.scaled_embeddings = c.family.qk_norm = true;
+  set_gemma_family(c, "gemma3_text");
   c.head_dim = 256;
   c.rope_theta = 1000000.0f;
   c.rope_local_theta = 10000.0f;
   c.query_pre_attn_scalar = 256.0f;
   c.sliding_window = 512;
   for (int l = 0; l < c.n_layer; l++) c.layer_window.push_back((l + 1) % 6 ? c.sliding_window : 0);
-  c.tied_embeddings = true;
   c.bos_token_id = 2;
   c.eos_token_ids = {1};
   return c;
@@ -138,17 +145,13 @@ ModelConfig gemma3_1b() {
 // and final logits at 30, context 8192, tied; bos 2, eos 1. 2,614,341,888 parameters.
 ModelConfig gemma2_2b() {
   ModelConfig c = llama(26, 8, 4, 2304, 9216, 8192, 1e-6f, 256000);
-  c.model_type = "gemma2";
-  c.family.mlp = MlpKind::geglu;
-  c.family.norm_offset = 1.0f;
-  c.family.sandwich_norms = c.family.scaled_embeddings = true;
+  set_gemma_family(c, "gemma2");
   c.head_dim = 256;
   c.query_pre_attn_scalar = 256.0f;
   c.attn_softcap = 50.0f;
   c.final_softcap = 30.0f;
   c.sliding_window = 4096;
   for (int l = 0; l < c.n_layer; l++) c.layer_window.push_back((l + 1) % 2 ? c.sliding_window : 0);
-  c.tied_embeddings = true;
   c.bos_token_id = 2;
   c.eos_token_ids = {1};
   return c;
@@ -519,12 +522,7 @@ float ModelConfig::longrope_attention_factor() const {
 static ModelConfig gemma_from_json(const nlohmann::json& j, const std::string& source, const std::string& type) {
   const bool g3 = type == "gemma3_text";
   ModelConfig c = base_config(Arch::llama);
-  c.model_type = type;
-  Family& f = c.family;
-  f.mlp = MlpKind::geglu;
-  f.norm_offset = 1.0f;
-  f.sandwich_norms = f.scaled_embeddings = true;
-  f.qk_norm = g3;
+  set_gemma_family(c, type);
   c.vocab_size = get_required<int>(j, "vocab_size", source);
   c.max_seq_len = get_optional<int>(j, "max_position_embeddings", g3 ? 131072 : 8192, source);
   c.n_layer = get_required<int>(j, "num_hidden_layers", source);
