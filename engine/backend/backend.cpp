@@ -552,4 +552,148 @@ void Backend::convert(Tensor out, Tensor in, int64_t n) {
   run("elementwise", [&] { convert_impl(out, in, n); });
 }
 
+// ---- mixture of experts ----
+
+namespace {
+// N tokens, E experts, k of them each, C channels: sizes an MoE op can take
+void need_moe(const Backend& be, const char* op, int64_t N, int E, int k, int C) {
+  need_size(be, op, "N", N, 0);
+  need_size(be, op, "E", E, 1);
+  need_size(be, op, "k", k, 1);
+  need_size(be, op, "C", C, 1);
+  LLMT_CHECK(k <= E, "%s %s: k = %d experts of E = %d", be.name().c_str(), op, k, E);
+}
+}  // namespace
+
+void Backend::moe_route(Tensor topk_idx, Tensor topk_w, Tensor probs, Tensor stats, Tensor logits, int64_t N, int E,
+                        int k, bool norm_topk, bool round_w) {
+  const char* op = "moe_route";
+  need_moe(*this, op, N, E, k, 1);
+  need(op, "topk_idx", topk_idx, DType::i32, N * k);
+  need(op, "topk_w", topk_w, DType::f32, N * k);
+  need(op, "probs", probs, DType::f32, N * E);
+  if (stats.data) need(op, "stats", stats, DType::f32, 2 * E);
+  need_act(op, "logits", logits, N * E);
+  if (N == 0) return;
+  run("moe routing", [&] { moe_route_impl(topk_idx, topk_w, probs, stats, logits, N, E, k, norm_topk, round_w); });
+}
+
+void Backend::moe_route_backward(Tensor dlogits, Tensor dtopk_w, Tensor probs, Tensor topk_idx, Tensor aux_grad,
+                                 int64_t N, int E, int k, bool norm_topk) {
+  const char* op = "moe_route_backward";
+  need_moe(*this, op, N, E, k, 1);
+  need_act(op, "dlogits", dlogits, N * E);
+  need(op, "dtopk_w", dtopk_w, DType::f32, N * k);
+  need(op, "probs", probs, DType::f32, N * E);
+  need(op, "topk_idx", topk_idx, DType::i32, N * k);
+  if (aux_grad.data) need(op, "aux_grad", aux_grad, DType::f32, E);
+  if (N == 0) return;
+  run("moe routing", [&] { moe_route_backward_impl(dlogits, dtopk_w, probs, topk_idx, aux_grad, N, E, k, norm_topk); });
+}
+
+void Backend::moe_dispatch(Tensor offsets, Tensor pos, Tensor xg, Tensor x, Tensor topk_idx, int64_t N, int E, int k,
+                           int C) {
+  const char* op = "moe_dispatch";
+  need_moe(*this, op, N, E, k, C);
+  need(op, "offsets", offsets, DType::i32, E + 1);
+  need(op, "pos", pos, DType::i32, N * k);
+  need(op, "topk_idx", topk_idx, DType::i32, N * k);
+  if (xg.data) {
+    need_act(op, "xg", xg, N * k * C);
+    need_act(op, "x", x, N * C);
+  }
+  run("moe dispatch", [&] { moe_dispatch_impl(offsets, pos, xg, x, topk_idx, N, E, k, C); });
+}
+
+void Backend::moe_undispatch(Tensor dx, Tensor dxg, Tensor pos, int64_t N, int k, int C) {
+  const char* op = "moe_undispatch";
+  need_moe(*this, op, N, k, k, C);
+  need_act(op, "dx", dx, N * C);
+  need_act(op, "dxg", dxg, N * k * C);
+  need(op, "pos", pos, DType::i32, N * k);
+  if (N == 0) return;
+  run("moe dispatch", [&] { moe_undispatch_impl(dx, dxg, pos, N, k, C); });
+}
+
+void Backend::moe_matmul(Tensor out, Tensor a, Tensor w, Tensor offsets, int64_t rows, int E, int64_t n, int64_t K,
+                         int64_t w_stride, bool trans_w) {
+  const char* op = "moe_matmul";
+  need_size(*this, op, "rows", rows, 0);
+  need_size(*this, op, "E", E, 1);
+  need_size(*this, op, "n", n, 1);
+  need_size(*this, op, "K", K, 1);
+  need_size(*this, op, "w_stride", w_stride, n * K);
+  need_act(op, "out", out, rows * n);
+  need_act(op, "a", a, rows * K);
+  need_act(op, "w", w, (E - 1) * w_stride + n * K);
+  need(op, "offsets", offsets, DType::i32, E + 1);
+  if (rows == 0) return;
+  run("moe matmul", [&] { moe_matmul_impl(out, a, w, offsets, rows, E, n, K, w_stride, trans_w); });
+}
+
+void Backend::moe_matmul_wgrad(Tensor dw, Tensor dout, Tensor a, Tensor offsets, int64_t rows, int E, int64_t n,
+                               int64_t K, int64_t w_stride) {
+  const char* op = "moe_matmul_wgrad";
+  need_size(*this, op, "rows", rows, 0);
+  need_size(*this, op, "E", E, 1);
+  need_size(*this, op, "n", n, 1);
+  need_size(*this, op, "K", K, 1);
+  need_size(*this, op, "w_stride", w_stride, n * K);
+  need(op, "dw", dw, DType::f32, (E - 1) * w_stride + n * K);
+  need_act(op, "dout", dout, rows * n);
+  need_act(op, "a", a, rows * K);
+  need(op, "offsets", offsets, DType::i32, E + 1);
+  if (rows == 0) return;
+  run("moe matmul", [&] { moe_matmul_wgrad_impl(dw, dout, a, offsets, rows, E, n, K, w_stride); });
+}
+
+void Backend::moe_combine(Tensor out, Tensor residual, Tensor y, Tensor topk_w, Tensor pos, Tensor shared,
+                          Tensor gate, int64_t N, int k, int C) {
+  const char* op = "moe_combine";
+  need_moe(*this, op, N, k, k, C);
+  need_act(op, "out", out, N * C);
+  need_act(op, "residual", residual, N * C);
+  need_act(op, "y", y, N * k * C);
+  need(op, "topk_w", topk_w, DType::f32, N * k);
+  need(op, "pos", pos, DType::i32, N * k);
+  if (shared.data) {
+    need_act(op, "shared", shared, N * C);
+    need_act(op, "gate", gate, N);
+  }
+  if (N == 0) return;
+  run("moe combine", [&] { moe_combine_impl(out, residual, y, topk_w, pos, shared, gate, N, k, C); });
+}
+
+void Backend::moe_combine_backward(Tensor dy, Tensor dtopk_w, Tensor dshared, Tensor dgate, Tensor dout, Tensor y,
+                                   Tensor topk_w, Tensor pos, Tensor shared, Tensor gate, int64_t N, int k, int C) {
+  const char* op = "moe_combine_backward";
+  need_moe(*this, op, N, k, k, C);
+  need_act(op, "dy", dy, N * k * C);
+  need(op, "dtopk_w", dtopk_w, DType::f32, N * k);
+  need_act(op, "dout", dout, N * C);
+  need_act(op, "y", y, N * k * C);
+  need(op, "topk_w", topk_w, DType::f32, N * k);
+  need(op, "pos", pos, DType::i32, N * k);
+  if (shared.data) {
+    need_act(op, "dshared", dshared, N * C);
+    need_act(op, "dgate", dgate, N);
+    need_act(op, "shared", shared, N * C);
+    need_act(op, "gate", gate, N);
+  }
+  if (N == 0) return;
+  run("moe combine", [&] {
+    moe_combine_backward_impl(dy, dtopk_w, dshared, dgate, dout, y, topk_w, pos, shared, gate, N, k, C);
+  });
+}
+
+void Backend::moe_aux_loss(Tensor loss, Tensor grad, Tensor stats, int E, double rows, float coef, float grad_scale) {
+  const char* op = "moe_aux_loss";
+  need_size(*this, op, "E", E, 1);
+  LLMT_CHECK(rows > 0, "%s %s: rows = %g, expected at least 1", name().c_str(), op, rows);
+  need(op, "loss", loss, DType::f64, 1);
+  need(op, "grad", grad, DType::f32, E);
+  need(op, "stats", stats, DType::f32, 2 * E);
+  run("moe routing", [&] { moe_aux_loss_impl(loss, grad, stats, E, rows, coef, grad_scale); });
+}
+
 }  // namespace llmt

@@ -341,6 +341,53 @@ class Backend {
   // ---- dtype conversion ----
   void convert(Tensor out, Tensor in, int64_t n);  // f32 <-> bf16 (round to nearest even), or a copy
 
+  // ---- mixture of experts (models/moe.h): routing, tokens grouped by expert, each expert's products ----
+  // N tokens routed to k of E experts. A token's k choices are its slots; assignment t k + s is token
+  // t's slot s; grouped by expert, the N k assignments are rows: expert e's rows are
+  // [offsets[e], offsets[e+1]), in token order (stable), offsets[E] = N k (dropless).
+  // Routing as transformers' TopKRouter: probs[N,E] (f32, =) softmax(logits[N,E] (act)) in fp32;
+  // topk_idx[N,k] (i32, =) the k largest, largest first, ties broken as torch.topk on the CPU breaks them
+  // (libstdc++'s nth_element and sort over (value, index) pairs, or partial_sort when 64 k <= E);
+  // topk_w[N,k] (f32, =) their probabilities, divided by their sum when norm_topk, then rounded to the
+  // compute dtype when round_w (Qwen's .to(router_logits.dtype)). stats[2E] (f32, +=; no data: none):
+  // the load-balancing loss's sums, [0, E) the slots each expert was chosen for, [E, 2E) each expert's
+  // probability summed over the tokens, each expert's in token order.
+  void moe_route(Tensor topk_idx, Tensor topk_w, Tensor probs, Tensor stats, Tensor logits, int64_t N, int E, int k,
+                 bool norm_topk, bool round_w);
+  // dlogits[N,E] (act, =) from dtopk_w[N,k] (f32) back through the renormalisation (norm_topk) and the
+  // softmax, given the forward's probs and topk_idx; aux_grad[E] (f32; no data: none) is added to every
+  // token's d probs (the load-balancing loss's gradient, moe_aux_loss).
+  void moe_route_backward(Tensor dlogits, Tensor dtopk_w, Tensor probs, Tensor topk_idx, Tensor aux_grad, int64_t N,
+                          int E, int k, bool norm_topk);
+  // Tokens grouped by expert: offsets[E+1] (i32, =), pos[N k] (i32, =) the row of assignment t k + s, and
+  // xg[N k, C] (act, =; no data: not written) row pos[t k + s] = x[t].
+  void moe_dispatch(Tensor offsets, Tensor pos, Tensor xg, Tensor x, Tensor topk_idx, int64_t N, int E, int k, int C);
+  // dx[N,C] (act, +=) the sum over token t's slots of dxg[pos[t k + s]] (fp32, slot order), rounded once.
+  void moe_undispatch(Tensor dx, Tensor dxg, Tensor pos, int64_t N, int k, int C);
+  // Each expert's product over its rows: out[r, 0:n] (act, =) a[r, 0:K] (act) op(W_e) for the rows r of
+  // expert e, W_e at w + e w_stride (act), stored [n, K] (trans_w: a W_e^T) or [K, n] (a W_e). rows = N k.
+  void moe_matmul(Tensor out, Tensor a, Tensor w, Tensor offsets, int64_t rows, int E, int64_t n, int64_t K,
+                  int64_t w_stride, bool trans_w);
+  // The experts' weight gradients: dW_e [n, K] (f32, +=, at dw + e w_stride) dout_e^T a_e over expert e's
+  // rows (dout [rows, n], a [rows, K], act); an expert with no rows gets nothing.
+  void moe_matmul_wgrad(Tensor dw, Tensor dout, Tensor a, Tensor offsets, int64_t rows, int E, int64_t n, int64_t K,
+                        int64_t w_stride);
+  // out[N,C] (act, =) residual + sum over slots s of topk_w[t,s] y[pos[t k + s]] (+ sigmoid(gate[t])
+  // shared[t] when shared has data: Qwen2-MoE's shared expert, gate [N] act), in fp32, slot order,
+  // rounded once. out may alias residual.
+  void moe_combine(Tensor out, Tensor residual, Tensor y, Tensor topk_w, Tensor pos, Tensor shared, Tensor gate,
+                   int64_t N, int k, int C);
+  // moe_combine's backward from dout[N,C] (act): dy[N k, C] (act, =) topk_w dout at each row;
+  // dtopk_w[N,k] (f32, =) dout . y; with shared: dshared[N,C] (act, =) sigmoid(gate) dout, dgate[N] (act,
+  // =) (dout . shared) sigmoid' (gate). The residual's gradient is dout itself.
+  void moe_combine_backward(Tensor dy, Tensor dtopk_w, Tensor dshared, Tensor dgate, Tensor dout, Tensor y,
+                            Tensor topk_w, Tensor pos, Tensor shared, Tensor gate, int64_t N, int k, int C);
+  // transformers' load_balancing_loss_func from stats[2E] (f32, moe_route's sums over every MoE layer's
+  // `rows` tokens): aux = E sum_e (count_e / rows) (prob_e / rows); loss[1] (f64, +=) coef aux; grad[E]
+  // (f32, =) grad_scale coef E count_e / rows^2, the gradient of coef aux with respect to each token's
+  // probability of expert e (counts are not differentiated, as in transformers).
+  void moe_aux_loss(Tensor loss, Tensor grad, Tensor stats, int E, double rows, float coef, float grad_scale);
+
  protected:
   // What each backend implements: the ops above, arguments already checked (attention's
   // scores.scale resolved: > 0).
@@ -400,6 +447,24 @@ class Backend {
                           float grad_scale) = 0;
   virtual void sum_squares_impl(Tensor out, Tensor x, int64_t n) = 0;
   virtual void convert_impl(Tensor out, Tensor in, int64_t n) = 0;
+  virtual void moe_route_impl(Tensor topk_idx, Tensor topk_w, Tensor probs, Tensor stats, Tensor logits, int64_t N,
+                              int E, int k, bool norm_topk, bool round_w) = 0;
+  virtual void moe_route_backward_impl(Tensor dlogits, Tensor dtopk_w, Tensor probs, Tensor topk_idx, Tensor aux_grad,
+                                       int64_t N, int E, int k, bool norm_topk) = 0;
+  virtual void moe_dispatch_impl(Tensor offsets, Tensor pos, Tensor xg, Tensor x, Tensor topk_idx, int64_t N, int E,
+                                 int k, int C) = 0;
+  virtual void moe_undispatch_impl(Tensor dx, Tensor dxg, Tensor pos, int64_t N, int k, int C) = 0;
+  virtual void moe_matmul_impl(Tensor out, Tensor a, Tensor w, Tensor offsets, int64_t rows, int E, int64_t n,
+                               int64_t K, int64_t w_stride, bool trans_w) = 0;
+  virtual void moe_matmul_wgrad_impl(Tensor dw, Tensor dout, Tensor a, Tensor offsets, int64_t rows, int E, int64_t n,
+                                     int64_t K, int64_t w_stride) = 0;
+  virtual void moe_combine_impl(Tensor out, Tensor residual, Tensor y, Tensor topk_w, Tensor pos, Tensor shared,
+                                Tensor gate, int64_t N, int k, int C) = 0;
+  virtual void moe_combine_backward_impl(Tensor dy, Tensor dtopk_w, Tensor dshared, Tensor dgate, Tensor dout,
+                                         Tensor y, Tensor topk_w, Tensor pos, Tensor shared, Tensor gate, int64_t N,
+                                         int k, int C) = 0;
+  virtual void moe_aux_loss_impl(Tensor loss, Tensor grad, Tensor stats, int E, double rows, float coef,
+                                 float grad_scale) = 0;
 
   BackendCounters counters_;  // ops counted by the entries; the backend adds host_syncs (and launches)
 

@@ -26,6 +26,7 @@
 #include "engine/core/error.h"
 #include "engine/core/log.h"
 #include "kernels/cpu/bf16_matmul_choice.h"
+#include "kernels/cpu/cpu_moe.h"
 
 namespace llmt {
 
@@ -1202,6 +1203,81 @@ class CpuBackend : public Backend {
         for (int64_t i = 0; i < n; i++) st(o, i, ld(s, i));
       });
     });
+  }
+
+  // ---- mixture of experts: kernels/cpu/cpu_moe.cpp, and the experts' products here ----
+  bool bf16() const { return compute_ == DType::bf16; }
+  void moe_route_impl(Tensor topk_idx, Tensor topk_w, Tensor probs, Tensor stats, Tensor logits, int64_t N, int E,
+                      int k, bool norm_topk, bool round_w) override {
+    cpu_moe::route(bf16(), topk_idx, topk_w, probs, stats, logits, N, E, k, norm_topk, round_w, nthreads_);
+  }
+  void moe_route_backward_impl(Tensor dlogits, Tensor dtopk_w, Tensor probs, Tensor topk_idx, Tensor aux_grad,
+                               int64_t N, int E, int k, bool norm_topk) override {
+    cpu_moe::route_backward(bf16(), dlogits, dtopk_w, probs, topk_idx, aux_grad, N, E, k, norm_topk, nthreads_);
+  }
+  void moe_dispatch_impl(Tensor offsets, Tensor pos, Tensor xg, Tensor x, Tensor topk_idx, int64_t N, int E, int k,
+                         int C) override {
+    cpu_moe::dispatch(bf16(), offsets, pos, xg, x, topk_idx, N, E, k, C, nthreads_);
+  }
+  void moe_undispatch_impl(Tensor dx, Tensor dxg, Tensor pos, int64_t N, int k, int C) override {
+    cpu_moe::undispatch(bf16(), dx, dxg, pos, N, k, C, nthreads_);
+  }
+  void moe_combine_impl(Tensor out, Tensor residual, Tensor y, Tensor topk_w, Tensor pos, Tensor shared, Tensor gate,
+                        int64_t N, int k, int C) override {
+    cpu_moe::combine(bf16(), out, residual, y, topk_w, pos, shared, gate, N, k, C, nthreads_);
+  }
+  void moe_combine_backward_impl(Tensor dy, Tensor dtopk_w, Tensor dshared, Tensor dgate, Tensor dout, Tensor y,
+                                 Tensor topk_w, Tensor pos, Tensor shared, Tensor gate, int64_t N, int k,
+                                 int C) override {
+    cpu_moe::combine_backward(bf16(), dy, dtopk_w, dshared, dgate, dout, y, topk_w, pos, shared, gate, N, k, C,
+                              nthreads_);
+  }
+  void moe_aux_loss_impl(Tensor loss, Tensor grad, Tensor stats, int E, double rows, float coef,
+                         float grad_scale) override {
+    cpu_moe::aux_loss(loss, grad, stats, E, rows, coef, grad_scale);
+  }
+  // Each expert's rows through dnnl_sgemm, which takes any row count without a primitive made for it
+  // (a primitive per shape, as matmul_native keeps, would be one per expert and per step here). bf16
+  // operands are widened first (the weights once while held, as matmul_widened), the product rounded
+  // once: the bf16 primitive's arithmetic (exact products, fp32 sums).
+  const float* moe_weights_f32(const Tensor& w, int64_t n) {
+    if (!bf16()) return w.f32();
+    bool made = false;
+    float* mirror = held_copy(w.data, n, &made);
+    if (!mirror) return (const float*)widen(w, n, wb_);
+    if (made) convert_impl(Tensor(mirror, DType::f32, {n}), w, n);
+    return mirror;
+  }
+  void moe_matmul_impl(Tensor out, Tensor a, Tensor w, Tensor offsets, int64_t rows, int E, int64_t n, int64_t K,
+                       int64_t w_stride, bool trans_w) override {
+    const float* A = bf16() ? (const float*)widen(a, rows * K, wa_) : a.f32();
+    const float* W = moe_weights_f32(w, (E - 1) * w_stride + n * K);
+    float* O = out.dtype == DType::f32 ? out.f32() : nullptr;
+    if (!O) wout_.resize((size_t)(rows * n)), O = wout_.data();
+    const int32_t* off = offsets.i32();
+    omp_set_num_threads(nthreads_);
+    for (int e = 0; e < E; e++) {
+      const int64_t m = off[e + 1] - off[e];
+      if (m == 0) continue;
+      dnnl_status_t st = dnnl_sgemm('N', trans_w ? 'T' : 'N', m, n, K, 1.0f, A + off[e] * K, K, W + e * w_stride,
+                                    trans_w ? K : n, 0.0f, O + off[e] * n, n);
+      LLMT_CHECK(st == dnnl_success, "cpu moe_matmul: dnnl_sgemm failed (%d) for expert %d", (int)st, e);
+    }
+    if (O != out.data) convert_impl(out, Tensor(O, DType::f32, {rows * n}), rows * n);
+  }
+  void moe_matmul_wgrad_impl(Tensor dw, Tensor dout, Tensor a, Tensor offsets, int64_t rows, int E, int64_t n,
+                             int64_t K, int64_t w_stride) override {
+    const float* A = bf16() ? (const float*)widen(a, rows * K, wa_) : a.f32();
+    const float* D = bf16() ? (const float*)widen(dout, rows * n, wout_) : dout.f32();
+    const int32_t* off = offsets.i32();
+    omp_set_num_threads(nthreads_);
+    for (int e = 0; e < E; e++) {
+      const int64_t m = off[e + 1] - off[e];
+      if (m == 0) continue;
+      dnnl_status_t st = dnnl_sgemm('T', 'N', n, K, m, 1.0f, D + off[e] * n, n, A + off[e] * K, K, 1.0f,
+                                    dw.f32() + e * w_stride, K);
+      LLMT_CHECK(st == dnnl_success, "cpu moe_matmul_wgrad: dnnl_sgemm failed (%d) for expert %d", (int)st, e);
+    }
   }
 
  private:
