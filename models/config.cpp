@@ -12,6 +12,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/json_text.h"
+#include "models/moe.h"
 
 namespace llmt {
 
@@ -177,6 +178,8 @@ const std::map<std::string, ModelConfig>& presets() {
       {"phi4-mini", phi4_mini()},
       {"gemma2-2b", gemma2_2b()},
       {"gemma3-1b", gemma3_1b()},
+      {"mixtral-8x7b", mixtral_8x7b()},
+      {"qwen3-30b-a3b", qwen3_30b_a3b()},
       // tiny sizes for tests and the quickstart (byte-level vocabulary of 256, no dropout)
       {"gpt2-tiny", gpt2(2, 4, 64, 256, 256)},
       {"gpt2-small-byte", gpt2(4, 4, 128, 256, 256)},
@@ -281,6 +284,9 @@ std::string ModelConfig::decoder_layer_class() const {
   if (model_type == "phi3") return "Phi3DecoderLayer";
   if (model_type == "gemma2") return "Gemma2DecoderLayer";
   if (model_type == "gemma3_text") return "Gemma3DecoderLayer";
+  if (model_type == "mixtral") return "MixtralDecoderLayer";
+  if (model_type == "qwen2_moe") return "Qwen2MoeDecoderLayer";
+  if (model_type == "qwen3_moe") return "Qwen3MoeDecoderLayer";
   return "LlamaDecoderLayer";
 }
 
@@ -300,6 +306,12 @@ std::string ModelConfig::describe() const {
   if (model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" || model_type == "phi3" ||
       model_type == "gemma2" || model_type == "gemma3_text")
     s += ", " + model_type;
+  if (is_moe_model_type(model_type)) s += ", " + model_type;
+  if (moe.active())
+    s += strformat(", %d of %d experts of %d (%d MoE layers%s%s)%s", moe.top_k, moe.n_experts, moe.d_ff_expert,
+                   moe_layers(), moe.d_ff_shared > 0 ? strformat(", a shared expert of %d", moe.d_ff_shared).c_str() : "",
+                   moe.norm_topk ? "" : ", top-k not renormalised",
+                   moe.output_router_logits ? strformat(", aux loss x%g", moe.aux_loss_coef).c_str() : "");
   if (rope_local_theta > 0.0f) s += strformat(", sliding layers' rope_theta %g", rope_local_theta);
   if (query_pre_attn_scalar > 0.0f && query_pre_attn_scalar != (float)head_size())
     s += strformat(", attention scale %g^-0.5", query_pre_attn_scalar);
@@ -388,6 +400,7 @@ void validate_config(const ModelConfig& c, const std::string& source) {
     LLMT_CHECK(p >= 0.0f && p < 1.0f, "%s: a dropout probability must lie in [0, 1), got %g", source.c_str(), p);
   LLMT_CHECK(c.arch == Arch::gpt2 || (c.embd_pdrop == 0.0f && c.resid_pdrop == 0.0f),
              "%s: LLaMA applies dropout to attention probabilities only", source.c_str());
+  validate_moe_config(c, source);
 }
 
 // Each layer's attention window (ModelConfig::layer_window) from transformers 5's layer_types
@@ -660,7 +673,11 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     c.embd_pdrop = get_optional<float>(j, "embd_pdrop", 0.1f, source);
     c.attn_pdrop = get_optional<float>(j, "attn_pdrop", 0.1f, source);
     c.resid_pdrop = get_optional<float>(j, "resid_pdrop", 0.1f, source);
-  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "phi3") {
+  } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "phi3" ||
+             is_moe_model_type(type)) {
+    // an MoE family's attention and norms are its dense relative's (models/moe.h); its experts below
+    const std::string moe_type = is_moe_model_type(type) ? type : "";
+    type = moe_dense_relative(type);
     c = base_config(Arch::llama);
     c.model_type = type;
     c.vocab_size = get_required<int>(j, "vocab_size", source);
@@ -709,7 +726,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     std::string act = get_optional<std::string>(j, "hidden_act", "silu", source);
     LLMT_CHECK(act == "silu", "%s: hidden_act \"%s\" is not supported (LLaMA uses silu)", source.c_str(), act.c_str());
     if (type == "qwen2") {
-      c.qkv_bias = true;  // Qwen2Attention: q, k and v projections with biases, o without
+      // Qwen2Attention: q, k and v projections with biases, o without (Qwen2-MoE: qkv_bias, default true)
+      c.qkv_bias = moe_type.empty() || get_optional<bool>(j, "qkv_bias", true, source);
       // Qwen2's sliding window is off unless use_sliding_window says otherwise
       if (get_optional<bool>(j, "use_sliding_window", false, source)) {
         c.sliding_window = get_required<int>(j, "sliding_window", source);
@@ -771,16 +789,21 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& source)
     // head_dim: q_proj's out is num_attention_heads x head_dim, o_proj's in the same; kept as 0 where
     // it is hidden_size / num_attention_heads. Qwen3Config's default is 128 whatever the hidden size.
     const bool has_head_dim = j.contains("head_dim") && !j.at("head_dim").is_null();
-    if (has_head_dim || type == "qwen3") {
+    if (has_head_dim || (type == "qwen3" && moe_type.empty())) {  // Qwen3-MoE's: hidden / heads
       const int head_dim = has_head_dim ? get_required<int>(j, "head_dim", source) : 128;
       LLMT_CHECK(head_dim > 0, "%s: head_dim %d must be positive", source.c_str(), head_dim);
       if ((int64_t)head_dim * c.n_head != c.d_model) c.head_dim = head_dim;
     }
+    if (!moe_type.empty()) {
+      c.model_type = moe_type;
+      read_moe_config(j, source, moe_type, c);
+    }
   } else if (type == "gemma2" || type == "gemma3_text") {
     c = gemma_from_json(j, source, type);
   } else {
-    fail("%s: model_type \"%s\" is not supported (gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2 or gemma3_text)",
-         source.c_str(), type.c_str());
+    refuse_other_moe(type, source);
+    fail("%s: model_type \"%s\" is not supported (gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, "
+         "mixtral, qwen2_moe or qwen3_moe)", source.c_str(), type.c_str());
   }
   // Fields of every family (PretrainedConfig's): the random initialisation's spread, read; pruned heads
   // (transformers prunes them when it builds the model) refused
@@ -902,8 +925,8 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
          {"attn_pdrop", decimal(c.attn_pdrop)},
          {"tie_word_embeddings", c.tied_embeddings}};
   } else {
-    const bool mistral = c.model_type == "mistral", qwen2 = c.model_type == "qwen2", qwen3 = c.model_type == "qwen3",
-               phi3 = c.model_type == "phi3";
+    const std::string type = moe_dense_relative(c.model_type);  // an MoE family: its dense relative's keys, then its own
+    const bool mistral = type == "mistral", qwen2 = type == "qwen2", qwen3 = type == "qwen3", phi3 = type == "phi3";
     j = {{"architectures", {mistral  ? "MistralForCausalLM"
                             : qwen2  ? "Qwen2ForCausalLM"
                             : qwen3  ? "Qwen3ForCausalLM"
@@ -978,6 +1001,7 @@ nlohmann::json config_to_hf_json(const ModelConfig& c) {
         j["layer_types"] = kinds;
       }
     }
+    if (is_moe_model_type(c.model_type)) moe_to_hf_json(c, j);
   }
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];

@@ -47,6 +47,28 @@ struct Family {
   bool fused_qkv_tensor = true, fused_gate_up_tensor = false;
 };
 
+// Mixture of experts (models/moe.h): a layer's MLP replaced by a router and n_experts SwiGLU experts,
+// each token through the top_k of them (Mixtral, Qwen2-MoE, Qwen3-MoE). n_experts 0: no MoE layer.
+struct MoeConfig {
+  int n_experts = 0;     // num_local_experts (Mixtral) / num_experts (Qwen)
+  int top_k = 0;         // num_experts_per_tok
+  int d_ff_expert = 0;   // each expert's intermediate size (Mixtral's intermediate_size, Qwen's moe_intermediate_size)
+  int d_ff_shared = 0;   // Qwen2-MoE's shared expert (shared_expert_intermediate_size, with its sigmoid gate); 0 none
+  bool norm_topk = true;  // the top-k probabilities divided by their sum (Mixtral always; Qwen's norm_topk_prob)
+  // the routing weights rounded to the router logits' dtype before the experts' outputs are weighted
+  // (Qwen's router_top_value.to(router_logits.dtype): bf16 under --bf16); Mixtral keeps them fp32
+  bool round_weights = false;
+  // Qwen's layer pattern: layer l is MoE unless listed in mlp_only_layers, and when (l + 1) %
+  // decoder_sparse_step == 0; Mixtral's every layer
+  int sparse_step = 1;
+  std::vector<int> mlp_only_layers;
+  // the load-balancing loss (transformers' load_balancing_loss_func), added times aux_loss_coef to the
+  // loss when output_router_logits
+  bool output_router_logits = false;
+  float aux_loss_coef = 0.001f;
+  bool active() const { return n_experts > 0; }
+};
+
 struct ModelConfig {
   Arch arch = Arch::gpt2;
   Family family;
@@ -101,10 +123,14 @@ struct ModelConfig {
   int bos_token_id = -1;             // copied to config.json when known
   // eos_token_id: one id, or several (Llama 3.1 Instruct's [128001, 128008, 128009]); empty when unknown
   std::vector<int> eos_token_ids;
+  MoeConfig moe;                     // mixtral, qwen2_moe, qwen3_moe
   // The config.json this was read from (null for a preset): saved models write its keys back in its
   // form (config_to_save), those llmt does not use included.
   nlohmann::json source;
 
+  // whether layer l's MLP is a mixture of experts (MoeConfig's layer pattern)
+  bool moe_layer(int l) const;
+  int moe_layers() const;  // how many are
   int head_size() const { return head_dim > 0 ? head_dim : d_model / n_head; }
   // the channels of a head that rotate: int(head_size * partial_rotary_factor), as transformers
   int rotary_dim() const { return (int)((double)head_size() * partial_rotary_factor); }

@@ -1,6 +1,7 @@
 #include "models/layout.h"
 
 #include "engine/core/error.h"
+#include "models/moe.h"
 
 namespace llmt {
 
@@ -83,6 +84,15 @@ ModelLayout make_layout(const ModelConfig& c) {
     if (post_attn) b.post_attn_norm_w = u.add(W(post_attn), {C}, false);
     b.ln2_w = u.add(W(n.ln2), {C}, false);
     if (ln) b.ln2_b = u.add(Bi(n.ln2), {C}, false);
+    if (c.moe_layer(l)) {  // a mixture of experts in place of the MLP (models/moe.h); the dense offsets stay
+      L.moe = add_moe_params(u, c, l);
+      const BlockOffsets dense = L.block;
+      b.mlp_in_w = dense.mlp_in_w, b.mlp_in_b = dense.mlp_in_b, b.mlp_out_w = dense.mlp_out_w;
+      b.mlp_out_b = dense.mlp_out_b;
+      L.block = b;
+      L.units.push_back(u);
+      continue;
+    }
     if (glu && c.family.fused_gate_up_tensor) {  // one [gate|up] matrix in the file too
       b.mlp_in_w = u.add(W(n.gate_up), {2 * F, C}, true, tr);
       if (c.mlp_bias) b.mlp_in_b = u.add(Bi(n.gate_up), {2 * F}, false);
@@ -111,6 +121,7 @@ ModelLayout make_layout(const ModelConfig& c) {
     for (auto& p : L.units[i].params)
       if (p.shape.size() == 2) L.matmul_numel += p.numel();
   L.matmul_numel += V * C;
+  L.matmul_numel -= moe_inactive_numel(c);  // a token's products: k experts of E
   return L;
 }
 

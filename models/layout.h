@@ -25,6 +25,14 @@ struct BlockOffsets {
   // post_attention_layernorm and post_feedforward_layernorm; ln2 is then pre_feedforward_layernorm)
   int64_t post_attn_norm_w = -1, post_mlp_norm_w = -1;
 };
+// A mixture-of-experts block's tensors (models/moe.h), after the attention part and ln2 (which sit
+// as in a dense block): the router [E, C]; each expert's [gate | up] [2 I, C] (w1 | w3 in Mixtral's
+// names) at mlp_in_w + e * in_stride, its down [C, I] at mlp_out_w + e * out_stride; Qwen2-MoE's
+// shared expert ([gate | up] [2 Is, C], down [C, Is]) and its gate [1, C]. -1 where absent.
+struct MoeOffsets {
+  int64_t router_w = -1, mlp_in_w = -1, in_stride = 0, mlp_out_w = -1, out_stride = 0;
+  int64_t shared_in_w = -1, shared_out_w = -1, shared_gate_w = -1;
+};
 // Offsets inside the root unit; lm_head == wte when the embeddings are tied.
 struct RootOffsets {
   int64_t wte = -1, wpe = -1, lnf_w = -1, lnf_b = -1, lm_head = -1;
@@ -32,7 +40,9 @@ struct RootOffsets {
 
 // The engine's ParamLayout plus where the family's tensors sit, for the model's forward and backward.
 struct ModelLayout : ParamLayout {
-  BlockOffsets block;  // the same in every block
+  // the same in every block: the attention part and ln2 everywhere, the dense MLP's in dense blocks
+  BlockOffsets block;
+  MoeOffsets moe;  // the same in every MoE block (ModelConfig::moe_layer)
   RootOffsets root;
 };
 

@@ -77,6 +77,8 @@ bool lora_targets(const LoraConfig& c, const std::string& path) {
 
 LoraConfig resolve_lora_config(const LoraConfig& in, const ModelConfig& cfg) {
   LoraConfig c = in;
+  LLMT_CHECK(!cfg.moe.active(), "--use_peft: LoRA on a mixture-of-experts model (%s) is not implemented yet",
+             cfg.model_type.c_str());
   LLMT_CHECK(c.r > 0, "--lora_r must be positive, got %d", c.r);
   LLMT_CHECK(std::isfinite(c.alpha) && c.alpha > 0, "--lora_alpha must be positive, got %g", c.alpha);
   LLMT_CHECK(c.dropout >= 0 && c.dropout < 1, "--lora_dropout must be in [0, 1), got %g", c.dropout);

@@ -56,8 +56,10 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
     a.ln2 = t("norm 2", dt, {N, C});
     a.ln2_mean = t("norm 2 mean", f32, {N});
     a.ln2_rstd = t("norm 2 rstd", f32, {N});
-    a.mlp_in = t("mlp in", dt, {N, FI});
-    a.mlp_act = t("mlp activation", dt, {N, FF});
+    if (checkpointing ? cfg.moe_layers() < cfg.n_layer : !cfg.moe_layer(s)) {  // MoE layers: models/moe.h
+      a.mlp_in = t("mlp in", dt, {N, FI});
+      a.mlp_act = t("mlp activation", dt, {N, FF});
+    }
     if (cfg.family.sandwich_norms) {
       a.attn_branch = t("attention branch before its norm", dt, {N, C});
       a.attn_branch_rstd = t("attention branch norm rstd", f32, {N});
@@ -71,12 +73,17 @@ void Transformer::walk_buffers(const ModelConfig& cfg, int B, int T, bool checkp
          logits = t("logits", dt, {head_chunk > 0 ? std::min(head_chunk, N) : N, padded_vocab(cfg, vocab_pad)});
   Tensor discarded = head_chunk > 0 && head_chunk < N ? t("chunked head's recomputed loss", DType::f64, {1}) : Tensor();
   Tensor dres = t("grad residual", dt, {N, C}), dnorm = t("grad norm", dt, {N, C}), dattn = t("grad attention out", dt, {N, Q}),
-         dqkv = t("grad qkv", dt, {N, QKV}), dmlp_in = t("grad mlp in", dt, {N, FI}),
+         dqkv = t("grad qkv", dt, {N, QKV});
+  const bool dense = cfg.moe_layers() < cfg.n_layer;
+  Tensor dmlp_in = dense ? t("grad mlp in", dt, {N, FI}) : Tensor(),
          // the GELU MLP's gradient comes out of matmul_dgelu straight into dmlp_in
-         dmlp_act = cfg.family.mlp == MlpKind::gelu_tanh ? Tensor() : t("grad mlp activation", dt, {N, FF});
+         dmlp_act = cfg.family.mlp == MlpKind::gelu_tanh || !dense ? Tensor() : t("grad mlp activation", dt, {N, FF});
   Tensor dropped = cfg.resid_pdrop > 0.0f ? t("dropout branch", dt, {N, C}) : Tensor();
   Tensor sandwich = cfg.family.sandwich_norms ? t("sandwich norm scratch", dt, {N, C}) : Tensor();
   Tensor frozen_norm_grad = t("frozen norm's discarded gradient", f32, {2 * std::max<int64_t>(C, cfg.head_size())});
+  MoeBlocks::walk(cfg, B, T, checkpointing, dt,
+                  [&](const char* name, DType d, std::vector<int64_t> shape) { return t(name, d, std::move(shape)); },
+                  m ? &m->moe_ : nullptr);
   if (!m) return;
   m->tokens_ = tokens, m->targets_ = targets, m->resid_ = resid, m->acts_ = acts;
   m->positions_ = positions, m->doc_start_ = doc_starts;
@@ -256,6 +263,7 @@ void Transformer::decode(UnitStore& store, const int32_t* tokens, int n) {
     pick_rope_factors(kv_long_ ? cfg_.rope_original_max + 1 : len);
   }
   kv_on_ = true;
+  moe_.begin_pass(be_, cfg_, false);
   forward_units(store);
   kv_on_ = false;
   kv_len_ += n;
@@ -419,6 +427,12 @@ void Transformer::block_forward(int l, Tensor w) {
   // MLP sub-block: resid[l+1] = resid_mid + dropout(mlp(norm2(resid_mid)))
   Tensor out = rows(resid_[l + 1], C);
   norm_forward(ln2, a.ln2_mean, a.ln2_rstd, xm, w, o.ln2_w, o.ln2_b);
+  if (cfg_.moe_layer(l)) {  // a mixture of experts (models/moe.h): resid[l+1] = resid_mid + moe(norm2(...))
+    LLMT_CHECK(!adapted(BlockMatrix::mlp_in) && !adapted(BlockMatrix::mlp_out), "LoRA on the experts of an MoE "
+               "layer is not implemented");
+    moe_.forward(be_, cfg_, layout_.moe, l, w, ln2, xm, out, N, recomputing_);
+    return;
+  }
   if (gelu && !adapted(BlockMatrix::mlp_in)) {  // one op, so that a GPU runs it as one cuBLASLt call
     be_.matmul_gelu(mlp_act, mlp_in, ln2, P(w, o.mlp_in_w, {FI, C}), P(w, o.mlp_in_b, {FI}), N, FI, C);
   } else {  // an adapter on c_fc adds before the GELU
@@ -475,25 +489,30 @@ void Transformer::block_backward(int l, Tensor w, Tensor g) {
   // MLP: resid[l+1] = resid_mid + dropout(mlp_act W_out^T + b_out)
   // a frozen unit (g empty) skips every parameter-gradient product
   const bool grads = g.data != nullptr;
-  Tensor dbranch = branch_grad(kMlpOut);
-  if (sandwich) dbranch = sandwich_backward(dbranch, a.mlp_branch, a.mlp_branch_rstd, w, g, o.post_mlp_norm_w);
-  if (grads) be_.matmul(P(g, o.mlp_out_w, {C, FF}), dbranch, mlp_act, Tensor(), C, FF, N, true, false, true);
-  if (grads && o.mlp_out_b >= 0) be_.bias_backward(P(g, o.mlp_out_b, {C}), dbranch, N, C);
-  if (gelu && !adapted(BlockMatrix::mlp_out)) {
-    be_.matmul_dgelu(dmlp_in, dbranch, P(w, o.mlp_out_w, {C, FF}), mlp_in, N, FF, C);
-  } else if (gelu) {  // the adapter on mlp.c_proj adds its input gradient before GELU's (in place: FI == FF)
-    be_.matmul(dmlp_in, dbranch, P(w, o.mlp_out_w, {C, FF}), Tensor(), N, FF, C, false, false, false);
-    adapt_backward(l, BlockMatrix::mlp_out, dbranch, mlp_act, dmlp_in);
-    be_.gelu_backward(dmlp_in, mlp_in, dmlp_in, N * FF);
+  Tensor dbranch;
+  if (cfg_.moe_layer(l)) {  // the experts' gradients, and dnorm (=) at norm2's output
+    moe_.backward(be_, cfg_, layout_.moe, l, w, g, ln2, dres, dnorm, N);
   } else {
-    be_.matmul(dmlp_act, dbranch, P(w, o.mlp_out_w, {C, FF}), Tensor(), N, FF, C, false, false, false);
-    adapt_backward(l, BlockMatrix::mlp_out, dbranch, mlp_act, dmlp_act);
-    be_.swiglu_backward(dmlp_in, dmlp_act, mlp_in, N, (int)FF, glu);
+    dbranch = branch_grad(kMlpOut);
+    if (sandwich) dbranch = sandwich_backward(dbranch, a.mlp_branch, a.mlp_branch_rstd, w, g, o.post_mlp_norm_w);
+    if (grads) be_.matmul(P(g, o.mlp_out_w, {C, FF}), dbranch, mlp_act, Tensor(), C, FF, N, true, false, true);
+    if (grads && o.mlp_out_b >= 0) be_.bias_backward(P(g, o.mlp_out_b, {C}), dbranch, N, C);
+    if (gelu && !adapted(BlockMatrix::mlp_out)) {
+      be_.matmul_dgelu(dmlp_in, dbranch, P(w, o.mlp_out_w, {C, FF}), mlp_in, N, FF, C);
+    } else if (gelu) {  // the adapter on mlp.c_proj adds its input gradient before GELU's (in place: FI == FF)
+      be_.matmul(dmlp_in, dbranch, P(w, o.mlp_out_w, {C, FF}), Tensor(), N, FF, C, false, false, false);
+      adapt_backward(l, BlockMatrix::mlp_out, dbranch, mlp_act, dmlp_in);
+      be_.gelu_backward(dmlp_in, mlp_in, dmlp_in, N * FF);
+    } else {
+      be_.matmul(dmlp_act, dbranch, P(w, o.mlp_out_w, {C, FF}), Tensor(), N, FF, C, false, false, false);
+      adapt_backward(l, BlockMatrix::mlp_out, dbranch, mlp_act, dmlp_act);
+      be_.swiglu_backward(dmlp_in, dmlp_act, mlp_in, N, (int)FF, glu);
+    }
+    if (grads) be_.matmul(P(g, o.mlp_in_w, {FI, C}), dmlp_in, ln2, Tensor(), FI, C, N, true, false, true);
+    if (grads && o.mlp_in_b >= 0) be_.bias_backward(P(g, o.mlp_in_b, {FI}), dmlp_in, N, FI);
+    be_.matmul(dnorm, dmlp_in, P(w, o.mlp_in_w, {FI, C}), Tensor(), N, C, FI, false, false, false);
+    adapt_backward(l, BlockMatrix::mlp_in, dmlp_in, ln2, dnorm);
   }
-  if (grads) be_.matmul(P(g, o.mlp_in_w, {FI, C}), dmlp_in, ln2, Tensor(), FI, C, N, true, false, true);
-  if (grads && o.mlp_in_b >= 0) be_.bias_backward(P(g, o.mlp_in_b, {FI}), dmlp_in, N, FI);
-  be_.matmul(dnorm, dmlp_in, P(w, o.mlp_in_w, {FI, C}), Tensor(), N, C, FI, false, false, false);
-  adapt_backward(l, BlockMatrix::mlp_in, dmlp_in, ln2, dnorm);
   norm_backward(xm, a.ln2_mean, a.ln2_rstd, w, g, o.ln2_w, o.ln2_b);
 
   // attention: resid_mid = x + dropout(attn_out W_proj^T + b_proj)
@@ -561,7 +580,9 @@ void Transformer::forward(UnitStore& store, const int32_t* tokens, const int32_t
              "so a pass without targets, whose logits would be read, cannot keep them", (long long)head_rows_,
              (long long)N);
   head_loss_ = targets ? loss_sum : Tensor();  // the head adds the losses
+  moe_.begin_pass(be_, cfg_, targets != nullptr);
   forward_units(store);
+  moe_.finish_forward(be_, cfg_, N, train ? train->aux_scale : 1.0f);
   head_loss_ = Tensor();
   have_grad_ = train != nullptr;
 }
@@ -667,7 +688,11 @@ void Transformer::backward(UnitStore& store) {
   for (int l = cfg_.n_layer - 1; l >= 0; l--) {
     Tensor w = acquire(store, 1 + l);
     if (l > 0) prefetch(store, l);
-    if (checkpointing_) block_forward(l, w);  // recompute what backward needs from the kept input
+    if (checkpointing_) {  // recompute what backward needs from the kept input
+      recomputing_ = true;
+      block_forward(l, w);
+      recomputing_ = false;
+    }
     block_backward(l, w, store.grads(1 + l));
     release(store, 1 + l);
     grads_done(store, 1 + l);

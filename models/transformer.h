@@ -11,6 +11,7 @@
 #include "engine/params/unit_store.h"
 #include "models/config.h"
 #include "models/layout.h"
+#include "models/moe.h"
 #include "models/projection_adapters.h"
 
 namespace llmt {
@@ -28,6 +29,9 @@ struct DropoutAt {
 struct TrainPass {
   float grad_scale = 1.0f;
   DropoutAt dropout;
+  // the factor on the gradient of an MoE model's load-balancing loss (output_router_logits), which
+  // transformers adds, times router_aux_loss_coef, to each forward's loss: 1 for one batch
+  float aux_scale = 1.0f;
 };
 
 // One buffer of activations or scratch: its name, dtype and shape.
@@ -93,6 +97,10 @@ class Transformer {
   // Adapters on the block projections (models/projection_adapters.h), or null; the model calls them
   // from then on. Not owned.
   void set_adapters(ProjectionAdapters* adapters) { adapters_ = adapters; }
+  // An MoE model's router_aux_loss_coef times transformers' load_balancing_loss_func over the last
+  // forward with targets (f64 [1] on the backend; zero without output_router_logits): the loss
+  // transformers reports is the token mean of loss_sum plus this.
+  Tensor router_aux_loss() const { return moe_.aux_loss(); }
   // Logits [B*T, logits_stride()] on the backend in the compute dtype (T of the last forward), valid
   // after an evaluation forward or a decode: each row's first V entries are the logits, the rest
   // padding that is never written (Backend::vocab_pad).
@@ -202,6 +210,8 @@ class Transformer {
   Tensor sandwich_;  // sandwich_norms: a branch's normed output (forward) or its gradient before the norm (backward)
   Tensor frozen_norm_grad_;  // f32 [2 max(C, head size)]: a frozen norm's weight and bias gradients, discarded
   ProjectionAdapters* adapters_ = nullptr;
+  MoeBlocks moe_;             // the mixture-of-experts blocks' buffers and ops (models/moe.h)
+  bool recomputing_ = false;  // backward's recompute of a checkpointed block's forward
 
   // packed documents (the last forward's): positions_ and doc_start_ hold each token's
   bool packed_ = false;

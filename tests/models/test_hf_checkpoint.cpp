@@ -275,7 +275,8 @@ TEST(ModelConfig, BadConfigsAreClearErrors) {
        "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"sliding_window\": 0}",
        {"sliding_window 0 must be positive"}},
       {"{\"model_type\": \"gemma\"}",
-       {"\"gemma\" is not supported (gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2 or gemma3_text)"}},
+       {"\"gemma\" is not supported (gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe or "
+        "qwen3_moe)"}},
       {llama + "\"attention_bias\": \"yes\"}", {"attention_bias", "must be true or false"}},
       // partial rotary and longrope: Phi-3 only, factor lists of rotary_dim / 2 (8 x 0.75 = 6: 3), the
       // two places of partial_rotary_factor and of original_max_position_embeddings agreeing
